@@ -1,0 +1,526 @@
+"""Capture: a PyTorch function or module -> the autofuse IR.
+
+The function is traced to ATen with ``make_fx`` and a decomposition table that takes softmax,
+log_softmax, layer_norm, gelu, silu and var down to primitive ops. Each ATen node then maps to
+one IR node (or a few: ``addmm`` becomes ``mm`` + ``add``). View ops stay view nodes, which codegen
+turns into index arithmetic. Any ATen op autofuse cannot generate code for becomes an ``opaque``
+node that runs as its eager ATen op.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._decomp import core_aten_decompositions, get_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .ir import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+class CaptureError(ValueError):
+    """A function, input or construct that autofuse cannot capture."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decompositions
+# ---------------------------------------------------------------------------------------------
+
+
+def _var_decomp(x, dim=None, *, correction=None, keepdim=False):
+    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
+    n = math.prod(x.shape[d] for d in dims) if dims else 1
+    corr = 1 if correction is None else correction
+    mean = torch.mean(x, dims, keepdim=True)
+    diff = x - mean
+    return torch.sum(diff * diff, dims, keepdim=keepdim) / max(n - corr, 0)
+
+
+def _var_mean_decomp(x, dim=None, *, correction=None, keepdim=False):
+    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
+    return _var_decomp(x, dims, correction=correction, keepdim=keepdim), torch.mean(
+        x, dims, keepdim=keepdim
+    )
+
+
+def _std_decomp(x, dim=None, *, correction=None, keepdim=False):
+    return torch.sqrt(_var_decomp(x, dim, correction=correction, keepdim=keepdim))
+
+
+def decomposition_table() -> dict:
+    table = dict(core_aten_decompositions())
+    table.update(
+        get_decompositions(
+            [
+                aten._softmax,
+                aten._log_softmax,
+                aten.native_layer_norm,
+                aten.gelu,
+                aten.silu,
+                aten.hardsigmoid,
+                aten.hardswish,
+                aten.masked_fill.Scalar,
+                aten.masked_fill.Tensor,
+                aten.linear,
+                aten.addcmul,
+                aten.addcdiv,
+                aten.leaky_relu,
+                aten.elu,
+                aten.softplus,
+                aten.mish,
+                aten.rms_norm,
+            ]
+        )
+    )
+    for op in (aten.var.correction, aten.var.dim):
+        table[op] = _var_decomp
+    table[aten.var_mean.correction] = _var_mean_decomp
+    table[aten.std.correction] = _std_decomp
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# The captured program
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A captured program: the IR plus what is needed to call it like the original function."""
+
+    graph: Graph
+    in_spec: Any  # pytree spec of the user's example inputs
+    out_spec: Any  # pytree spec of the function's result
+    leaf_kinds: tuple[str, ...]  # per flattened input leaf: "tensor" or "scalar"
+    scalars: tuple[Any, ...]  # value of each scalar leaf, in order (the trace is specialized)
+    param_names: tuple[str, ...]  # module parameters/buffers appended after the tensor inputs
+    source_name: str
+
+
+def _flatten_inputs(example_inputs: Sequence[Any]) -> tuple[list[Any], Any, tuple[str, ...]]:
+    if isinstance(example_inputs, torch.Tensor):
+        raise CaptureError(
+            "example_inputs must be a tuple or list of arguments, got a single Tensor; "
+            "wrap it: (x,)"
+        )
+    leaves, spec = pytree.tree_flatten(tuple(example_inputs))
+    kinds = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            kinds.append("tensor")
+        elif isinstance(leaf, (numbers.Number, bool)) or leaf is None:
+            kinds.append("scalar")
+        else:
+            raise CaptureError(
+                f"example input leaf {i} is a {type(leaf).__name__}: expected a torch.Tensor "
+                "or a Python scalar"
+            )
+    return leaves, spec, tuple(kinds)
+
+
+def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
+    """Trace ``fn(*example_inputs)`` to ATen and convert it to the IR."""
+    leaves, in_spec, kinds = _flatten_inputs(example_inputs)
+    tensors = [x for x, k in zip(leaves, kinds) if k == "tensor"]
+    scalars = tuple(x for x, k in zip(leaves, kinds) if k == "scalar")
+    params: dict[str, torch.Tensor] = {}
+    if isinstance(fn, torch.nn.Module):
+        params = dict(fn.named_parameters())
+        params.update(dict(fn.named_buffers()))
+    names = tuple(params)
+    out_spec_box: list[Any] = []
+
+    def flat_fn(*flat: torch.Tensor) -> list[torch.Tensor]:
+        user, ps = flat[: len(tensors)], flat[len(tensors) :]
+        it, sit = iter(user), iter(scalars)
+        rebuilt = [next(it) if k == "tensor" else next(sit) for k in kinds]
+        args = pytree.tree_unflatten(rebuilt, in_spec)
+        if isinstance(fn, torch.nn.Module):
+            result = torch.func.functional_call(fn, dict(zip(names, ps)), tuple(args))
+        else:
+            result = fn(*args)
+        outs, out_spec = pytree.tree_flatten(result)
+        out_spec_box.append(out_spec)
+        for i, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor):
+                raise CaptureError(
+                    f"output {i} of {_fn_name(fn)} is a {type(o).__name__}: expected tensors only"
+                )
+        return outs
+
+    flat_inputs = [*tensors, *(p.detach() for p in params.values())]
+    try:
+        with torch.no_grad():
+            gm = make_fx(flat_fn, decomposition_table=decomposition_table())(*flat_inputs)
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        raise CaptureError(f"could not trace {_fn_name(fn)}: {type(e).__name__}: {e}") from e
+    graph = fx_to_ir(gm)
+    return Captured(
+        graph=graph,
+        in_spec=in_spec,
+        out_spec=out_spec_box[-1],
+        leaf_kinds=kinds,
+        scalars=scalars,
+        param_names=names,
+        source_name=_fn_name(fn),
+    )
+
+
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+# ---------------------------------------------------------------------------------------------
+# FX (ATen) -> IR
+# ---------------------------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.env: dict[Any, Any] = {}  # fx node -> IR index (or tuple of indices for multi-out)
+
+    def add(self, node: Node) -> int:
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+    def like(self, op, inputs, val, name, /, **attrs) -> int:
+        return self.add(
+            Node(
+                op=op,
+                inputs=tuple(inputs),
+                shape=tuple(val.shape),
+                dtype=dtype_name(val.dtype),
+                strides=tuple(val.stride()),
+                attrs=make_attrs(**attrs),
+                name=name,
+            )
+        )
+
+    def shaped(self, op, inputs, shape, dtype, name, /, **attrs) -> int:
+        shape = tuple(int(s) for s in shape)
+        return self.add(
+            Node(op, tuple(inputs), shape, dtype, contiguous_strides(shape), make_attrs(**attrs), name)
+        )
+
+    def const(self, value: Any, dtype: str, name: str) -> int:
+        if isinstance(value, bool):
+            value = bool(value)
+        elif dtype in FLOAT_DTYPES:
+            value = float(value)
+        else:
+            value = int(value)
+        return self.shaped("const", (), (), dtype, name, value=value)
+
+    def operand(self, a: Any, dtype: str, name: str) -> int:
+        if isinstance(a, torch.fx.Node):
+            return self.env[a]
+        return self.const(a, dtype, name)
+
+    def view(self, op, src: int, out_shape, name, /, **attrs) -> int:
+        s = self.nodes[src]
+        return self.shaped(op, (src,), out_shape, s.dtype, name, **attrs)
+
+
+def _scalar_dtype(value: Any, out_dtype: str) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, float) or out_dtype in FLOAT_DTYPES:
+        return out_dtype if out_dtype in FLOAT_DTYPES else "float32"
+    return out_dtype if out_dtype != "bool" else "int64"
+
+
+_UNARY_ATEN = {
+    "neg": "neg", "abs": "abs", "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2",
+    "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt",
+    "reciprocal": "reciprocal", "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "sin": "sin",
+    "cos": "cos", "relu": "relu", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
+    "sign": "sign", "logical_not": "logical_not", "bitwise_not": "bitwise_not", "isnan": "isnan",
+    "clone": "copy",
+}  # fmt: skip
+_BINARY_ATEN = {
+    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
+    "minimum": "minimum", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
+    "logical_and": "logical_and", "logical_or": "logical_or", "logical_xor": "logical_xor",
+    "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or", "bitwise_xor": "bitwise_xor",
+}  # fmt: skip
+_REDUCE_ATEN = {"sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin", "prod": "prod"}
+
+
+def _packet(target: Any) -> str:
+    return getattr(target, "_opname", None) or str(target).split(".")[-2]
+
+
+def _norm_dims(dims: Any, ndim: int) -> tuple[int, ...]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted({d % max(ndim, 1) for d in dims}))
+
+
+def fx_to_ir(gm: torch.fx.GraphModule) -> Graph:
+    b = _Builder()
+    inputs: list[int] = []
+    outputs: list[int] = []
+    for fx_node in gm.graph.nodes:
+        if fx_node.op == "placeholder":
+            val = fx_node.meta["val"]
+            idx = b.like("input", (), val, fx_node.name, index=len(inputs))
+            inputs.append(idx)
+            b.env[fx_node] = idx
+        elif fx_node.op == "output":
+            for o in pytree.tree_leaves(fx_node.args[0]):
+                if not isinstance(o, torch.fx.Node):
+                    raise CaptureError(f"the function returns a non-tensor {o!r}")
+                outputs.append(b.env[o])
+        elif fx_node.op == "call_function":
+            b.env[fx_node] = _convert(b, fx_node)
+        elif fx_node.op == "get_attr":
+            raise CaptureError(
+                f"captured a constant tensor attribute {fx_node.target!r}: pass tensors as inputs"
+                " (or as module parameters/buffers)"
+            )
+        else:
+            raise CaptureError(f"unsupported FX node kind {fx_node.op!r} ({fx_node.name})")
+    return Graph(tuple(b.nodes), tuple(inputs), tuple(outputs))
+
+
+def _convert(b: _Builder, n: torch.fx.Node) -> Any:
+    target, args, kwargs = n.target, n.args, n.kwargs
+    val = n.meta.get("val")
+    name = n.name
+    if target is _operator_getitem():
+        src = b.env[args[0]]
+        if isinstance(src, tuple):
+            return src[args[1]]
+        return b.like("getitem", (src,), val, name, index=args[1])
+    packet = _packet(target)
+    overload = getattr(target, "_overloadname", "")
+    if isinstance(val, torch.Tensor):
+        out_dtype = dtype_name(val.dtype)
+        converted = _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name)
+        if converted is not None:
+            return converted
+    return _opaque(b, n)
+
+
+def _operator_getitem():
+    import operator
+
+    return operator.getitem
+
+
+def _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name):  # noqa: C901
+    env = b.env
+    if packet in _UNARY_ATEN and len(args) == 1 and not kwargs:
+        if packet == "clone":
+            return b.like("copy", (env[args[0]],), val, name)
+        return b.like(_UNARY_ATEN[packet], (env[args[0]],), val, name)
+    if packet in ("add", "sub") and overload in ("Tensor", "Scalar"):
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        lhs = b.operand(args[0], _scalar_dtype(args[0], out_dtype), name + "_c0")
+        rhs = b.operand(args[1], _scalar_dtype(args[1], out_dtype), name + "_c1")
+        if alpha != 1:
+            c = b.const(alpha, _scalar_dtype(alpha, out_dtype), name + "_alpha")
+            rn = b.nodes[rhs]
+            rhs = b.shaped("mul", (rhs, c), rn.shape, out_dtype, name + "_scaled")
+        return b.like(packet, (lhs, rhs), val, name)
+    if packet in _BINARY_ATEN and overload in ("Tensor", "Scalar", "default", "") and not kwargs:
+        if len(args) != 2:
+            return None
+        lhs = b.operand(args[0], _scalar_dtype(args[0], out_dtype), name + "_c0")
+        rhs = b.operand(args[1], _scalar_dtype(args[1], out_dtype), name + "_c1")
+        return b.like(_BINARY_ATEN[packet], (lhs, rhs), val, name)
+    if packet == "where" and overload == "self":
+        ops = [b.operand(a, _scalar_dtype(a, out_dtype), f"{name}_c{i}") for i, a in enumerate(args)]
+        return b.like("where", ops, val, name)
+    if packet in ("clamp", "clamp_min", "clamp_max") and overload in ("default", ""):
+        lo = args[1] if packet == "clamp" and len(args) > 1 else kwargs.get("min")
+        hi = args[2] if packet == "clamp" and len(args) > 2 else kwargs.get("max")
+        if packet == "clamp_min":
+            lo, hi = args[1], None
+        if packet == "clamp_max":
+            lo, hi = None, args[1]
+        return b.like("clamp", (env[args[0]],), val, name, lo=lo, hi=hi)
+    if packet == "pow" and overload == "Tensor_Scalar" and isinstance(args[1], numbers.Number):
+        return b.like("pow_scalar", (env[args[0]],), val, name, exponent=float(args[1]))
+    if packet in ("_to_copy", "to") and set(kwargs) <= {"dtype", "layout", "device"}:
+        src = env[args[0]]
+        return b.like("cast", (src,), val, name, dtype=out_dtype)
+    if packet == "convert_element_type":
+        return b.like("cast", (env[args[0]],), val, name, dtype=out_dtype)
+    if packet in ("scalar_tensor", "full") and (packet == "scalar_tensor" or len(args) >= 2):
+        value = args[0] if packet == "scalar_tensor" else args[1]
+        if not isinstance(value, numbers.Number):
+            return None
+        shape = () if packet == "scalar_tensor" else tuple(val.shape)
+        v = float(value) if out_dtype in FLOAT_DTYPES else value
+        return b.shaped("const", (), shape, out_dtype, name, value=v)
+    if packet in _REDUCE_ATEN:
+        return _convert_reduction(b, packet, overload, args, kwargs, val, out_dtype, name)
+    if packet in ("max", "min") and overload == "default" and len(args) == 1:
+        x = env[args[0]]
+        dims = tuple(range(len(b.nodes[x].shape)))
+        return b.like("amax" if packet == "max" else "amin", (x,), val, name, dims=dims, keepdim=False)
+    view = _convert_view(b, packet, overload, args, val, name)
+    if view is not None:
+        return view
+    if packet == "mm" and overload == "default":
+        return b.like("mm", (env[args[0]], env[args[1]]), val, name)
+    if packet == "bmm" and overload == "default":
+        return b.like("bmm", (env[args[0]], env[args[1]]), val, name)
+    if packet == "addmm" and overload == "default":
+        beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+        if beta != 1 or alpha != 1:
+            return None
+        a, m1, m2 = (env[x] for x in args[:3])
+        mm_shape = (b.nodes[m1].shape[0], b.nodes[m2].shape[1])
+        mm = b.shaped("mm", (m1, m2), mm_shape, out_dtype, name + "_mm")
+        return b.like("add", (mm, a), val, name)
+    return None
+
+
+def _convert_reduction(b, packet, overload, args, kwargs, val, out_dtype, name):
+    x = b.env[args[0]]
+    ndim = len(b.nodes[x].shape)
+    if packet == "prod" and overload == "dim_int":
+        dims, keepdim = (args[1] % max(ndim, 1),), (args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    elif overload in ("dim_IntList", "dim", "default", "IntList", ""):
+        dims_arg = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        dims = _norm_dims(dims_arg, ndim)
+    else:
+        return None
+    dtype_kw = kwargs.get("dtype")
+    if dtype_kw is not None and dtype_name(dtype_kw) != b.nodes[x].dtype:
+        x = b.shaped("cast", (x,), b.nodes[x].shape, dtype_name(dtype_kw), name + "_cast", dtype=dtype_name(dtype_kw))
+    return b.like(packet, (x,), val, name, dims=dims, keepdim=bool(keepdim))
+
+
+def _convert_view(b, packet, overload, args, val, name):  # noqa: C901
+    env = b.env
+    if packet in ("view", "_unsafe_view", "reshape", "alias", "detach", "lift_fresh_copy"):
+        src = env[args[0]]
+        return b.view("reshape", src, val.shape, name, shape=tuple(val.shape))
+    if packet == "permute":
+        src = env[args[0]]
+        nd = len(b.nodes[src].shape)
+        return b.view("permute", src, val.shape, name, dims=tuple(d % nd for d in args[1]))
+    if packet in ("t", "transpose", "numpy_T"):
+        src = env[args[0]]
+        nd = len(b.nodes[src].shape)
+        perm = list(range(nd))
+        if packet == "transpose":
+            d0, d1 = args[1] % nd, args[2] % nd
+        else:
+            d0, d1 = 0, max(nd - 1, 0)
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return b.view("permute", src, val.shape, name, dims=tuple(perm))
+    if packet == "expand":
+        return b.view("expand", env[args[0]], val.shape, name, shape=tuple(val.shape))
+    if packet == "unsqueeze":
+        src = env[args[0]]
+        return b.view("unsqueeze", src, val.shape, name, dim=args[1] % (len(b.nodes[src].shape) + 1))
+    if packet == "squeeze":
+        src = env[args[0]]
+        return b.view("reshape", src, val.shape, name, shape=tuple(val.shape))
+    if packet == "slice" and overload == "Tensor":
+        src = env[args[0]]
+        shape = b.nodes[src].shape
+        dim = (args[1] if len(args) > 1 else 0) % len(shape)
+        start = args[2] if len(args) > 2 and args[2] is not None else 0
+        step = args[4] if len(args) > 4 else 1
+        start = start + shape[dim] if start < 0 else min(start, shape[dim])
+        return b.view("slice", src, val.shape, name, dim=dim, start=start, step=step)
+    if packet == "select" and overload == "int":
+        src = env[args[0]]
+        shape = b.nodes[src].shape
+        dim, index = args[1] % len(shape), args[2]
+        index = index + shape[dim] if index < 0 else index
+        sliced_shape = shape[:dim] + (1,) + shape[dim + 1 :]
+        s = b.view("slice", src, sliced_shape, name + "_slice", dim=dim, start=index, step=1)
+        return b.view("reshape", s, val.shape, name, shape=tuple(val.shape))
+    if packet == "broadcast_in_dim":
+        src = env[args[0]]
+        shape, bdims = tuple(args[1]), tuple(args[2])
+        mid = tuple(b.nodes[src].shape[bdims.index(d)] if d in bdims else 1 for d in range(len(shape)))
+        r = b.view("reshape", src, mid, name + "_r", shape=mid)
+        if mid == shape:
+            return r
+        return b.view("expand", r, shape, name, shape=shape)
+    return None
+
+
+def _encode(a: Any) -> Any:
+    """Encode opaque-op arguments as hashable, picklable values; tensors become node refs."""
+    if isinstance(a, (list, tuple)):
+        return ("__seq__", type(a).__name__, tuple(_encode(x) for x in a))
+    if isinstance(a, torch.dtype):
+        return ("__dtype__", dtype_name(a))
+    if isinstance(a, torch.device):
+        return ("__device__",)
+    if isinstance(a, torch.layout):
+        return ("__layout__", str(a))
+    if isinstance(a, torch.memory_format):
+        return ("__memory_format__", str(a))
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    raise CaptureError(f"cannot record argument {a!r} of type {type(a).__name__}")
+
+
+def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
+    tensor_inputs: list[int] = []
+
+    def enc(a):
+        if isinstance(a, torch.fx.Node):
+            idx = b.env[a]
+            if isinstance(idx, tuple):
+                raise CaptureError(f"{n.target} reads a multi-output value directly")
+            if idx not in tensor_inputs:
+                tensor_inputs.append(idx)
+            return ("__node__", tensor_inputs.index(idx))
+        if isinstance(a, (list, tuple)):
+            return ("__seq__", type(a).__name__, tuple(enc(x) for x in a))
+        return _encode(a)
+
+    args = enc(tuple(n.args))
+    kwargs = tuple(sorted((k, enc(v)) for k, v in n.kwargs.items()))
+    target = str(n.target)
+    val = n.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return b.like("opaque", tensor_inputs, val, n.name, target=target, args=args, kwargs=kwargs)
+    if isinstance(val, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in val):
+        # a multi-output op: one opaque node producing a tuple, one getitem node per output
+        first = val[0]
+        op = b.add(
+            Node(
+                "opaque",
+                tuple(tensor_inputs),
+                tuple(first.shape),
+                dtype_name(first.dtype),
+                tuple(first.stride()),
+                make_attrs(target=target, args=args, kwargs=kwargs, multi=len(val)),
+                n.name,
+            )
+        )
+        return tuple(b.like("getitem", (op,), v, f"{n.name}_{i}", index=i) for i, v in enumerate(val))
+    raise CaptureError(f"cannot capture {target} ({n.name}): it returns {type(val).__name__}")

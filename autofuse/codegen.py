@@ -1,0 +1,793 @@
+"""Codegen: one fusion group + one launch config -> the source of one Triton kernel.
+
+``analyze_group`` decides whether a set of nodes can share one kernel (and raises
+:class:`FusionRefused` with the reason when it cannot); ``generate`` renders the kernel.
+
+Every node of a group is a function of an index. A kernel iterates over its domain (the output
+shape of a pointwise group; rows x reduced elements for a reduction group) and evaluates each
+stored node at the domain index: a node read from memory is a ``tl.load`` whose offset is the index
+pushed back through any view ops, a pointwise node applies its op to its inputs' values, and a
+reduction node is the result of an earlier phase of the kernel. Reductions run in phases by
+dependency level (softmax: max, then sum); a *persistent* kernel holds a whole row in one block,
+a *looped* one walks the row in RBLOCK chunks and recomputes what each phase needs from its loads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .indexing import Expr, linearize
+from .ir import FLOAT_DTYPES, Graph, contiguous_strides, numel
+
+
+class FusionRefused(Exception):
+    """A group that cannot be one kernel; ``reason`` says why (the report shows it)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class KernelConfig:
+    """Launch parameters: XBLOCK elements (or rows) per program, RBLOCK reduced elements per
+    step (0 for pointwise kernels), num_warps."""
+
+    XBLOCK: int
+    RBLOCK: int = 0
+    num_warps: int = 4
+
+    def label(self) -> str:
+        r = f" RBLOCK={self.RBLOCK}" if self.RBLOCK else ""
+        return f"XBLOCK={self.XBLOCK}{r} num_warps={self.num_warps}"
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+# ---------------------------------------------------------------------------------------------
+# Group analysis
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    nodes: tuple[int, ...]
+    kind: str  # "pointwise" | "reduction"
+    domain: tuple[int, ...]  # full iteration shape
+    reduce_dims: tuple[int, ...]  # reduced positions of ``domain`` (empty for pointwise)
+    stored: tuple[int, ...]  # members written to memory
+    loads: tuple[int, ...]  # base nodes read from memory
+
+    @property
+    def xnumel(self) -> int:
+        return numel(s for i, s in enumerate(self.domain) if i not in self.reduce_dims)
+
+    @property
+    def rnumel(self) -> int:
+        return numel(self.domain[i] for i in self.reduce_dims) if self.kind == "reduction" else 1
+
+
+def stored_nodes(graph: Graph, members: frozenset[int]) -> tuple[int, ...]:
+    outputs = {graph.base_of(o) for o in graph.outputs}
+    stored = []
+    for m in sorted(members):
+        users = graph.compute_users[m]
+        if m in outputs or any(u not in members for u in users):
+            stored.append(m)
+    return tuple(stored)
+
+
+def loaded_nodes(graph: Graph, members: frozenset[int]) -> tuple[int, ...]:
+    loads: dict[int, None] = {}
+    for m in sorted(members):
+        for j in graph.compute_inputs(m):
+            if j not in members and graph[j].op != "const":
+                loads[j] = None
+    return tuple(loads)
+
+
+def _describe(graph: Graph, i: int) -> str:
+    n = graph[i]
+    return f"{n.op} %{i} ({n.name or n.op}, {list(n.shape)})"
+
+
+def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
+    """Check that ``group`` can be one kernel; raise FusionRefused naming the reason if not."""
+    members = frozenset(group)
+    for m in sorted(members):
+        kind = graph[m].kind
+        if kind not in ("pointwise", "reduction"):
+            what = "matmul" if kind == "matmul" else "unsupported op"
+            target = graph[m].attr("target", graph[m].op)
+            raise FusionRefused(f"{_describe(graph, m)} is a {what} ({target}) and runs in eager")
+    stored = stored_nodes(graph, members)
+    if not stored:
+        raise FusionRefused("group has no output")
+    reductions = [m for m in sorted(members) if graph[m].kind == "reduction"]
+    if not reductions:
+        shapes = {graph[s].shape for s in stored}
+        if len(shapes) > 1:
+            a, b = sorted(shapes)[:2]
+            raise FusionRefused(
+                f"outputs of different shapes {list(a)} and {list(b)} cannot share one loop"
+            )
+        domain, rdims = graph[stored[0]].shape, ()
+    else:
+        domain, rdims = _reduction_domain(graph, reductions)
+        _check_stored_shapes(graph, stored, domain, rdims)
+    info = GroupInfo(
+        nodes=tuple(sorted(members)),
+        kind="reduction" if reductions else "pointwise",
+        domain=tuple(domain),
+        reduce_dims=tuple(rdims),
+        stored=stored,
+        loads=loaded_nodes(graph, members),
+    )
+    _Emitter(graph, info, KernelConfig(16, 16 if reductions else 0)).emit()  # index checks
+    return info
+
+
+def _reduction_domain(graph: Graph, reductions: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    first = reductions[0]
+    src = graph[graph[first].inputs[0]].shape
+    dims = graph[first].attr("dims")
+    for r in reductions[1:]:
+        s, d = graph[graph[r].inputs[0]].shape, graph[r].attr("dims")
+        if (s, d) != (src, dims):
+            raise FusionRefused(
+                f"{_describe(graph, r)} reduces {list(s)} over dims {list(d)} but "
+                f"{_describe(graph, first)} reduces {list(src)} over dims {list(dims)}: "
+                "one kernel has one reduction domain"
+            )
+    return tuple(src), tuple(dims)
+
+
+def _row_shapes(domain: tuple[int, ...], rdims: tuple[int, ...]) -> set[tuple[int, ...]]:
+    keep = tuple(1 if i in rdims else s for i, s in enumerate(domain))
+    squeezed = tuple(s for i, s in enumerate(domain) if i not in rdims)
+    return {keep, squeezed}
+
+
+def _check_stored_shapes(graph, stored, domain, rdims) -> None:
+    rows = _row_shapes(domain, rdims)
+    for s in stored:
+        shape = graph[s].shape
+        if shape != domain and shape not in rows:
+            raise FusionRefused(
+                f"{_describe(graph, s)} must be stored but its shape is neither the reduction "
+                f"input {list(domain)} nor a row shape {sorted(list(r) for r in rows)}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Index propagation through views and broadcasting
+# ---------------------------------------------------------------------------------------------
+
+
+def view_source_index(graph: Graph, i: int, index: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """Map the index of view node ``i``'s output to the index of its input."""
+    node = graph[i]
+    src = graph[node.inputs[0]].shape
+    op = node.op
+    if op == "permute":
+        out: list[Expr] = [Expr.constant(0)] * len(src)
+        for pos, d in enumerate(node.attr("dims")):
+            out[d] = index[pos]
+        return tuple(out)
+    if op == "expand":
+        off = len(node.shape) - len(src)
+        return tuple(
+            Expr.constant(0) if src[j] == 1 else index[j + off] for j in range(len(src))
+        )
+    if op == "unsqueeze":
+        d = node.attr("dim")
+        return index[:d] + index[d + 1 :]
+    if op == "slice":
+        d = node.attr("dim")
+        e = index[d].scale(node.attr("step")).shift(node.attr("start"))
+        return index[:d] + (e,) + index[d + 1 :]
+    if op == "reshape":
+        flat = linearize(index, contiguous_strides(node.shape), node.shape)
+        strides = contiguous_strides(src)
+        return tuple(
+            Expr.constant(0)
+            if size == 1
+            else flat.floordiv_mod(strides[j], None if j == _outer(src) else size)
+            for j, size in enumerate(src)
+        )
+    raise ValueError(f"not a view op: {op}")
+
+
+def _outer(shape: tuple[int, ...]) -> int:
+    """Position of the outermost dimension of size > 1."""
+    for j, s in enumerate(shape):
+        if s != 1:
+            return j
+    return 0
+
+
+def broadcast_index(src: tuple[int, ...], dst: tuple[int, ...], index: tuple[Expr, ...]):
+    """Index into ``src`` for an element of ``dst`` that ``src`` broadcasts to."""
+    off = len(dst) - len(src)
+    return tuple(
+        Expr.constant(0) if src[j] == 1 else index[j + off] for j in range(len(src))
+    )
+
+
+def domain_index(shape: tuple[int, ...], var: str) -> tuple[Expr, ...]:
+    strides = contiguous_strides(shape)
+    outer = _outer(shape)
+    return tuple(Expr.dim(var, st, s, j == outer) for j, (st, s) in enumerate(zip(strides, shape)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Op rendering
+# ---------------------------------------------------------------------------------------------
+
+TL_DTYPE = {
+    "float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
+    "float64": "tl.float64", "int64": "tl.int64", "int32": "tl.int32", "int16": "tl.int16",
+    "int8": "tl.int8", "uint8": "tl.uint8", "bool": "tl.int1",
+}  # fmt: skip
+
+
+def compute_dtype(dtype: str) -> str:
+    if dtype in ("float16", "bfloat16"):
+        return "float32"
+    return dtype
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+@dataclass
+class _Val:
+    code: str  # a variable name or a literal
+    cls: int  # 0 scalar, 1 row, 2 full
+    dtype: str  # compute dtype
+    literal: bool = False
+
+
+def _literal(value, dtype: str) -> str:
+    if isinstance(value, bool) or dtype == "bool":
+        return "1" if value else "0"
+    if _is_float(dtype):
+        v = float(value)
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        if math.isnan(v):
+            return 'float("nan")'
+        return repr(v)
+    return str(int(value))
+
+
+def _cast(v: _Val, dtype: str) -> str:
+    if v.dtype == dtype:
+        return v.code
+    if v.literal:
+        if _is_float(dtype):
+            return v.code if "." in v.code or "float" in v.code else f"{v.code}.0"
+        return v.code
+    if dtype == "bool":
+        return f"({v.code} != 0)"
+    return f"{v.code}.to({TL_DTYPE[dtype]})"
+
+
+_UNARY_FMT = {
+    "neg": "-{a}", "abs": "tl.abs({a})", "exp": "tl.exp({a})", "exp2": "tl.exp2({a})",
+    "log": "tl.log({a})", "log2": "tl.log2({a})", "log1p": "tl.log(1.0 + {a})",
+    "expm1": "(tl.exp({a}) - 1.0)", "sqrt": "tl.sqrt({a})", "rsqrt": "tl.rsqrt({a})",
+    "reciprocal": "(1.0 / {a})", "sigmoid": "tl.sigmoid({a})", "tanh": "_af_tanh({a})",
+    "erf": "tl.erf({a})", "sin": "tl.sin({a})", "cos": "tl.cos({a})",
+    "floor": "tl.floor({a})", "ceil": "tl.ceil({a})", "round": "_af_round({a})",
+    "trunc": "tl.where({a} < 0, tl.ceil({a}), tl.floor({a}))", "copy": "{a}",
+    "bitwise_not": "~{a}",
+}  # fmt: skip
+_BINARY_FMT = {
+    "add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
+    "maximum": "tl.maximum({a}, {b})", "minimum": "tl.minimum({a}, {b})",
+    "bitwise_and": "{a} & {b}", "bitwise_or": "{a} | {b}", "bitwise_xor": "{a} ^ {b}",
+}  # fmt: skip
+_COMPARE_FMT = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_LOGICAL_FMT = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
+
+HELPERS = {
+    "_af_tanh": '''@triton.jit
+def _af_tanh(x):
+    # tanh from exp of a non-positive argument: no overflow, full relative precision
+    t = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -y, y)
+''',
+    "_af_round": '''@triton.jit
+def _af_round(x):
+    # round half to even, as torch.round
+    r = tl.floor(x + 0.5)
+    return tl.where((r - x == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
+''',
+    "_af_prod": '''@triton.jit
+def _af_prod(a, b):
+    return a * b
+''',
+}
+
+
+def _pow_code(a: str, e: float) -> str:
+    if e == 0.5:
+        return f"tl.sqrt({a})"
+    if e == -0.5:
+        return f"tl.rsqrt({a})"
+    if e == int(e) and abs(e) <= 8:
+        n = int(abs(e))
+        if n == 0:
+            return f"({a} * 0.0 + 1.0)"
+        prod = " * ".join([a] * n)
+        return f"({prod})" if e > 0 else f"(1.0 / ({prod}))"
+    if e == int(e):
+        mag = f"tl.exp2({e!r} * tl.log2(tl.abs({a})))"
+        return f"tl.where(({a} < 0) & ({int(e) % 2} == 1), -{mag}, {mag})"
+    return f"tl.exp2({e!r} * tl.log2({a}))"
+
+
+def render_op(op: str, node, args: list[_Val], helpers: set[str]) -> str:  # noqa: C901
+    cd = compute_dtype(node.dtype)
+    if op in _COMPARE_FMT:
+        ad = "float32" if any(_is_float(a.dtype) for a in args) else args[0].dtype
+        return f"{_cast(args[0], ad)} {_COMPARE_FMT[op]} {_cast(args[1], ad)}"
+    if op in _LOGICAL_FMT:
+        return f"{_cast(args[0], 'bool')} {_LOGICAL_FMT[op]} {_cast(args[1], 'bool')}"
+    if op == "logical_not":
+        return f"{_cast(args[0], 'bool')} == 0"
+    if op == "isnan":
+        return f"{args[0].code} != {args[0].code}"
+    if op == "where":
+        c = _cast(args[0], "bool")
+        return f"tl.where({c}, {_cast(args[1], cd)}, {_cast(args[2], cd)})"
+    a = _cast(args[0], cd)
+    if op in _BINARY_FMT:
+        return _BINARY_FMT[op].format(a=a, b=_cast(args[1], cd))
+    if op == "relu":
+        return f"tl.maximum({a}, {'0.0' if _is_float(cd) else '0'})"
+    if op == "sign":
+        return f"({a} > 0).to({TL_DTYPE[cd]}) - ({a} < 0).to({TL_DTYPE[cd]})"
+    if op in _UNARY_FMT:
+        for h in ("_af_tanh", "_af_round"):
+            if h in _UNARY_FMT[op]:
+                helpers.add(h)
+        return _UNARY_FMT[op].format(a=a)
+    if op == "clamp":
+        lo, hi = node.attr("lo"), node.attr("hi")
+        out = a
+        if lo is not None:
+            out = f"tl.maximum({out}, {_literal(lo, cd)})"
+        if hi is not None:
+            out = f"tl.minimum({out}, {_literal(hi, cd)})"
+        return out
+    if op == "pow_scalar":
+        return _pow_code(a, node.attr("exponent"))
+    if op == "cast":
+        target = node.attr("dtype")
+        if target in ("float16", "bfloat16"):  # round through the storage type, as eager does
+            return f"{_cast(args[0], 'float32')}.to({TL_DTYPE[target]}).to(tl.float32)"
+        return _cast(args[0], cd)
+    raise FusionRefused(f"no Triton lowering for op {op!r}")
+
+
+_IDENTITY = {"sum": "0", "mean": "0", "prod": "1", "amax": "-inf", "amin": "inf"}
+
+
+def _identity(op: str, dtype: str) -> str:
+    v = _IDENTITY[op]
+    if v in ("inf", "-inf"):
+        if _is_float(dtype):
+            return f'float("{v}")'
+        bits = {"int64": 63, "int32": 31, "int16": 15, "int8": 7, "uint8": 0, "bool": 0}[dtype]
+        return str(-(2**bits) if v == "-inf" else 2**bits - 1)
+    return v + (".0" if _is_float(dtype) else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# The emitter
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Scope:
+    cache: dict = field(default_factory=dict)
+
+
+class _Emitter:
+    def __init__(self, graph: Graph, info: GroupInfo, config: KernelConfig) -> None:
+        self.g, self.info, self.cfg = graph, info, config
+        self.members = frozenset(info.nodes)
+        self.red = info.kind == "reduction"
+        self.persistent = self.red and config.RBLOCK >= info.rnumel
+        self.lines: list[str] = []
+        self.depth = 1
+        self.scopes = [_Scope()]
+        self.n_tmp = 0
+        self.ptr: dict[int, str] = {i: f"in_ptr{k}" for k, i in enumerate(info.loads)}
+        self.out_ptr: dict[int, str] = {i: f"out_ptr{k}" for k, i in enumerate(info.stored)}
+        self.red_val: dict[int, _Val] = {}
+        self.helpers: set[str] = set()
+        self.int64 = self._needs_int64()
+        dom, rd = info.domain, info.reduce_dims
+        if self.red:
+            kept = tuple(s for i, s in enumerate(dom) if i not in rd)
+            reduced = tuple(dom[i] for i in rd)
+            xi, ri = iter(domain_index(kept, "xindex")), iter(domain_index(reduced, "rindex"))
+            self.full = tuple(next(ri) if i in rd else next(xi) for i in range(len(dom)))
+        else:
+            self.full = domain_index(dom, "xindex")
+
+    # -- output helpers ----------------------------------------------------------------------
+    def line(self, s: str) -> None:
+        self.lines.append("    " * self.depth + s)
+
+    def tmp(self, expr: str, cls: int, dtype: str, comment: str = "") -> _Val:
+        name = f"tmp{self.n_tmp}"
+        self.n_tmp += 1
+        self.line(f"{name} = {expr}" + (f"  # {comment}" if comment else ""))
+        return _Val(name, cls, dtype)
+
+    def _needs_int64(self) -> bool:
+        sizes = [numel(self.info.domain)]
+        sizes += [self._extent(i) for i in self.info.loads]
+        return max(sizes) >= 2**31 - 1
+
+    def _extent(self, i: int) -> int:
+        n = self.g[i]
+        return 1 + sum((s - 1) * abs(st) for s, st in zip(n.shape, n.strides))
+
+    def lookup(self, key):
+        for sc in reversed(self.scopes):
+            if key in sc.cache:
+                return sc.cache[key]
+        return None
+
+    # -- values ------------------------------------------------------------------------------
+    def cls_of(self, e: Expr) -> int:
+        vs = e.vars
+        if not vs:
+            return 0
+        if not self.red or "rindex" in vs:
+            return 2
+        return 1
+
+    def mask_for(self, cls: int) -> str | None:
+        if cls == 0:
+            return None
+        if cls == 2 and self.red:
+            return "xmask & rmask"
+        return "xmask"
+
+    def value(self, i: int, index: tuple[Expr, ...]) -> _Val:
+        node = self.g[i]
+        if node.kind == "view":
+            return self.value(node.inputs[0], view_source_index(self.g, i, index))
+        if node.op == "const":
+            return _Val(_literal(node.attr("value"), node.dtype), 0, compute_dtype(node.dtype), True)
+        key = (i, index)
+        hit = self.lookup(key)
+        if hit is not None:
+            return hit
+        if i not in self.members:
+            v = self.load(i, index)
+        elif node.kind == "reduction":
+            v = self.reduced(i, index)
+        else:
+            args = [
+                self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
+                for j in node.inputs
+            ]
+            expr = render_op(node.op, node, args, self.helpers)
+            cls = max((a.cls for a in args), default=0)
+            v = self.tmp(expr, cls, compute_dtype(node.dtype), node.name)
+        self.scopes[-1].cache[key] = v
+        return v
+
+    def load(self, i: int, index: tuple[Expr, ...]) -> _Val:
+        node = self.g[i]
+        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        off = linearize(index, strides, node.shape)
+        cls = self.cls_of(off)
+        mask = self.mask_for(cls)
+        cd = compute_dtype(node.dtype)
+        ptr = f"{self.ptr[i]} + ({off.render()})"
+        if mask is None:
+            code = f"tl.load({ptr})"
+        else:
+            code = f"tl.load({ptr}, {mask}, other=0)"
+        if cd != node.dtype:
+            code += f".to({TL_DTYPE[cd]})"
+        return self.tmp(code, cls, cd, f"load {node.name}")
+
+    def row_key(self, i: int, index: tuple[Expr, ...]) -> tuple[Expr, ...]:
+        rd = self.info.reduce_dims
+        if len(self.g[i].shape) == len(self.info.domain):
+            return tuple(e for j, e in enumerate(index) if j not in rd)
+        return index
+
+    def reduced(self, i: int, index: tuple[Expr, ...]) -> _Val:
+        want = tuple(e for j, e in enumerate(self.full) if j not in self.info.reduce_dims)
+        got = self.row_key(i, index)
+        if got != want:
+            raise FusionRefused(
+                f"{_describe(self.g, i)} is read at index ({', '.join(map(str, got))}) which is not "
+                f"its own row ({', '.join(map(str, want))}): the reduced value would come from "
+                "another program"
+            )
+        if i not in self.red_val:
+            raise FusionRefused(f"{_describe(self.g, i)} is read before it is computed")
+        return self.red_val[i]
+
+    # -- kernel structure --------------------------------------------------------------------
+    def levels(self) -> dict[int, int]:
+        lv: dict[int, int] = {}
+        for i in self.info.nodes:
+            node = self.g[i]
+            deps = [self.g.base_of(j) for j in node.inputs]
+            base = max((lv.get(j, 0) for j in deps if j in self.members), default=0)
+            lv[i] = base + 1 if node.kind == "reduction" else base
+        return lv
+
+    def reduction_phase(self, reds: list[int]) -> None:
+        accs = {}
+        for r in reds:
+            node = self.g[r]
+            src = self.value(node.inputs[0], self.full)
+            acc_dtype = compute_dtype(self.g[node.inputs[0]].dtype)
+            if node.op in ("sum", "mean") and not _is_float(acc_dtype):
+                acc_dtype = "int64" if acc_dtype != "int32" else "int32"
+                acc_dtype = compute_dtype(node.dtype) if _is_float(node.dtype) else acc_dtype
+            ident = _identity(node.op, acc_dtype)
+            val = f"tl.where(xmask & rmask, {_cast(src, acc_dtype)}, {ident})"
+            if self.persistent:
+                accs[r] = (self.tmp(val, 2, acc_dtype, f"{node.name} input"), acc_dtype)
+            else:
+                acc = accs[r][0].code
+                self.line(f"{acc} = {self._combine(node.op, acc, val)}")
+        return accs
+
+    def _combine(self, op: str, acc: str, val: str) -> str:
+        if op in ("sum", "mean"):
+            return f"{acc} + {val}"
+        if op == "prod":
+            return f"{acc} * {val}"
+        return f"tl.{'maximum' if op == 'amax' else 'minimum'}({acc}, {val})"
+
+    def finish_reduction(self, r: int, acc: _Val, acc_dtype: str) -> None:
+        node = self.g[r]
+        fn = {"sum": "tl.sum", "mean": "tl.sum", "amax": "tl.max", "amin": "tl.min"}.get(node.op)
+        if fn:
+            expr = f"{fn}({acc.code}, 1)[:, None]"
+        else:
+            self.helpers.add("_af_prod")
+            expr = f"tl.reduce({acc.code}, 1, _af_prod)[:, None]"
+        cd = compute_dtype(node.dtype)
+        if node.op == "mean":
+            v = self.tmp(expr, 1, acc_dtype, node.name + " (sum)")
+            expr = f"{_cast(v, cd)} / {self.info.rnumel}.0"
+        elif acc_dtype != cd:
+            expr = f"({expr}).to({TL_DTYPE[cd]})"
+        self.red_val[r] = self.tmp(expr, 1, cd, node.name)
+
+    def store(self, i: int, v: _Val, index: tuple[Expr, ...], cls: int) -> None:
+        node = self.g[i]
+        off = linearize(index, contiguous_strides(node.shape), node.shape)
+        code = v.code
+        if v.cls < cls:
+            shape = "[XBLOCK, RBLOCK]" if cls == 2 and self.red else "[XBLOCK, 1]" if self.red else "[XBLOCK]"
+            if v.literal:
+                code = f"tl.full({shape}, {v.code}, {TL_DTYPE[v.dtype]})"
+            else:
+                code = f"tl.broadcast_to({v.code}, {shape})"
+        if compute_dtype(node.dtype) != node.dtype or v.dtype != node.dtype:
+            code = f"{code}.to({TL_DTYPE[node.dtype]})"
+        mask = self.mask_for(cls) or "xmask"
+        self.line(f"tl.store({self.out_ptr[i]} + ({off.render()}), {code}, {mask})")
+
+    def stored_index(self, i: int) -> tuple[tuple[Expr, ...], int]:
+        shape = self.g[i].shape
+        if not self.red or shape == self.info.domain:
+            return self.full, 2
+        rd = self.info.reduce_dims
+        if len(shape) == len(self.info.domain):
+            idx = tuple(Expr.constant(0) if j in rd else e for j, e in enumerate(self.full))
+        else:
+            idx = tuple(e for j, e in enumerate(self.full) if j not in rd)
+        return idx, 1
+
+    def emit(self) -> list[str]:
+        idx_t = ".to(tl.int64)" if self.int64 else ""
+        if not self.red:
+            self.line(f"xoffset = tl.program_id(0){idx_t} * XBLOCK")
+            self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
+            self.line("xmask = xindex < xnumel")
+            for s in self.info.stored:
+                self.store(s, self.value(s, self.full), self.full, 2)
+            return self.lines
+        self.line(f"xoffset = tl.program_id(0){idx_t} * XBLOCK")
+        self.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        self.line("xmask = xindex < xnumel")
+        if self.persistent:
+            self.line("rindex = tl.arange(0, RBLOCK)[None, :]")
+            self.line("rmask = rindex < rnumel")
+        else:
+            self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        lv = self.levels()
+        reds = [i for i in self.info.nodes if self.g[i].kind == "reduction"]
+        for level in sorted({lv[r] for r in reds}):
+            phase = [r for r in reds if lv[r] == level]
+            self.lines.append("")
+            self.line(f"# phase {level}: {', '.join(self.g[r].name or self.g[r].op for r in phase)}")
+            if self.persistent:
+                accs = self.reduction_phase(phase)
+            else:
+                accs = self._looped_phase(phase)
+            for r in phase:
+                self.finish_reduction(r, *accs[r])
+        rows = [s for s in self.info.stored if self.stored_index(s)[1] == 1]
+        fulls = [s for s in self.info.stored if self.stored_index(s)[1] == 2]
+        if rows:
+            self.lines.append("")
+            self.line("# row outputs")
+            for s in rows:
+                idx, cls = self.stored_index(s)
+                self.store(s, self.value(s, idx), idx, cls)
+        if fulls:
+            self.lines.append("")
+            self.line("# elementwise outputs")
+            self._in_loop(lambda: [self.store(s, self.value(s, self.full), self.full, 2) for s in fulls])
+        return self.lines
+
+    def _looped_phase(self, phase: list[int]) -> dict:
+        accs = {}
+        for r in phase:
+            node = self.g[r]
+            acc_dtype = compute_dtype(self.g[node.inputs[0]].dtype)
+            if node.op in ("sum", "mean") and not _is_float(acc_dtype):
+                acc_dtype = compute_dtype(node.dtype) if _is_float(node.dtype) else "int64"
+            ident = _identity(node.op, acc_dtype)
+            acc = self.tmp(f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype)
+            accs[r] = (acc, acc_dtype)
+        self._in_loop(lambda: self._accumulate(phase, accs))
+        return accs
+
+    def _accumulate(self, phase, accs) -> None:
+        for r in phase:
+            node = self.g[r]
+            acc, acc_dtype = accs[r]
+            src = self.value(node.inputs[0], self.full)
+            ident = _identity(node.op, acc_dtype)
+            val = f"tl.where(xmask & rmask, {_cast(src, acc_dtype)}, {ident})"
+            self.line(f"{acc.code} = {self._combine(node.op, acc.code, val)}")
+
+    def _in_loop(self, body) -> None:
+        if self.persistent:
+            body()
+            return
+        self.line("for roffset in range(0, rnumel, RBLOCK):")
+        self.depth += 1
+        self.scopes.append(_Scope())
+        self.line("rindex = roffset + rbase")
+        self.line("rmask = rindex < rnumel")
+        body()
+        self.scopes.pop()
+        self.depth -= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+
+_NAME_OP = {"pow_scalar": "pow", "copy": "clone", "cast": "to"}
+
+
+def kernel_name(graph: Graph, info: GroupInfo, config: KernelConfig, index: int) -> str:
+    if info.kind == "pointwise":
+        prefix = "poi"
+    else:
+        prefix = "per" if config.RBLOCK >= info.rnumel else "red"
+    ops = sorted({_NAME_OP.get(graph[i].op, graph[i].op) for i in info.nodes if graph[i].op != "const"})
+    if len(ops) > 8:
+        ops = ops[:8] + ["etc"]
+    return f"autofuse_{prefix}_fused_{'_'.join(ops)}_{index}"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A generated kernel: what it computes, its source and how to launch it."""
+
+    name: str
+    source: str
+    config: KernelConfig
+    info: GroupInfo
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (-(-self.info.xnumel // self.config.XBLOCK), 1, 1)
+
+
+def generate(graph: Graph, info: GroupInfo, config: KernelConfig, index: int = 0) -> Kernel:
+    """Render the Triton source of ``info``'s group under ``config``."""
+    check_config(info, config)
+    em = _Emitter(graph, info, config)
+    body = em.emit()
+    name = kernel_name(graph, info, config, index)
+    params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored] + ["xnumel"]
+    consts = ["XBLOCK: tl.constexpr"]
+    if em.red:
+        params.append("rnumel")
+        consts.append("RBLOCK: tl.constexpr")
+    header = [
+        f"# {name}: {len(info.nodes)} ops -> 1 kernel ({info.kind}, domain {list(info.domain)}"
+        + (f", reducing dims {list(info.reduce_dims)}" if em.red else "")
+        + ")",
+        "#   reads:  " + ", ".join(f"{em.ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.loads),
+        "#   writes: " + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
+        f"#   config: {config.label()}",
+        "@triton.jit",
+        f"def {name}({', '.join(params + consts)}):",
+    ]
+    helpers = [HELPERS[h] for h in sorted(em.helpers)]
+    src = "\n".join(
+        ["import triton", "import triton.language as tl", "", ""]
+        + [h + "\n" for h in helpers]
+        + header
+        + body
+    )
+    return Kernel(name=name, source=src + "\n", config=config, info=info)
+
+
+def check_config(info: GroupInfo, config: KernelConfig) -> None:
+    for label, v in (("XBLOCK", config.XBLOCK), ("num_warps", config.num_warps)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{label} must be a power of two, got {v}")
+    if info.kind == "reduction":
+        if config.RBLOCK < 1 or config.RBLOCK & (config.RBLOCK - 1):
+            raise ValueError(f"RBLOCK must be a power of two for a reduction, got {config.RBLOCK}")
+    elif config.RBLOCK:
+        raise ValueError(f"a pointwise kernel takes RBLOCK=0, got {config.RBLOCK}")
+
+
+def config_space(info: GroupInfo) -> list[KernelConfig]:
+    """The launch configs worth trying for this group (the search picks among them)."""
+    if info.kind == "pointwise":
+        top = max(16, next_pow2(info.xnumel))
+        xs = [b for b in (128, 256, 512, 1024, 2048, 4096) if b <= top] or [top]
+        return [KernelConfig(x, 0, w) for x in xs for w in (2, 4, 8) if x >= 32 * w or x == top]
+    r = next_pow2(info.rnumel)
+    rows = max(1, next_pow2(info.xnumel))
+    out = []
+    for x in (1, 2, 4, 8, 16, 32, 64):
+        if x > rows:
+            break
+        if x * r <= 32768:  # persistent: a whole row per block
+            out += [KernelConfig(x, r, w) for w in (1, 2, 4, 8, 16) if 32 * w <= max(32, x * r)]
+        for rb in (4, 16, 64, 256, 1024, 2048, 4096):
+            if rb < r and x * rb <= 16384 and x * rb >= 32:
+                out += [KernelConfig(x, rb, w) for w in (1, 2, 4, 8) if 32 * w <= x * rb]
+    return out or [KernelConfig(1, r, 4)]
+
+
+def default_config(info: GroupInfo) -> KernelConfig:
+    """A heuristic config, used by the greedy plan before any tuning."""
+    if info.kind == "pointwise":
+        x = min(1024, max(16, next_pow2(info.xnumel)))
+        return KernelConfig(x, 0, 4 if x >= 128 else 1)
+    r = next_pow2(info.rnumel)
+    if r <= 4096:
+        x = max(1, min(8, 4096 // r, next_pow2(info.xnumel)))
+        w = min(16, max(1, x * r // 256))
+        return KernelConfig(x, r, w)
+    return KernelConfig(1, 4096, 8)

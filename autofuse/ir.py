@@ -1,0 +1,187 @@
+"""The one IR of autofuse: a frozen graph of frozen nodes, from capture to codegen.
+
+A :class:`Graph` is a tuple of :class:`Node` in topological order; a node names its inputs by
+their position in that tuple. Every stage of the pipeline (capture, partition, codegen, plan)
+reads a graph and never mutates it. ``Graph.key`` is a structural hash: two graphs with the same
+ops, shapes, dtypes, strides and attributes have the same key whatever their debug names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------
+# Op classes
+# ---------------------------------------------------------------------------------------------
+
+UNARY = frozenset(
+    "neg abs exp exp2 log log2 log1p expm1 sqrt rsqrt reciprocal sigmoid tanh erf sin cos relu "
+    "floor ceil round trunc sign logical_not bitwise_not isnan copy".split()
+)
+BINARY = frozenset(
+    "add sub mul div maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor "
+    "bitwise_and bitwise_or bitwise_xor".split()
+)
+POINTWISE = UNARY | BINARY | frozenset({"where", "clamp", "pow_scalar", "cast", "const"})
+REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "prod"})
+VIEWS = frozenset({"permute", "expand", "reshape", "slice", "unsqueeze", "squeeze"})
+MATMULS = frozenset({"mm", "bmm"})
+SOURCES = frozenset({"input"})
+OPAQUE = "opaque"
+
+FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+
+
+def op_class(op: str) -> str:
+    """One of 'input', 'pointwise', 'reduction', 'view', 'matmul', 'opaque'."""
+    if op in SOURCES:
+        return "input"
+    if op in POINTWISE:
+        return "pointwise"
+    if op in REDUCTIONS:
+        return "reduction"
+    if op in VIEWS:
+        return "view"
+    if op in MATMULS:
+        return "matmul"
+    if op in (OPAQUE, "getitem"):
+        return "opaque"
+    raise ValueError(f"unknown IR op {op!r}")
+
+
+def contiguous_strides(shape: Iterable[int]) -> tuple[int, ...]:
+    shape = tuple(shape)
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def numel(shape: Iterable[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# Nodes and graphs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Node:
+    """One value of the program.
+
+    ``attrs`` is a sorted tuple of (name, value) pairs of hashable values: reduction dims and
+    keepdim, view arguments, constant values, cast dtypes, the ATen target of an opaque op.
+    ``name`` is for humans (the FX node name) and is not part of the structural key.
+    """
+
+    op: str
+    inputs: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...]
+    attrs: tuple[tuple[str, Any], ...] = ()
+    name: str = field(default="", compare=False)
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def kind(self) -> str:
+        return op_class(self.op)
+
+    def signature(self) -> str:
+        return f"{self.op}{self.inputs}{self.shape}{self.dtype}{self.strides}{self.attrs!r}"
+
+
+def make_attrs(**kwargs: Any) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(kwargs.items()))
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A frozen, topologically ordered op graph with numbered inputs and outputs."""
+
+    nodes: tuple[Node, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for i, node in enumerate(self.nodes):
+            for j in node.inputs:
+                if not 0 <= j < i:
+                    raise ValueError(
+                        f"node {i} ({node.op}) reads node {j}: expected an earlier node "
+                        "(graphs are topologically ordered)"
+                    )
+        for j in self.outputs:
+            if not 0 <= j < len(self.nodes):
+                raise ValueError(f"output {j} is not a node of this {len(self.nodes)}-node graph")
+
+    @cached_property
+    def key(self) -> str:
+        h = hashlib.sha256()
+        for node in self.nodes:
+            h.update(node.signature().encode())
+            h.update(b";")
+        h.update(repr((self.inputs, self.outputs)).encode())
+        return h.hexdigest()[:24]
+
+    @cached_property
+    def users(self) -> tuple[tuple[int, ...], ...]:
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for i, node in enumerate(self.nodes):
+            for j in dict.fromkeys(node.inputs):
+                users[j].append(i)
+        return tuple(tuple(u) for u in users)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, i: int) -> Node:
+        return self.nodes[i]
+
+    def base_of(self, i: int) -> int:
+        """Follow view ops back to the node that owns the memory (or computes the value)."""
+        while self.nodes[i].kind == "view":
+            i = self.nodes[i].inputs[0]
+        return i
+
+    def compute_nodes(self) -> tuple[int, ...]:
+        """Nodes that need a kernel or an eager op: everything but inputs and views."""
+        return tuple(i for i, n in enumerate(self.nodes) if n.kind not in ("input", "view"))
+
+    def compute_inputs(self, i: int) -> tuple[int, ...]:
+        """The base nodes that node i reads, through any chain of views."""
+        return tuple(dict.fromkeys(self.base_of(j) for j in self.nodes[i].inputs))
+
+    @cached_property
+    def compute_users(self) -> tuple[tuple[int, ...], ...]:
+        """For each node, the compute nodes that read it through views (or directly)."""
+        out: list[list[int]] = [[] for _ in self.nodes]
+        for i in self.compute_nodes():
+            for j in self.compute_inputs(i):
+                out[j].append(i)
+        return tuple(tuple(u) for u in out)
+
+    def pretty(self) -> str:
+        lines = []
+        for i, n in enumerate(self.nodes):
+            args = ", ".join(f"%{j}" for j in n.inputs)
+            attrs = " ".join(f"{k}={v}" for k, v in n.attrs if k != "args")
+            lines.append(
+                f"%{i} = {n.op}({args}) {attrs} : {n.dtype}{list(n.shape)}  # {n.name}".rstrip()
+            )
+        lines.append(f"return {', '.join(f'%{j}' for j in self.outputs)}")
+        return "\n".join(lines)

@@ -1,0 +1,296 @@
+"""Plans and their execution.
+
+A :class:`Plan` is a partition of the graph plus one config per kernel: an ordered list of steps,
+each a generated kernel or an op that runs in eager (unsupported ops, matmuls). Running it
+allocates the outputs and the intermediates that must live in memory, launches the steps in
+order and returns what the function returns, in the same structure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import logs
+from .codegen import GroupInfo, Kernel, KernelConfig, analyze_group, default_config, generate
+from .eager import eval_node
+from .ir import Graph, contiguous_strides
+
+# ---------------------------------------------------------------------------------------------
+# Loading generated source
+# ---------------------------------------------------------------------------------------------
+
+_LOADED: dict[tuple[str, str], Any] = {}
+
+
+def kernel_dir() -> Path:
+    root = os.environ.get("AUTOFUSE_KERNEL_DIR") or os.path.join(
+        tempfile.gettempdir(), f"autofuse-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load_kernel(source: str, name: str) -> Any:
+    """Import generated source as a module (triton.jit needs a real file) and return ``name``."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    key = (digest, name)
+    if key in _LOADED:
+        return _LOADED[key]
+    path = kernel_dir() / f"{name}_{digest}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    mod_name = f"autofuse_generated_{digest}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, name)
+    _LOADED[key] = fn
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    kernel: Kernel
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return self.kernel.info.nodes
+
+
+@dataclass(frozen=True)
+class EagerStep:
+    node: int
+    reason: str
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,)
+
+
+Step = KernelStep | EagerStep
+
+
+@dataclass(frozen=True)
+class Plan:
+    graph: Graph
+    steps: tuple[Step, ...]
+    label: str = "plan"
+
+    @property
+    def kernels(self) -> tuple[Kernel, ...]:
+        return tuple(s.kernel for s in self.steps if isinstance(s, KernelStep))
+
+    @property
+    def fallbacks(self) -> tuple[EagerStep, ...]:
+        return tuple(s for s in self.steps if isinstance(s, EagerStep))
+
+    @property
+    def groups(self) -> tuple[frozenset[int], ...]:
+        return tuple(frozenset(k.info.nodes) for k in self.kernels)
+
+
+def eager_reason(graph: Graph, i: int) -> str:
+    node = graph[i]
+    if node.kind == "matmul":
+        return f"{node.op} runs as torch.{node.op} (cuBLAS on GPU)"
+    if node.op == "getitem":
+        return "output of a multi-output op"
+    return f"unsupported op {node.attr('target', node.op)}: runs in eager"
+
+
+def fusible(graph: Graph, i: int) -> bool:
+    n = graph[i]
+    return n.kind in ("pointwise", "reduction") and n.op != "const"
+
+
+def build_plan(
+    graph: Graph,
+    groups: Sequence[frozenset[int]],
+    configs: Sequence[KernelConfig | None] | None = None,
+    label: str = "plan",
+) -> Plan:
+    """Order the groups (and the eager ops) topologically and generate one kernel per group."""
+    configs = list(configs) if configs is not None else [None] * len(groups)
+    covered = set().union(*groups) if groups else set()
+    missing = [i for i in graph.compute_nodes() if fusible(graph, i) and i not in covered]
+    if missing:
+        raise ValueError(f"partition leaves nodes {missing} in no group")
+    infos = [analyze_group(graph, g) for g in groups]
+    units: list[tuple[str, Any]] = [("group", k) for k in range(len(groups))]
+    units += [("eager", i) for i in graph.compute_nodes() if not fusible(graph, i) and graph[i].op != "const"]
+    owner: dict[int, int] = {}
+    for u, (kind, v) in enumerate(units):
+        for n in (infos[v].nodes if kind == "group" else (v,)):
+            owner[n] = u
+    order = _topo_units(graph, units, infos, owner)
+    steps: list[Step] = []
+    for u in order:
+        kind, v = units[u]
+        if kind == "group":
+            cfg = configs[v] or default_config(infos[v])
+            steps.append(KernelStep(generate(graph, infos[v], cfg, index=len(steps))))
+        else:
+            steps.append(EagerStep(v, eager_reason(graph, v)))
+    plan = Plan(graph, tuple(steps), label)
+    logs.output_code(plan)
+    return plan
+
+
+def _topo_units(graph, units, infos, owner) -> list[int]:
+    deps: list[set[int]] = []
+    for kind, v in units:
+        nodes = infos[v].nodes if kind == "group" else (v,)
+        d = set()
+        for n in nodes:
+            for j in graph.compute_inputs(n):
+                if j in owner and owner[j] != owner[n]:
+                    d.add(owner[j])
+        deps.append(d)
+    done: list[int] = []
+    placed: set[int] = set()
+    pending = sorted(range(len(units)), key=lambda u: min(_unit_nodes(units[u], infos)))
+    while pending:
+        for u in pending:
+            if deps[u] <= placed:
+                done.append(u)
+                placed.add(u)
+                pending.remove(u)
+                break
+        else:
+            raise ValueError("the partition has a cycle between groups (a group is not convex)")
+    return done
+
+
+def _unit_nodes(unit, infos) -> tuple[int, ...]:
+    kind, v = unit
+    return infos[v].nodes if kind == "group" else (v,)
+
+
+# ---------------------------------------------------------------------------------------------
+# Execution
+# ---------------------------------------------------------------------------------------------
+
+
+class InputError(TypeError):
+    """Inputs that do not match what a plan was built for."""
+
+
+@dataclass
+class _Run:
+    plan: Plan
+    device: torch.device
+    env: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def get(self, i: int) -> torch.Tensor:
+        if i in self.env:
+            return self.env[i]
+        node = self.plan.graph[i]
+        if node.kind == "view" or node.op == "const":
+            value = eval_node(node, [self.get(j) for j in node.inputs], self.device)
+        else:
+            raise RuntimeError(f"node %{i} ({node.op}) is read before any step computed it")
+        self.env[i] = value
+        return value
+
+    def contiguous(self, i: int) -> torch.Tensor:
+        node = self.plan.graph[i]
+        t = self.get(i)
+        if node.kind != "input" and not t.is_contiguous():
+            t = t.contiguous()
+            self.env[i] = t
+        return t
+
+
+def launch(kernel: Kernel, args: Sequence[torch.Tensor]) -> None:
+    fn = load_kernel(kernel.source, kernel.name)
+    cfg = kernel.config
+    kw: dict[str, Any] = {"XBLOCK": cfg.XBLOCK, "num_warps": cfg.num_warps}
+    scalars: list[int] = [kernel.info.xnumel]
+    if kernel.info.kind == "reduction":
+        kw["RBLOCK"] = cfg.RBLOCK
+        scalars.append(kernel.info.rnumel)
+    fn[kernel.grid](*args, *scalars, **kw)
+
+
+def allocate_outputs(graph: Graph, info: GroupInfo, device: torch.device) -> list[torch.Tensor]:
+    return [
+        torch.empty(graph[s].shape, dtype=getattr(torch, graph[s].dtype), device=device)
+        for s in info.stored
+    ]
+
+
+def run_kernel_step(run: _Run, step: KernelStep) -> None:
+    info = step.kernel.info
+    ins = [run.contiguous(i) for i in info.loads]
+    outs = allocate_outputs(run.plan.graph, info, run.device)
+    launch(step.kernel, [*ins, *outs])
+    for s, t in zip(info.stored, outs):
+        run.env[s] = t
+
+
+def check_inputs(graph: Graph, inputs: Sequence[Any], device_kind: str | None = None) -> None:
+    if len(inputs) != len(graph.inputs):
+        raise InputError(f"the plan takes {len(graph.inputs)} tensors, got {len(inputs)}")
+    for k, (idx, x) in enumerate(zip(graph.inputs, inputs)):
+        node = graph[idx]
+        label = f"input {k} ({node.name})"
+        if not isinstance(x, torch.Tensor):
+            raise InputError(f"{label}: expected a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != node.shape or str(x.dtype).removeprefix("torch.") != node.dtype:
+            raise InputError(
+                f"{label}: the plan was built for {node.dtype}{list(node.shape)}, got "
+                f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+            )
+        if tuple(x.stride()) != node.strides and x.numel() > 1:
+            raise InputError(
+                f"{label}: the plan was built for strides {node.strides}, got {tuple(x.stride())}"
+            )
+        if device_kind is not None and x.device.type != device_kind:
+            raise InputError(f"{label}: expected a {device_kind} tensor, got one on {x.device}")
+
+
+def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Run a plan on the flat list of graph inputs; returns the flat list of graph outputs."""
+    graph = plan.graph
+    check_inputs(graph, inputs)
+    device = inputs[0].device if inputs else torch.device("cpu")
+    run = _Run(plan, device)
+    for idx, x in zip(graph.inputs, inputs):
+        run.env[idx] = x
+    for step in plan.steps:
+        if isinstance(step, KernelStep):
+            run_kernel_step(run, step)
+        else:
+            node = graph[step.node]
+            value = eval_node(node, [run.get(j) for j in node.inputs], device)
+            run.env[step.node] = value
+    return [run.get(o) for o in graph.outputs]
+
+
+def _unflatten(captured, outs: list[torch.Tensor]) -> Any:
+    return pytree.tree_unflatten(outs, captured.out_spec)
+
+
+def contiguous_like(node) -> bool:
+    return node.strides == contiguous_strides(node.shape)
