@@ -1,0 +1,19 @@
+"""autofuse: a profiler-driven autotuning fusion explorer for PyTorch on NVIDIA GPUs."""
+
+from .api import OptimizedFunction, explain, optimize
+from .capture import CaptureError, capture
+from .codegen import FusionRefused, KernelConfig
+from .runtime import InputError, Plan
+
+__all__ = [
+    "CaptureError",
+    "FusionRefused",
+    "InputError",
+    "KernelConfig",
+    "OptimizedFunction",
+    "Plan",
+    "capture",
+    "explain",
+    "optimize",
+]
+__version__ = "0.1.0"

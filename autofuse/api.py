@@ -1,0 +1,111 @@
+"""The public entry points: ``optimize`` and ``explain``.
+
+The pipeline, as a short list of named steps::
+
+    captured  = capture(fn, example_inputs)          # PyTorch -> IR
+    space     = Partitioner(captured.graph)          # legal fusion decisions, with reasons
+    partition = space.greedy()  (or the search)      # which nodes share a kernel
+    plan      = build_plan(graph, groups, configs)   # Triton source per group, eager fallbacks
+    runner    = OptimizedFunction(captured, plan)    # call it like fn
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .capture import Captured, capture
+from .partition import Partition, Partitioner
+from .report import Explanation, format_summary, summarize
+from .runtime import InputError, Plan, build_plan, execute
+
+
+def _describe_refusals(graph, partition: Partition) -> tuple[str, ...]:
+    out = []
+    for r in partition.refusals:
+        a, b = graph[r.edge.a], graph[r.edge.b]
+        out.append(f"cannot fuse {a.name or a.op} with {b.name or b.op} ({r.edge.kind}): {r.reason}")
+    return tuple(out)
+
+
+class OptimizedFunction:
+    """Runs a plan like the original function: same arguments, same result structure."""
+
+    def __init__(self, captured: Captured, plan: Plan, fn: Any = None, tuning: Any = None) -> None:
+        self.captured = captured
+        self.plan = plan
+        self._module = fn if isinstance(fn, torch.nn.Module) else None
+        self.tuning = tuning  # search results (times, trials), when the plan was tuned
+        self.__name__ = f"autofuse_{captured.source_name}"
+
+    def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        c = self.captured
+        leaves, spec = pytree.tree_flatten(tuple(args))
+        if spec != c.in_spec:
+            raise InputError(
+                f"arguments have structure {spec}, but the plan was captured with {c.in_spec}"
+            )
+        tensors, scalars = [], []
+        for leaf, kind in zip(leaves, c.leaf_kinds):
+            (tensors if kind == "tensor" else scalars).append(leaf)
+        for k, (got, want) in enumerate(zip(scalars, c.scalars)):
+            if got != want:
+                raise InputError(
+                    f"scalar argument {k} is {got!r}, but the plan was specialized for {want!r}"
+                )
+        if self._module is not None:
+            state = dict(self._module.named_parameters())
+            state.update(dict(self._module.named_buffers()))
+            tensors += [state[n].detach() for n in c.param_names]
+        return tensors
+
+    def __call__(self, *args: Any) -> Any:
+        flat = self.flat_inputs(args)
+        with torch.no_grad():
+            outs = execute(self.plan, flat)
+        return pytree.tree_unflatten(outs, self.captured.out_spec)
+
+    def report(self) -> str:
+        times = None
+        if self.tuning is not None:
+            times = self.tuning.kernel_times
+        text = format_summary(summarize(self.plan, times))
+        if self.tuning is not None:
+            text += "\n" + self.tuning.summary()
+        return text
+
+
+def explain(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Explanation:
+    """Compare the unfused plan (one kernel per op) with the greedy fused plan."""
+    captured = capture(fn, example_inputs)
+    graph = captured.graph
+    space = Partitioner(graph)
+    unfused = build_plan(graph, space.unfused().groups, label="unfused")
+    greedy = space.greedy()
+    fused = build_plan(graph, greedy.groups, label="fused (greedy)")
+    return Explanation(
+        unfused=summarize(unfused),
+        fused=summarize(fused),
+        refusals=_describe_refusals(graph, greedy),
+        fused_plan=fused,
+    )
+
+
+def optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: Any) -> OptimizedFunction:
+    """Capture ``fn``, choose a fusion plan and return a callable that runs it.
+
+    Without search options the greedy plan (every legal fusion taken, default configs) is used.
+    """
+    captured = capture(fn, example_inputs)
+    graph = captured.graph
+    space = Partitioner(graph)
+    if options.get("trials") or options.get("time_budget"):
+        from .tune import tune
+
+        result = tune(captured, example_inputs, space, **options)
+        return OptimizedFunction(captured, result.plan, fn, result)
+    plan = build_plan(graph, space.greedy().groups, label="greedy")
+    return OptimizedFunction(captured, plan, fn)

@@ -1,0 +1,266 @@
+"""The partitioner: which nodes share a kernel.
+
+The space is explicit: one fuse / don't-fuse decision per edge. Vertical edges join a producer and
+its consumer; horizontal edges join two consumers of one tensor (``sin(x)``, ``cos(x)``). A set of
+decisions maps to a partition by union-find; a component that is not a legal kernel is split
+again by merging along its chosen edges one at a time, keeping each merge only if it stays legal.
+Every refused merge keeps its reason (:class:`Refusal`), which the report shows.
+
+A group is legal when it is convex (no path leaves it and comes back), holds only pointwise and
+reduction ops, and lowers to one kernel (``codegen.analyze_group``: one iteration domain, every
+reduced value read on its own row).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+from .codegen import FusionRefused, GroupInfo, analyze_group
+from .ir import Graph
+from .runtime import fusible
+
+
+@dataclass(frozen=True, order=True)
+class Edge:
+    a: int
+    b: int
+    kind: str  # "vertical" | "horizontal"
+
+    @property
+    def name(self) -> str:
+        return f"{'v' if self.kind == 'vertical' else 'h'}{self.a}_{self.b}"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    edge: Edge
+    reason: str
+
+
+@dataclass(frozen=True)
+class Partition:
+    groups: tuple[frozenset[int], ...]
+    refusals: tuple[Refusal, ...] = ()
+
+    @property
+    def key(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(sorted(tuple(sorted(g)) for g in self.groups))
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+
+class TooManyPartitions(RuntimeError):
+    pass
+
+
+class Partitioner:
+    """Enumerates and builds legal partitions of one graph (with memoized legality)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.nodes = tuple(i for i in graph.compute_nodes() if fusible(graph, i))
+        self._legal: dict[frozenset[int], GroupInfo | str] = {}
+
+    # -- structure ---------------------------------------------------------------------------
+    @cached_property
+    def edges(self) -> tuple[Edge, ...]:
+        g, nodes = self.graph, set(self.nodes)
+        out: dict[tuple[int, int], Edge] = {}
+        for c in self.nodes:
+            for p in g.compute_inputs(c):
+                if p in nodes:
+                    out[(p, c)] = Edge(p, c, "vertical")
+        readers: dict[int, list[int]] = {}
+        for c in self.nodes:
+            for p in g.compute_inputs(c):
+                if g[p].op != "const":
+                    readers.setdefault(p, []).append(c)
+        for cs in readers.values():
+            for a, b in zip(cs, cs[1:]):
+                if (a, b) not in out and (b, a) not in out:
+                    out[(a, b)] = Edge(a, b, "horizontal")
+        return tuple(sorted(out.values(), key=lambda e: (e.b, e.a)))
+
+    @cached_property
+    def _reach(self) -> dict[int, int]:
+        """Bitset of the compute nodes reachable from each compute node."""
+        g = self.graph
+        reach: dict[int, int] = {}
+        for i in reversed(g.compute_nodes()):
+            bits = 0
+            for u in g.compute_users[i]:
+                bits |= (1 << u) | reach.get(u, 0)
+            reach[i] = bits
+        return reach
+
+    def convex(self, group: frozenset[int]) -> bool:
+        gbits = 0
+        for m in group:
+            gbits |= 1 << m
+        out = 0
+        for m in group:
+            out |= self._reach[m]
+        out &= ~gbits
+        u = 0
+        while out:
+            if out & 1 and self._reach.get(u, 0) & gbits:
+                return False
+            out >>= 1
+            u += 1
+        return True
+
+    # -- legality ----------------------------------------------------------------------------
+    def check(self, group: frozenset[int]) -> GroupInfo | str:
+        """The group's info if it can be one kernel, else the reason it cannot."""
+        hit = self._legal.get(group)
+        if hit is not None:
+            return hit
+        if len(group) > 1 and not self.convex(group):
+            res: GroupInfo | str = "not convex: a path leaves the group and comes back into it"
+        else:
+            try:
+                res = analyze_group(self.graph, group)
+            except FusionRefused as e:
+                res = e.reason
+        self._legal[group] = res
+        return res
+
+    def legal(self, group: frozenset[int]) -> bool:
+        return isinstance(self.check(group), GroupInfo)
+
+    # -- decisions -> partition --------------------------------------------------------------
+    def from_decisions(self, fuse: Mapping[str, bool]) -> Partition:
+        """Partition for a fuse/don't-fuse choice per edge name (a missing edge is not fused)."""
+        chosen = [e for e in self.edges if fuse.get(e.name, False)]
+        comp = _union_find(self.nodes, chosen)
+        groups: list[frozenset[int]] = []
+        refusals: list[Refusal] = []
+        for members in comp:
+            if self.legal(members):
+                groups.append(members)
+                continue
+            inner = [e for e in chosen if e.a in members and e.b in members]
+            g, r = self._repair(members, inner)
+            groups += g
+            refusals += r
+        return Partition(tuple(sorted(groups, key=min)), tuple(refusals))
+
+    def _repair(self, members: frozenset[int], edges: list[Edge]):
+        cluster = {m: frozenset({m}) for m in members}
+        refusals = []
+        for e in edges:
+            ca, cb = cluster[e.a], cluster[e.b]
+            if ca is cb:
+                continue
+            merged = ca | cb
+            why = self.check(merged)
+            if isinstance(why, GroupInfo):
+                for m in merged:
+                    cluster[m] = merged
+            else:
+                refusals.append(Refusal(e, why))
+        return list(dict.fromkeys(cluster.values())), refusals
+
+    def greedy(self) -> Partition:
+        """Every legal fusion taken (edges in topological order of their consumer)."""
+        return self.from_decisions({e.name: True for e in self.edges})
+
+    def unfused(self) -> Partition:
+        return Partition(tuple(frozenset({n}) for n in self.nodes))
+
+    def decisions_of(self, partition: Partition) -> dict[str, bool]:
+        """Decisions that reproduce ``partition`` (every edge inside a group fused)."""
+        where = {n: k for k, g in enumerate(partition.groups) for n in g}
+        return {e.name: where[e.a] == where[e.b] for e in self.edges}
+
+    # -- enumeration -------------------------------------------------------------------------
+    def enumerate(self, limit: int = 20000) -> list[Partition]:
+        """Every legal partition of the fusible nodes (raises TooManyPartitions past limit)."""
+        out: list[Partition] = []
+        count = [0]
+
+        def rec(k: int, groups: list[frozenset[int]]) -> None:
+            count[0] += 1
+            if count[0] > limit * 20:
+                raise TooManyPartitions(f"more than {limit} partitions to visit")
+            if k == len(self.nodes):
+                if all(self._connected(g) and self.legal(g) for g in groups):
+                    out.append(Partition(tuple(sorted(groups, key=min))))
+                    if len(out) > limit:
+                        raise TooManyPartitions(f"more than {limit} legal partitions")
+                return
+            n = self.nodes[k]
+            for j, g in enumerate(groups):
+                cand = g | {n}
+                if not self.convex(cand):
+                    continue
+                rec(k + 1, groups[:j] + [cand] + groups[j + 1 :])
+            rec(k + 1, groups + [frozenset({n})])
+
+        rec(0, [])
+        return out
+
+    def _connected(self, group: frozenset[int]) -> bool:
+        """Whether the group's nodes are joined by edges of the space (else it is not reachable
+        by decisions and fuses nothing that shares data)."""
+        if len(group) == 1:
+            return True
+        adj: dict[int, set[int]] = {m: set() for m in group}
+        for e in self.edges:
+            if e.a in group and e.b in group:
+                adj[e.a].add(e.b)
+                adj[e.b].add(e.a)
+        start = next(iter(group))
+        seen, todo = {start}, [start]
+        while todo:
+            for nb in adj[todo.pop()] - seen:
+                seen.add(nb)
+                todo.append(nb)
+        return len(seen) == len(group)
+
+    def sample(self, n: int, seed: int = 0) -> list[Partition]:
+        """Up to ``n`` distinct partitions from random decisions (plus greedy and unfused)."""
+        rng = random.Random(seed)
+        seen: dict[tuple, Partition] = {}
+        for p in (self.greedy(), self.unfused()):
+            seen[p.key] = p
+        tries = 0
+        while len(seen) < n and tries < 20 * n:
+            tries += 1
+            p = self.from_decisions({e.name: rng.random() < 0.5 for e in self.edges})
+            seen.setdefault(p.key, p)
+        return list(seen.values())
+
+    def partitions(self, max_enumerate: int = 2000, sample: int = 64, seed: int = 0) -> list[Partition]:
+        """All legal partitions if there are at most ``max_enumerate``, else a seeded sample."""
+        try:
+            return self.enumerate(limit=max_enumerate)
+        except TooManyPartitions:
+            return self.sample(sample, seed)
+
+    def iter_refusals(self) -> Iterator[Refusal]:
+        """Why each refused edge of the greedy plan was refused."""
+        yield from self.greedy().refusals
+
+
+def _union_find(nodes, edges) -> list[frozenset[int]]:
+    parent = {n: n for n in nodes}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for e in edges:
+        ra, rb = find(e.a), find(e.b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    comps: dict[int, set[int]] = {}
+    for n in nodes:
+        comps.setdefault(find(n), set()).add(n)
+    return [frozenset(c) for c in comps.values()]

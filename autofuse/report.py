@@ -1,0 +1,163 @@
+"""Reports: what a plan launches, what it keeps in memory and how many bytes it moves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ir import Graph, numel
+from .runtime import EagerStep, KernelStep, Plan
+
+_ITEMSIZE = {
+    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+
+
+def nbytes(graph: Graph, i: int) -> int:
+    n = graph[i]
+    return numel(n.shape) * _ITEMSIZE.get(n.dtype, 4)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    name: str
+    kind: str  # "poi" / "per" / "red" / "eager"
+    ops: tuple[str, ...]
+    reads: int  # tensors read from memory
+    writes: int  # tensors written
+    bytes_read: int
+    bytes_written: int
+    config: str
+    time_s: float | None = None
+    time_source: str | None = None  # "measured" | "modeled"
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    label: str
+    rows: tuple[StepRow, ...]
+    intermediates: int  # buffers written and read back that the function does not return
+    fallbacks: tuple[str, ...]
+
+    @property
+    def launches(self) -> int:
+        return len(self.rows)
+
+    @property
+    def memory_ops(self) -> int:
+        return sum(r.reads + r.writes for r in self.rows)
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(r.bytes_read + r.bytes_written for r in self.rows)
+
+
+def _inputs_of_eager(graph: Graph, i: int) -> tuple[int, ...]:
+    return graph.compute_inputs(i)
+
+
+def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> PlanSummary:
+    g = plan.graph
+    times = times or {}
+    rows = []
+    outputs = {g.base_of(o) for o in g.outputs}
+    written: set[int] = set()
+    for step in plan.steps:
+        if isinstance(step, KernelStep):
+            k = step.kernel
+            reads = [i for i in k.info.loads]
+            writes = list(k.info.stored)
+            kind = k.name.split("_")[1]
+            ops = tuple(g[i].op for i in k.info.nodes)
+            name, cfg = k.name, k.config.label()
+        else:
+            assert isinstance(step, EagerStep)
+            reads = [j for j in _inputs_of_eager(g, step.node) if g[j].op != "const"]
+            writes = [step.node]
+            kind, name = "eager", f"eager_{g[step.node].attr('target', g[step.node].op)}"
+            ops, cfg = (g[step.node].op,), step.reason
+        written.update(writes)
+        t = times.get(name)
+        rows.append(
+            StepRow(
+                name=name,
+                kind=kind,
+                ops=ops,
+                reads=len(reads),
+                writes=len(writes),
+                bytes_read=sum(nbytes(g, i) for i in reads),
+                bytes_written=sum(nbytes(g, i) for i in writes),
+                config=cfg,
+                time_s=t[0] if t else None,
+                time_source=t[1] if t else None,
+            )
+        )
+    intermediates = len([w for w in written if w not in outputs and g[w].op != "getitem"])
+    fallbacks = tuple(
+        f"{g[s.node].name}: {s.reason}" for s in plan.fallbacks if g[s.node].kind == "opaque"
+    )
+    return PlanSummary(plan.label, tuple(rows), intermediates, fallbacks)
+
+
+def _mb(b: int) -> str:
+    return f"{b / 1e6:.3f} MB" if b >= 1e5 else f"{b} B"
+
+
+def format_summary(s: PlanSummary) -> str:
+    head = f"{'kernel':<52} {'reads':>5} {'writes':>6} {'bytes read':>12} {'bytes written':>14}  config / time"
+    lines = [f"[{s.label}]", head, "-" * len(head)]
+    for r in s.rows:
+        t = ""
+        if r.time_s is not None:
+            t = f"  {r.time_s * 1e6:.2f} us ({r.time_source})"
+        lines.append(
+            f"{r.name:<52} {r.reads:>5} {r.writes:>6} {_mb(r.bytes_read):>12} "
+            f"{_mb(r.bytes_written):>14}  {r.config}{t}"
+        )
+    lines.append(
+        f"total: {s.launches} launches, {s.intermediates} intermediate buffers, "
+        f"{s.memory_ops} memory ops, {_mb(s.bytes_total)} moved"
+    )
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """``autofuse.explain``: the unfused plan (one kernel per op) against the fused one."""
+
+    unfused: PlanSummary
+    fused: PlanSummary
+    refusals: tuple[str, ...]
+    fused_plan: Plan
+
+    @property
+    def launches(self) -> tuple[int, int]:
+        return self.unfused.launches, self.fused.launches
+
+    @property
+    def memory_ops(self) -> tuple[int, int]:
+        return self.unfused.memory_ops, self.fused.memory_ops
+
+    @property
+    def intermediates_removed(self) -> int:
+        return self.unfused.intermediates - self.fused.intermediates
+
+    def __str__(self) -> str:
+        u, f = self.unfused, self.fused
+        parts = [
+            format_summary(u),
+            "",
+            format_summary(f),
+            "",
+            f"kernel launches: {u.launches} -> {f.launches}",
+            f"intermediate buffers: {u.intermediates} -> {f.intermediates} "
+            f"({self.intermediates_removed} removed)",
+            f"memory ops: {u.memory_ops} -> {f.memory_ops}",
+            f"bytes moved: {_mb(u.bytes_total)} -> {_mb(f.bytes_total)}",
+        ]
+        if f.fallbacks:
+            parts.append("runs in eager (fallback): " + "; ".join(f.fallbacks))
+        if self.refusals:
+            parts.append("fusions refused:")
+            parts += [f"  - {r}" for r in self.refusals]
+        return "\n".join(parts)
