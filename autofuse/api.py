@@ -27,7 +27,9 @@ def _describe_refusals(graph, partition: Partition) -> tuple[str, ...]:
     out = []
     for r in partition.refusals:
         a, b = graph[r.edge.a], graph[r.edge.b]
-        out.append(f"cannot fuse {a.name or a.op} with {b.name or b.op} ({r.edge.kind}): {r.reason}")
+        out.append(
+            f"cannot fuse {a.name or a.op} with {b.name or b.op} ({r.edge.kind}): {r.reason}"
+        )
     return tuple(out)
 
 
@@ -94,7 +96,9 @@ def explain(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Explanatio
     )
 
 
-def optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: Any) -> OptimizedFunction:
+def optimize(
+    fn: Callable[..., Any], example_inputs: Sequence[Any], **options: Any
+) -> OptimizedFunction:
     """Capture ``fn``, choose a fusion plan and return a callable that runs it.
 
     Without search options the greedy plan (every legal fusion taken, default configs) is used.

@@ -172,6 +172,7 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with context
         raise CaptureError(f"could not trace {_fn_name(fn)}: {type(e).__name__}: {e}") from e
+    gm.graph.eliminate_dead_code()
     graph = fx_to_ir(gm)
     return Captured(
         graph=graph,
@@ -218,7 +219,15 @@ class _Builder:
     def shaped(self, op, inputs, shape, dtype, name, /, **attrs) -> int:
         shape = tuple(int(s) for s in shape)
         return self.add(
-            Node(op, tuple(inputs), shape, dtype, contiguous_strides(shape), make_attrs(**attrs), name)
+            Node(
+                op,
+                tuple(inputs),
+                shape,
+                dtype,
+                contiguous_strides(shape),
+                make_attrs(**attrs),
+                name,
+            )
         )
 
     def const(self, value: Any, dtype: str, name: str) -> int:
@@ -331,9 +340,9 @@ def _operator_getitem():
 
 def _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name):  # noqa: C901
     env = b.env
+    if packet == "clone" and set(kwargs) <= {"memory_format"}:
+        return b.like("copy", (env[args[0]],), val, name)
     if packet in _UNARY_ATEN and len(args) == 1 and not kwargs:
-        if packet == "clone":
-            return b.like("copy", (env[args[0]],), val, name)
         return b.like(_UNARY_ATEN[packet], (env[args[0]],), val, name)
     if packet in ("add", "sub") and overload in ("Tensor", "Scalar"):
         alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
@@ -351,7 +360,9 @@ def _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name): 
         rhs = b.operand(args[1], _scalar_dtype(args[1], out_dtype), name + "_c1")
         return b.like(_BINARY_ATEN[packet], (lhs, rhs), val, name)
     if packet == "where" and overload == "self":
-        ops = [b.operand(a, _scalar_dtype(a, out_dtype), f"{name}_c{i}") for i, a in enumerate(args)]
+        ops = [
+            b.operand(a, _scalar_dtype(a, out_dtype), f"{name}_c{i}") for i, a in enumerate(args)
+        ]
         return b.like("where", ops, val, name)
     if packet in ("clamp", "clamp_min", "clamp_max") and overload in ("default", ""):
         lo = args[1] if packet == "clamp" and len(args) > 1 else kwargs.get("min")
@@ -380,7 +391,9 @@ def _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name): 
     if packet in ("max", "min") and overload == "default" and len(args) == 1:
         x = env[args[0]]
         dims = tuple(range(len(b.nodes[x].shape)))
-        return b.like("amax" if packet == "max" else "amin", (x,), val, name, dims=dims, keepdim=False)
+        return b.like(
+            "amax" if packet == "max" else "amin", (x,), val, name, dims=dims, keepdim=False
+        )
     view = _convert_view(b, packet, overload, args, val, name)
     if view is not None:
         return view
@@ -403,7 +416,10 @@ def _convert_reduction(b, packet, overload, args, kwargs, val, out_dtype, name):
     x = b.env[args[0]]
     ndim = len(b.nodes[x].shape)
     if packet == "prod" and overload == "dim_int":
-        dims, keepdim = (args[1] % max(ndim, 1),), (args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+        dims, keepdim = (
+            (args[1] % max(ndim, 1),),
+            (args[2] if len(args) > 2 else kwargs.get("keepdim", False)),
+        )
     elif overload in ("dim_IntList", "dim", "default", "IntList", ""):
         dims_arg = args[1] if len(args) > 1 else kwargs.get("dim")
         keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
@@ -412,7 +428,14 @@ def _convert_reduction(b, packet, overload, args, kwargs, val, out_dtype, name):
         return None
     dtype_kw = kwargs.get("dtype")
     if dtype_kw is not None and dtype_name(dtype_kw) != b.nodes[x].dtype:
-        x = b.shaped("cast", (x,), b.nodes[x].shape, dtype_name(dtype_kw), name + "_cast", dtype=dtype_name(dtype_kw))
+        x = b.shaped(
+            "cast",
+            (x,),
+            b.nodes[x].shape,
+            dtype_name(dtype_kw),
+            name + "_cast",
+            dtype=dtype_name(dtype_kw),
+        )
     return b.like(packet, (x,), val, name, dims=dims, keepdim=bool(keepdim))
 
 
@@ -439,7 +462,9 @@ def _convert_view(b, packet, overload, args, val, name):  # noqa: C901
         return b.view("expand", env[args[0]], val.shape, name, shape=tuple(val.shape))
     if packet == "unsqueeze":
         src = env[args[0]]
-        return b.view("unsqueeze", src, val.shape, name, dim=args[1] % (len(b.nodes[src].shape) + 1))
+        return b.view(
+            "unsqueeze", src, val.shape, name, dim=args[1] % (len(b.nodes[src].shape) + 1)
+        )
     if packet == "squeeze":
         src = env[args[0]]
         return b.view("reshape", src, val.shape, name, shape=tuple(val.shape))
@@ -462,7 +487,9 @@ def _convert_view(b, packet, overload, args, val, name):  # noqa: C901
     if packet == "broadcast_in_dim":
         src = env[args[0]]
         shape, bdims = tuple(args[1]), tuple(args[2])
-        mid = tuple(b.nodes[src].shape[bdims.index(d)] if d in bdims else 1 for d in range(len(shape)))
+        mid = tuple(
+            b.nodes[src].shape[bdims.index(d)] if d in bdims else 1 for d in range(len(shape))
+        )
         r = b.view("reshape", src, mid, name + "_r", shape=mid)
         if mid == shape:
             return r
@@ -522,5 +549,7 @@ def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
                 n.name,
             )
         )
-        return tuple(b.like("getitem", (op,), v, f"{n.name}_{i}", index=i) for i, v in enumerate(val))
+        return tuple(
+            b.like("getitem", (op,), v, f"{n.name}_{i}", index=i) for i, v in enumerate(val)
+        )
     raise CaptureError(f"cannot capture {target} ({n.name}): it returns {type(val).__name__}")

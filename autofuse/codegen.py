@@ -135,7 +135,9 @@ def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
     return info
 
 
-def _reduction_domain(graph: Graph, reductions: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _reduction_domain(
+    graph: Graph, reductions: list[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     first = reductions[0]
     src = graph[graph[first].inputs[0]].shape
     dims = graph[first].attr("dims")
@@ -184,9 +186,7 @@ def view_source_index(graph: Graph, i: int, index: tuple[Expr, ...]) -> tuple[Ex
         return tuple(out)
     if op == "expand":
         off = len(node.shape) - len(src)
-        return tuple(
-            Expr.constant(0) if src[j] == 1 else index[j + off] for j in range(len(src))
-        )
+        return tuple(Expr.constant(0) if src[j] == 1 else index[j + off] for j in range(len(src)))
     if op == "unsqueeze":
         d = node.attr("dim")
         return index[:d] + index[d + 1 :]
@@ -217,9 +217,7 @@ def _outer(shape: tuple[int, ...]) -> int:
 def broadcast_index(src: tuple[int, ...], dst: tuple[int, ...], index: tuple[Expr, ...]):
     """Index into ``src`` for an element of ``dst`` that ``src`` broadcasts to."""
     off = len(dst) - len(src)
-    return tuple(
-        Expr.constant(0) if src[j] == 1 else index[j + off] for j in range(len(src))
-    )
+    return tuple(Expr.constant(0) if src[j] == 1 else index[j + off] for j in range(len(src)))
 
 
 def domain_index(shape: tuple[int, ...], var: str) -> tuple[Expr, ...]:
@@ -301,23 +299,23 @@ _COMPARE_FMT = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": 
 _LOGICAL_FMT = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
 
 HELPERS = {
-    "_af_tanh": '''@triton.jit
+    "_af_tanh": """@triton.jit
 def _af_tanh(x):
     # tanh from exp of a non-positive argument: no overflow, full relative precision
     t = tl.exp(-2.0 * tl.abs(x))
     y = (1.0 - t) / (1.0 + t)
     return tl.where(x < 0, -y, y)
-''',
-    "_af_round": '''@triton.jit
+""",
+    "_af_round": """@triton.jit
 def _af_round(x):
     # round half to even, as torch.round
     r = tl.floor(x + 0.5)
     return tl.where((r - x == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
-''',
-    "_af_prod": '''@triton.jit
+""",
+    "_af_prod": """@triton.jit
 def _af_prod(a, b):
     return a * b
-''',
+""",
 }
 
 
@@ -475,7 +473,9 @@ class _Emitter:
         if node.kind == "view":
             return self.value(node.inputs[0], view_source_index(self.g, i, index))
         if node.op == "const":
-            return _Val(_literal(node.attr("value"), node.dtype), 0, compute_dtype(node.dtype), True)
+            return _Val(
+                _literal(node.attr("value"), node.dtype), 0, compute_dtype(node.dtype), True
+            )
         key = (i, index)
         hit = self.lookup(key)
         if hit is not None:
@@ -586,7 +586,13 @@ class _Emitter:
         off = linearize(index, contiguous_strides(node.shape), node.shape)
         code = v.code
         if v.cls < cls:
-            shape = "[XBLOCK, RBLOCK]" if cls == 2 and self.red else "[XBLOCK, 1]" if self.red else "[XBLOCK]"
+            shape = (
+                "[XBLOCK, RBLOCK]"
+                if cls == 2 and self.red
+                else "[XBLOCK, 1]"
+                if self.red
+                else "[XBLOCK]"
+            )
             if v.literal:
                 code = f"tl.full({shape}, {v.code}, {TL_DTYPE[v.dtype]})"
             else:
@@ -629,7 +635,9 @@ class _Emitter:
         for level in sorted({lv[r] for r in reds}):
             phase = [r for r in reds if lv[r] == level]
             self.lines.append("")
-            self.line(f"# phase {level}: {', '.join(self.g[r].name or self.g[r].op for r in phase)}")
+            self.line(
+                f"# phase {level}: {', '.join(self.g[r].name or self.g[r].op for r in phase)}"
+            )
             if self.persistent:
                 accs = self.reduction_phase(phase)
             else:
@@ -647,7 +655,9 @@ class _Emitter:
         if fulls:
             self.lines.append("")
             self.line("# elementwise outputs")
-            self._in_loop(lambda: [self.store(s, self.value(s, self.full), self.full, 2) for s in fulls])
+            self._in_loop(
+                lambda: [self.store(s, self.value(s, self.full), self.full, 2) for s in fulls]
+            )
         return self.lines
 
     def _looped_phase(self, phase: list[int]) -> dict:
@@ -658,7 +668,9 @@ class _Emitter:
             if node.op in ("sum", "mean") and not _is_float(acc_dtype):
                 acc_dtype = compute_dtype(node.dtype) if _is_float(node.dtype) else "int64"
             ident = _identity(node.op, acc_dtype)
-            acc = self.tmp(f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype)
+            acc = self.tmp(
+                f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype
+            )
             accs[r] = (acc, acc_dtype)
         self._in_loop(lambda: self._accumulate(phase, accs))
         return accs
@@ -698,7 +710,9 @@ def kernel_name(graph: Graph, info: GroupInfo, config: KernelConfig, index: int)
         prefix = "poi"
     else:
         prefix = "per" if config.RBLOCK >= info.rnumel else "red"
-    ops = sorted({_NAME_OP.get(graph[i].op, graph[i].op) for i in info.nodes if graph[i].op != "const"})
+    ops = sorted(
+        {_NAME_OP.get(graph[i].op, graph[i].op) for i in info.nodes if graph[i].op != "const"}
+    )
     if len(ops) > 8:
         ops = ops[:8] + ["etc"]
     return f"autofuse_{prefix}_fused_{'_'.join(ops)}_{index}"
@@ -733,8 +747,10 @@ def generate(graph: Graph, info: GroupInfo, config: KernelConfig, index: int = 0
         f"# {name}: {len(info.nodes)} ops -> 1 kernel ({info.kind}, domain {list(info.domain)}"
         + (f", reducing dims {list(info.reduce_dims)}" if em.red else "")
         + ")",
-        "#   reads:  " + ", ".join(f"{em.ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.loads),
-        "#   writes: " + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
+        "#   reads:  "
+        + ", ".join(f"{em.ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.loads),
+        "#   writes: "
+        + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
         f"#   config: {config.label()}",
         "@triton.jit",
         f"def {name}({', '.join(params + consts)}):",

@@ -89,7 +89,7 @@ class Expr:
         if d == 1:
             return self
         if len(self.terms) == 1 and self.const == 0:
-            (t, k), = self.terms
+            ((t, k),) = self.terms
             if k == 1 and t.mod is None and t.size is not None:
                 return Expr(((Term(t.var, t.div * d, None, -(-t.size // d), t.vars), 1),))
             if k == 1 and t.mod is not None and t.mod % d == 0:
@@ -111,7 +111,7 @@ class Expr:
         if mx is not None and mx < m:
             return e
         if len(e.terms) == 1 and e.const == 0:
-            (t, k), = e.terms
+            ((t, k),) = e.terms
             if k == 1 and t.size is not None:
                 if t.mod is None or t.mod % m == 0:
                     return Expr(((Term(t.var, t.div, m, min(m, t.size), t.vars), 1),))

@@ -235,7 +235,9 @@ class Partitioner:
             seen.setdefault(p.key, p)
         return list(seen.values())
 
-    def partitions(self, max_enumerate: int = 2000, sample: int = 64, seed: int = 0) -> list[Partition]:
+    def partitions(
+        self, max_enumerate: int = 2000, sample: int = 64, seed: int = 0
+    ) -> list[Partition]:
         """All legal partitions if there are at most ``max_enumerate``, else a seeded sample."""
         try:
             return self.enumerate(limit=max_enumerate)

@@ -138,10 +138,14 @@ def build_plan(
         raise ValueError(f"partition leaves nodes {missing} in no group")
     infos = [analyze_group(graph, g) for g in groups]
     units: list[tuple[str, Any]] = [("group", k) for k in range(len(groups))]
-    units += [("eager", i) for i in graph.compute_nodes() if not fusible(graph, i) and graph[i].op != "const"]
+    units += [
+        ("eager", i)
+        for i in graph.compute_nodes()
+        if not fusible(graph, i) and graph[i].op != "const"
+    ]
     owner: dict[int, int] = {}
     for u, (kind, v) in enumerate(units):
-        for n in (infos[v].nodes if kind == "group" else (v,)):
+        for n in infos[v].nodes if kind == "group" else (v,):
             owner[n] = u
     order = _topo_units(graph, units, infos, owner)
     steps: list[Step] = []

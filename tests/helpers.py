@@ -1,0 +1,59 @@
+"""Shared checks: run a plan through the interpreter and compare it with eager."""
+
+import random
+
+import torch
+
+from autofuse.capture import capture
+from autofuse.codegen import config_space, default_config
+from autofuse.partition import Partitioner
+from autofuse.runtime import build_plan, execute
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+
+
+def upcast(args):
+    return [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+
+
+def assert_close(out, ref, dtype, what=""):
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    if not ref.is_floating_point():
+        assert torch.equal(out, ref), f"{what}: integer/bool output differs"
+        return
+    o, r = out.double(), ref.double()
+    assert torch.equal(torch.isnan(o), torch.isnan(r)), f"{what}: NaN positions differ"
+    finite = ~torch.isnan(r)
+    scale = r[finite].abs().max().item() if finite.any() else 1.0
+    err = (o[finite] - r[finite]).abs().max().item() if finite.any() else 0.0
+    tol = TOL.get(dtype, 1e-4) * max(scale, 1.0)
+    assert err <= tol, f"{what}: max abs err {err:.3g} > {tol:.3g} (scale {scale:.3g})"
+
+
+def reference(fn, args, dtype):
+    ref = fn(*upcast(args)) if dtype != torch.float32 else fn(*args)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    return [r.to(dtype) if r.is_floating_point() and dtype != torch.float32 else r for r in ref]
+
+
+def check_partitions(
+    fn, args, dtype=torch.float32, configs_per_group=2, seed=0, max_enumerate=300, sample=24
+):
+    """Every legal partition (or a seeded sample), each with sampled configs, equals eager."""
+    graph = capture(fn, args).graph
+    space = Partitioner(graph)
+    parts = space.partitions(max_enumerate=max_enumerate, sample=sample, seed=seed)
+    refs = reference(fn, args, dtype)
+    rng = random.Random(seed)
+    flat = [a for a in args if isinstance(a, torch.Tensor)]
+    checked = 0
+    for p in parts:
+        infos = [space.check(g) for g in p.groups]
+        for trial in range(configs_per_group):
+            cfgs = [default_config(i) if trial == 0 else rng.choice(config_space(i)) for i in infos]
+            plan = build_plan(graph, p.groups, cfgs)
+            outs = execute(plan, flat)
+            for k, (o, r) in enumerate(zip(outs, refs)):
+                assert_close(o, r, dtype, f"{fn.__name__} partition {p.key} configs {cfgs} out {k}")
+            checked += 1
+    return len(parts), checked

@@ -1,0 +1,83 @@
+"""The seed article's examples and the other fusion patterns the acceptance tests run."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def pointwise_example(x, w, b):  # the seed: 3 launches -> 1, 8 memory ops -> 4
+    tmp = x * w
+    tmp = tmp + b
+    tmp = tmp.sigmoid()
+    return tmp
+
+
+def reduction_example(x):  # the seed: autofuse_per_fused_add_mul_sum_0
+    tmp = x * 2.0
+    result = tmp.sum(dim=-1)
+    result = result + 1.0
+    return result
+
+
+def softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+def log_softmax(x):
+    return torch.log_softmax(x, dim=-1)
+
+
+def layernorm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
+
+
+def rmsnorm_residual(x, residual, w):
+    h = x + residual
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    return y, h
+
+
+def sin_cos(x):
+    return torch.sin(x), torch.cos(x)
+
+
+def gelu_tanh_chain(x, b):
+    return F.gelu(x + b, approximate="tanh") * 2.0
+
+
+def mean_var_dim0(x):
+    return x.mean(0), x.var(0)
+
+
+def masked_softmax_3d(x, mask):
+    return torch.softmax(x.masked_fill(mask, float("-inf")) / math.sqrt(x.shape[-1]), dim=-1)
+
+
+def with_unsupported(x):
+    y = torch.cumsum(x * 2.0, dim=-1)  # cumsum is not generated: runs in eager
+    return torch.relu(y) + 1.0, (x * 3.0).sum(-1)
+
+
+def cases(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    return {
+        "pointwise_example": (pointwise_example, (r(33, 17), r(17), r(33, 17))),
+        "reduction_example": (reduction_example, (r(9, 70),)),
+        "softmax": (softmax, (r(7, 45),)),
+        "log_softmax": (log_softmax, (r(6, 33),)),
+        "layernorm": (layernorm, (r(5, 40), r(40), r(40))),
+        "rmsnorm_residual": (rmsnorm_residual, (r(6, 36), r(6, 36), r(36))),
+        "sin_cos": (sin_cos, (r(300),)),
+        "gelu_tanh_chain": (gelu_tanh_chain, (r(12, 20), r(20))),
+        "mean_var_dim0": (mean_var_dim0, (r(37, 6),)),
+        "masked_softmax_3d": (
+            masked_softmax_3d,
+            (r(3, 5, 24), torch.rand(3, 5, 24, generator=g) < 0.3),
+        ),
+        "with_unsupported": (with_unsupported, (r(6, 16),)),
+    }
