@@ -540,22 +540,24 @@ class _Emitter:
             lv[i] = base + 1 if node.kind == "reduction" else base
         return lv
 
-    def reduction_phase(self, reds: list[int]) -> None:
+    def acc_dtype(self, r: int) -> str:
+        """Accumulator dtype of reduction ``r``: fp32 for floats, int64 for integer sums."""
+        node = self.g[r]
+        acc = compute_dtype(self.g[node.inputs[0]].dtype)
+        if node.op in ("sum", "mean", "prod") and not _is_float(acc):
+            acc = compute_dtype(node.dtype) if _is_float(node.dtype) else "int64"
+        return acc
+
+    def reduction_phase(self, reds: list[int]) -> dict:
+        """Persistent kernels: the whole row is in the block; reduce it in one step."""
         accs = {}
         for r in reds:
             node = self.g[r]
             src = self.value(node.inputs[0], self.full)
-            acc_dtype = compute_dtype(self.g[node.inputs[0]].dtype)
-            if node.op in ("sum", "mean") and not _is_float(acc_dtype):
-                acc_dtype = "int64" if acc_dtype != "int32" else "int32"
-                acc_dtype = compute_dtype(node.dtype) if _is_float(node.dtype) else acc_dtype
+            acc_dtype = self.acc_dtype(r)
             ident = _identity(node.op, acc_dtype)
             val = f"tl.where(xmask & rmask, {_cast(src, acc_dtype)}, {ident})"
-            if self.persistent:
-                accs[r] = (self.tmp(val, 2, acc_dtype, f"{node.name} input"), acc_dtype)
-            else:
-                acc = accs[r][0].code
-                self.line(f"{acc} = {self._combine(node.op, acc, val)}")
+            accs[r] = (self.tmp(val, 2, acc_dtype, f"{node.name} input"), acc_dtype)
         return accs
 
     def _combine(self, op: str, acc: str, val: str) -> str:
@@ -632,8 +634,11 @@ class _Emitter:
             self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
         lv = self.levels()
         reds = [i for i in self.info.nodes if self.g[i].kind == "reduction"]
+        self.online = {} if self.persistent else self.find_online()
         for level in sorted({lv[r] for r in reds}):
-            phase = [r for r in reds if lv[r] == level]
+            phase = [r for r in reds if lv[r] == level and r not in self.online]
+            if not phase:
+                continue
             self.lines.append("")
             self.line(
                 f"# phase {level}: {', '.join(self.g[r].name or self.g[r].op for r in phase)}"
@@ -644,6 +649,9 @@ class _Emitter:
                 accs = self._looped_phase(phase)
             for r in phase:
                 self.finish_reduction(r, *accs[r])
+            for s_, m_ in self.online.items():
+                if m_ in phase:
+                    self.finish_online(s_, m_, accs[s_][0], accs[m_][0])
         rows = [s for s in self.info.stored if self.stored_index(s)[1] == 1]
         fulls = [s for s in self.info.stored if self.stored_index(s)[1] == 2]
         if rows:
@@ -663,26 +671,76 @@ class _Emitter:
     def _looped_phase(self, phase: list[int]) -> dict:
         accs = {}
         for r in phase:
-            node = self.g[r]
-            acc_dtype = compute_dtype(self.g[node.inputs[0]].dtype)
-            if node.op in ("sum", "mean") and not _is_float(acc_dtype):
-                acc_dtype = compute_dtype(node.dtype) if _is_float(node.dtype) else "int64"
-            ident = _identity(node.op, acc_dtype)
+            acc_dtype = self.acc_dtype(r)
+            ident = _identity(self.g[r].op, acc_dtype)
             acc = self.tmp(
                 f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype
             )
             accs[r] = (acc, acc_dtype)
-        self._in_loop(lambda: self._accumulate(phase, accs))
+        online = {s: m for s, m in self.online.items() if m in phase}
+        for s in online:
+            accs[s] = (
+                self.tmp("tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)", 2, "float32"),
+                "float32",
+            )
+        self._in_loop(lambda: self._accumulate(phase, accs, online))
         return accs
 
-    def _accumulate(self, phase, accs) -> None:
+    def _accumulate(self, phase, accs, online) -> None:
+        partner = {m: s for s, m in online.items()}
         for r in phase:
             node = self.g[r]
             acc, acc_dtype = accs[r]
             src = self.value(node.inputs[0], self.full)
             ident = _identity(node.op, acc_dtype)
             val = f"tl.where(xmask & rmask, {_cast(src, acc_dtype)}, {ident})"
-            self.line(f"{acc.code} = {self._combine(node.op, acc.code, val)}")
+            if r not in partner:
+                self.line(f"{acc.code} = {self._combine(node.op, acc.code, val)}")
+                continue
+            # online softmax: keep the running max and rescale the running sum of exp(x - max)
+            s_acc = accs[partner[r]][0].code
+            m_new = self.tmp(f"tl.maximum({acc.code}, {val})", 2, acc_dtype, "running max")
+            self.line(
+                f'{s_acc} = tl.where({m_new.code} == float("-inf"), 0.0, '
+                f"{s_acc} * tl.exp({acc.code} - {m_new.code}) + "
+                f"tl.where(xmask & rmask, tl.exp({_cast(src, acc_dtype)} - {m_new.code}), 0.0))"
+            )
+            self.line(f"{acc.code} = {m_new.code}")
+
+    def finish_online(self, s: int, m: int, s_acc: _Val, m_acc: _Val) -> None:
+        """sum(exp(x - max)) from the per-lane running sums, rescaled to the row's max."""
+        mx = self.red_val[m].code
+        expr = (
+            f'tl.sum(tl.where({m_acc.code} == float("-inf"), 0.0, '
+            f"{s_acc.code} * tl.exp({m_acc.code} - {mx})), 1)[:, None]"
+        )
+        self.red_val[s] = self.tmp(expr, 1, "float32", self.g[s].name + " (online)")
+
+    def find_online(self) -> dict[int, int]:
+        """Pairs sum(exp(f - amax(f))) -> amax(f) that one looped pass can compute together."""
+        g, members, out = self.g, self.members, {}
+        keep_shape = tuple(
+            1 if i in self.info.reduce_dims else d for i, d in enumerate(self.info.domain)
+        )
+        for s in self.info.nodes:
+            if g[s].op != "sum" or g[s].dtype not in FLOAT_DTYPES:
+                continue
+            e = g.base_of(g[s].inputs[0])
+            if e not in members or g[e].op != "exp" or g[e].shape != self.info.domain:
+                continue
+            d = g.base_of(g[e].inputs[0])
+            if d not in members or g[d].op != "sub" or g[d].shape != self.info.domain:
+                continue
+            f, mv = g[d].inputs
+            m = g.base_of(mv)
+            if (
+                m in members
+                and g[m].op == "amax"
+                and g[m].inputs[0] == f
+                and g[mv].shape == keep_shape
+            ):
+                out[s] = m
+        return out
 
     def _in_loop(self, body) -> None:
         if self.persistent:

@@ -30,7 +30,7 @@ from .ir import Graph, contiguous_strides
 # Loading generated source
 # ---------------------------------------------------------------------------------------------
 
-_LOADED: dict[tuple[str, str], Any] = {}
+_LOADED: dict[tuple[str, str], Any] = {}  # (source, name) -> jitted function
 
 
 def kernel_dir() -> Path:
@@ -44,10 +44,10 @@ def kernel_dir() -> Path:
 
 def load_kernel(source: str, name: str) -> Any:
     """Import generated source as a module (triton.jit needs a real file) and return ``name``."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    key = (digest, name)
+    key = (source, name)  # str hashes are cached: a hit costs a dict lookup
     if key in _LOADED:
         return _LOADED[key]
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     path = kernel_dir() / f"{name}_{digest}.py"
     if not path.exists():
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
