@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from .indexing import Expr, linearize
 from .ir import FLOAT_DTYPES, Graph, contiguous_strides, numel
@@ -778,16 +779,20 @@ def kernel_name(graph: Graph, info: GroupInfo, config: KernelConfig, index: int)
 
 @dataclass(frozen=True)
 class Kernel:
-    """A generated kernel: what it computes, its source and how to launch it."""
+    """A generated kernel: what it computes, its source and how to launch it.
+
+    ``layout`` gives the kernel's positional arguments: ``("in", k)`` is the k-th loaded buffer
+    (``info.loads[k]``), ``("out", k)`` the k-th stored one, ``("int", v)`` a constant;
+    ``launch_kw`` holds the constexprs and num_warps / num_stages.
+    """
 
     name: str
     source: str
-    config: KernelConfig
+    config: Any  # KernelConfig, or gemm_template.GemmConfig for GEMM kernels
     info: GroupInfo
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        return (-(-self.info.xnumel // self.config.XBLOCK), 1, 1)
+    layout: tuple[tuple[str, int], ...] = ()
+    grid: tuple[int, ...] = (1,)
+    launch_kw: tuple[tuple[str, int], ...] = ()
 
 
 def generate(graph: Graph, info: GroupInfo, config: KernelConfig, index: int = 0) -> Kernel:
@@ -820,7 +825,21 @@ def generate(graph: Graph, info: GroupInfo, config: KernelConfig, index: int = 0
         + header
         + body
     )
-    return Kernel(name=name, source=src + "\n", config=config, info=info)
+    layout = [("in", k) for k in range(len(info.loads))]
+    layout += [("out", k) for k in range(len(info.stored))] + [("int", info.xnumel)]
+    kw = [("XBLOCK", config.XBLOCK), ("num_warps", config.num_warps)]
+    if em.red:
+        layout.append(("int", info.rnumel))
+        kw.insert(1, ("RBLOCK", config.RBLOCK))
+    return Kernel(
+        name=name,
+        source=src + "\n",
+        config=config,
+        info=info,
+        layout=tuple(layout),
+        grid=(-(-info.xnumel // config.XBLOCK),),
+        launch_kw=tuple(kw),
+    )
 
 
 def check_config(info: GroupInfo, config: KernelConfig) -> None:

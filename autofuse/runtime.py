@@ -227,14 +227,14 @@ class _Run:
 
 
 def launch(kernel: Kernel, args: Sequence[torch.Tensor]) -> None:
+    """Launch ``kernel`` on its buffers: the loaded ones, then the stored ones, in order."""
     fn = load_kernel(kernel.source, kernel.name)
-    cfg = kernel.config
-    kw: dict[str, Any] = {"XBLOCK": cfg.XBLOCK, "num_warps": cfg.num_warps}
-    scalars: list[int] = [kernel.info.xnumel]
-    if kernel.info.kind == "reduction":
-        kw["RBLOCK"] = cfg.RBLOCK
-        scalars.append(kernel.info.rnumel)
-    fn[kernel.grid](*args, *scalars, **kw)
+    n_in = len(kernel.info.loads)
+    pos = [
+        args[k] if kind == "in" else args[n_in + k] if kind == "out" else k
+        for kind, k in kernel.layout
+    ]
+    fn[kernel.grid](*pos, **dict(kernel.launch_kw))
 
 
 def allocate_outputs(graph: Graph, info: GroupInfo, device: torch.device) -> list[torch.Tensor]:
