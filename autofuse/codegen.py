@@ -66,6 +66,7 @@ class GroupInfo:
     reduce_dims: tuple[int, ...]  # reduced positions of ``domain`` (empty for pointwise)
     stored: tuple[int, ...]  # members written to memory
     loads: tuple[int, ...]  # base nodes read from memory
+    matmuls: tuple[int, ...] = ()  # GEMM groups: the mm/bmm nodes (two for a horizontal pair)
 
     @property
     def xnumel(self) -> int:
@@ -104,11 +105,15 @@ def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
     """Check that ``group`` can be one kernel; raise FusionRefused naming the reason if not."""
     members = frozenset(group)
     for m in sorted(members):
-        kind = graph[m].kind
-        if kind not in ("pointwise", "reduction"):
-            what = "matmul" if kind == "matmul" else "unsupported op"
+        if graph[m].kind not in ("pointwise", "reduction", "matmul"):
             target = graph[m].attr("target", graph[m].op)
-            raise FusionRefused(f"{_describe(graph, m)} is a {what} ({target}) and runs in eager")
+            raise FusionRefused(
+                f"{_describe(graph, m)} is an unsupported op ({target}) and runs in eager"
+            )
+    if any(graph[m].kind == "matmul" for m in members):
+        from .gemm import analyze_gemm_group
+
+        return analyze_gemm_group(graph, members)
     stored = stored_nodes(graph, members)
     if not stored:
         raise FusionRefused("group has no output")
@@ -483,7 +488,7 @@ class _Emitter:
             return hit
         if i not in self.members:
             v = self.load(i, index)
-        elif node.kind == "reduction":
+        elif node.kind in ("reduction", "matmul"):
             v = self.reduced(i, index)
         else:
             args = [
@@ -767,6 +772,8 @@ _NAME_OP = {"pow_scalar": "pow", "copy": "clone", "cast": "to"}
 def kernel_name(graph: Graph, info: GroupInfo, config: KernelConfig, index: int) -> str:
     if info.kind == "pointwise":
         prefix = "poi"
+    elif info.kind == "gemm":
+        prefix = "mm"
     else:
         prefix = "per" if config.RBLOCK >= info.rnumel else "red"
     ops = sorted(
@@ -797,6 +804,10 @@ class Kernel:
 
 def generate(graph: Graph, info: GroupInfo, config: KernelConfig, index: int = 0) -> Kernel:
     """Render the Triton source of ``info``'s group under ``config``."""
+    if info.kind == "gemm":
+        from .gemm import generate_gemm
+
+        return generate_gemm(graph, info, config, index)
     check_config(info, config)
     em = _Emitter(graph, info, config)
     body = em.emit()
@@ -853,8 +864,17 @@ def check_config(info: GroupInfo, config: KernelConfig) -> None:
         raise ValueError(f"a pointwise kernel takes RBLOCK=0, got {config.RBLOCK}")
 
 
-def config_space(info: GroupInfo) -> list[KernelConfig]:
+def config_label(config: Any) -> str:
+    return config.label() if hasattr(config, "label") else str(config)
+
+
+def config_space(info: GroupInfo, graph: Graph | None = None) -> list[Any]:
     """The launch configs worth trying for this group (the search picks among them)."""
+    if info.kind == "gemm":
+        from .gemm import gemm_configs
+
+        assert graph is not None, "GEMM configs depend on the operand dtypes: pass the graph"
+        return gemm_configs(graph, info)
     if info.kind == "pointwise":
         top = max(16, next_pow2(info.xnumel))
         xs = [b for b in (128, 256, 512, 1024, 2048, 4096) if b <= top] or [top]
@@ -873,8 +893,10 @@ def config_space(info: GroupInfo) -> list[KernelConfig]:
     return out or [KernelConfig(1, r, 4)]
 
 
-def default_config(info: GroupInfo) -> KernelConfig:
+def default_config(info: GroupInfo, graph: Graph | None = None) -> Any:
     """A heuristic config, used by the greedy plan before any tuning."""
+    if info.kind == "gemm":
+        return config_space(info, graph)[0]
     if info.kind == "pointwise":
         x = min(1024, max(16, next_pow2(info.xnumel)))
         return KernelConfig(x, 0, 4 if x >= 128 else 1)

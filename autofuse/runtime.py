@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from . import logs
 from .codegen import GroupInfo, Kernel, KernelConfig, analyze_group, default_config, generate
 from .eager import eval_node
+from .interpreter import apply_patches
 from .ir import Graph, contiguous_strides
 
 # ---------------------------------------------------------------------------------------------
@@ -47,6 +48,7 @@ def load_kernel(source: str, name: str) -> Any:
     key = (source, name)  # str hashes are cached: a hit costs a dict lookup
     if key in _LOADED:
         return _LOADED[key]
+    apply_patches()
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     path = kernel_dir() / f"{name}_{digest}.py"
     if not path.exists():
@@ -120,8 +122,14 @@ def eager_reason(graph: Graph, i: int) -> str:
 
 
 def fusible(graph: Graph, i: int) -> bool:
+    """Nodes the partitioner places in groups (a lone matmul runs as torch.mm / cuBLAS)."""
     n = graph[i]
-    return n.kind in ("pointwise", "reduction") and n.op != "const"
+    return n.kind in ("pointwise", "reduction", "matmul") and n.op != "const"
+
+
+def eager_group(graph: Graph, group: frozenset[int]) -> bool:
+    """A group of one matmul and nothing else runs as torch.mm (cuBLAS on GPU)."""
+    return len(group) == 1 and graph[next(iter(group))].kind == "matmul"
 
 
 def build_plan(
@@ -136,12 +144,15 @@ def build_plan(
     missing = [i for i in graph.compute_nodes() if fusible(graph, i) and i not in covered]
     if missing:
         raise ValueError(f"partition leaves nodes {missing} in no group")
+    lone_mm = [next(iter(g)) for g in groups if eager_group(graph, g)]
+    configs = [c for g, c in zip(groups, configs) if not eager_group(graph, g)]
+    groups = [g for g in groups if not eager_group(graph, g)]
     infos = [analyze_group(graph, g) for g in groups]
     units: list[tuple[str, Any]] = [("group", k) for k in range(len(groups))]
     units += [
         ("eager", i)
         for i in graph.compute_nodes()
-        if not fusible(graph, i) and graph[i].op != "const"
+        if (not fusible(graph, i) and graph[i].op != "const") or i in lone_mm
     ]
     owner: dict[int, int] = {}
     for u, (kind, v) in enumerate(units):
@@ -152,7 +163,7 @@ def build_plan(
     for u in order:
         kind, v = units[u]
         if kind == "group":
-            cfg = configs[v] or default_config(infos[v])
+            cfg = configs[v] or default_config(infos[v], graph)
             steps.append(KernelStep(generate(graph, infos[v], cfg, index=len(steps))))
         else:
             steps.append(EagerStep(v, eager_reason(graph, v)))

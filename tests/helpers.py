@@ -50,7 +50,10 @@ def check_partitions(
     for p in parts:
         infos = [space.check(g) for g in p.groups]
         for trial in range(configs_per_group):
-            cfgs = [default_config(i) if trial == 0 else rng.choice(config_space(i)) for i in infos]
+            cfgs = [
+                default_config(i, graph) if trial == 0 else rng.choice(config_space(i, graph))
+                for i in infos
+            ]
             plan = build_plan(graph, p.groups, cfgs)
             outs = execute(plan, flat)
             for k, (o, r) in enumerate(zip(outs, refs)):

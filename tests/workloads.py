@@ -81,3 +81,41 @@ def cases(dtype=torch.float32, seed=0):
         ),
         "with_unsupported": (with_unsupported, (r(6, 16),)),
     }
+
+
+def gemm_bias_gelu(x, w, b):
+    return F.gelu(x @ w + b)
+
+
+def swiglu(x, w1, w2):
+    return F.silu(x @ w1) * (x @ w2)
+
+
+def mlp_block(x, ln_w, ln_b, w1, b1, w2, b2):
+    h = F.layer_norm(x, (x.shape[-1],), ln_w, ln_b)
+    return x + (F.gelu(h @ w1 + b1) @ w2 + b2)
+
+
+def attention_scores(q, k, mask):
+    s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
+
+
+def gemm_cases(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+    return {
+        "gemm_bias_gelu": (gemm_bias_gelu, (r(37, 40), r(40, 45, scale=0.2), r(45))),
+        "swiglu": (swiglu, (r(21, 32), r(32, 24, scale=0.2), r(32, 24, scale=0.2))),
+        "mlp_block": (
+            mlp_block,
+            (r(19, 24), r(24), r(24), r(24, 40, scale=0.2), r(40), r(40, 24, scale=0.2), r(24)),
+        ),
+        "attention_scores": (
+            attention_scores,
+            (r(2, 20, 16), r(2, 20, 16), torch.rand(20, 20, generator=g) < 0.2),
+        ),
+    }

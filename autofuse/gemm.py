@@ -1,0 +1,249 @@
+"""GEMM groups: a matmul with its fused prologue and epilogue, lowered onto the GEMM template.
+
+A GEMM group holds one ``mm``/``bmm`` (or two sharing their A operand: horizontal fusion, as in
+SwiGLU's ``x @ W1`` and ``x @ W2``), the pointwise nodes that compute its operands (prologue,
+evaluated per loaded tile at index (m, k) or (k, n)) and the pointwise nodes over its output
+(epilogue, evaluated on the accumulator tile at (m, n) before the only store). The same index
+machinery as the other kernels applies: operands reached through views are strided loads, and
+the epilogue may read bias, residual or masks broadcast or full-size.
+"""
+
+from __future__ import annotations
+
+from .codegen import (
+    TL_DTYPE,
+    FusionRefused,
+    GroupInfo,
+    Kernel,
+    _describe,
+    _Emitter,
+    _Scope,
+    _Val,
+    compute_dtype,
+    kernel_name,
+    loaded_nodes,
+    stored_nodes,
+)
+from .gemm_template import GemmConfig, GemmSpec, default_configs, param_names, prune_configs, render
+from .indexing import Expr, linearize
+from .ir import Graph, contiguous_strides
+
+_ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
+    mms = [m for m in sorted(members) if graph[m].kind == "matmul"]
+    if len(mms) > 2:
+        raise FusionRefused(f"{len(mms)} matmuls in one group: at most two sharing an operand")
+    for m in sorted(members):
+        if graph[m].kind == "reduction":
+            raise FusionRefused(
+                f"{_describe(graph, m)} is a reduction: row-reduction epilogues on GEMMs are "
+                "not generated yet"
+            )
+    first = graph[mms[0]]
+    if len(mms) == 2:
+        second = graph[mms[1]]
+        if first.inputs[0] != second.inputs[0] or first.shape != second.shape:
+            raise FusionRefused(
+                f"{_describe(graph, mms[0])} and {_describe(graph, mms[1])} do not share their "
+                "A operand and output shape: no horizontal GEMM"
+            )
+        if graph.base_of(second.inputs[0]) in members or graph.base_of(second.inputs[1]) in members:
+            raise FusionRefused("a horizontal GEMM pair takes no prologue")
+        if mms[1] in _ancestors(graph, mms[0]) or mms[0] in _ancestors(graph, mms[1]):
+            raise FusionRefused("one matmul feeds the other: they cannot share a K loop")
+    domain = first.shape
+    stored = stored_nodes(graph, members)
+    for s in stored:
+        if graph[s].shape != domain:
+            raise FusionRefused(
+                f"{_describe(graph, s)} must be stored but is not over the GEMM output "
+                f"{list(domain)} (a prologue result needed elsewhere)"
+            )
+    pro = set()
+    for mm in mms:
+        pro |= _ancestors(graph, mm) & members
+    info = GroupInfo(
+        nodes=tuple(sorted(members)),
+        kind="gemm",
+        domain=tuple(domain),
+        reduce_dims=(),
+        stored=stored,
+        loads=loaded_nodes(graph, members),
+        matmuls=tuple(mms),
+    )
+    _GemmEmitter(graph, info, GemmConfig(16, 16, 16, 1, 1, 2)).hooks()  # index checks
+    return info
+
+
+def _ancestors(graph: Graph, i: int) -> set[int]:
+    out, todo = set(), list(graph.compute_inputs(i))
+    while todo:
+        j = todo.pop()
+        if j not in out:
+            out.add(j)
+            todo.extend(graph.compute_inputs(j))
+    return out
+
+
+def _dims(graph: Graph, info: GroupInfo) -> tuple[int, int, int, int]:
+    a = graph[graph[info.matmuls[0]].inputs[0]].shape
+    out = info.domain
+    batch = out[0] if len(out) == 3 else 1
+    return batch, out[-2], out[-1], a[-1]
+
+
+class _GemmEmitter(_Emitter):
+    """Emits the hook bodies: operand loads (with prologue) and the epilogue."""
+
+    def __init__(self, graph: Graph, info: GroupInfo, config: GemmConfig) -> None:
+        self.g, self.info, self.cfg = graph, info, config
+        self.members = frozenset(info.nodes)
+        self.red, self.persistent = False, False
+        self.lines, self.depth, self.scopes = [], 0, [_Scope()]
+        self.n_tmp = 0
+        self.ptr = {i: f"in_ptr{k}" for k, i in enumerate(info.loads)}
+        self.out_ptr = {i: f"out_ptr{k}" for k, i in enumerate(info.stored)}
+        self.red_val: dict[int, _Val] = {}
+        self.helpers: set[str] = set()
+        self.int64 = False
+        self.mask = "mask"
+        batch, m, n, _ = _dims(graph, info)
+        b = (Expr.dim("pid_b", 1, batch, True),) if len(info.domain) == 3 else ()
+        self.full = b + (Expr.dim("rm", 1, m, True), Expr.dim("rn", 1, n, True))
+        self.batch_index = b
+
+    def cls_of(self, e: Expr) -> int:
+        return 2 if e.vars else 0
+
+    def mask_for(self, cls: int) -> str | None:
+        return self.mask if cls else None
+
+    def reduced(self, i: int, index):
+        if index != self.full:
+            raise FusionRefused(
+                f"{_describe(self.g, i)} is read at ({', '.join(map(str, index))}), not at its "
+                "own output tile: the value would come from another program"
+            )
+        k = self.info.matmuls.index(i)
+        name = ("acc0", "acc1")[k] if len(self.info.matmuls) == 2 else "acc"
+        return _Val(name, 2, "float32")
+
+    def operand(self, mm: int, which: int, var: str) -> list[str]:
+        """Lines assigning ``var``: the A (which=0) or B (which=1) tile of ``mm``."""
+        self.lines, self.scopes = [], [_Scope()]
+        node = self.g[mm]
+        src = node.inputs[which]
+        if which == 0:
+            idx = self.batch_index + (
+                Expr.dim("offs_m[:, None]", 1, node.shape[-2], True),
+                Expr.dim("offs_k[None, :]", 1, self.g[src].shape[-1], True),
+            )
+            self.mask = "mask_m[:, None] & mask_k[None, :]"
+        else:
+            idx = self.batch_index + (
+                Expr.dim("offs_k[:, None]", 1, self.g[src].shape[-2], True),
+                Expr.dim("offs_n[None, :]", 1, node.shape[-1], True),
+            )
+            self.mask = "mask_k[:, None] & mask_n[None, :]"
+        dot_dtype = self.g[src].dtype
+        base = self.g.base_of(src)
+        if base not in self.members:  # a plain (possibly strided) load, no conversion
+            off = self._offset(src, idx)
+            self.line(
+                f"{var} = tl.load({self.ptr[base]} + ({off.render()}), {self.mask}, other=0.0)"
+            )
+            return self.lines
+        v = self.value(src, idx)
+        self.line(f"{var} = tl.where({self.mask}, {v.code}, 0.0).to({TL_DTYPE[dot_dtype]})")
+        return self.lines
+
+    def _offset(self, i: int, idx) -> Expr:
+        from .codegen import view_source_index
+
+        while self.g[i].kind == "view":
+            idx = view_source_index(self.g, i, idx)
+            i = self.g[i].inputs[0]
+        node = self.g[i]
+        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        return linearize(idx, strides, node.shape)
+
+    def epilogue(self) -> list[str]:
+        self.lines, self.scopes = [], [_Scope()]
+        self.mask = "mask"
+        for s in self.info.stored:
+            v = self.value(s, self.full)
+            node = self.g[s]
+            off = linearize(self.full, contiguous_strides(node.shape), node.shape)
+            code = v.code
+            if v.literal or v.cls == 0:
+                code = f"tl.full([BLOCK_M, BLOCK_N], {code}, tl.float32)"
+            if compute_dtype(node.dtype) != node.dtype or v.dtype != node.dtype:
+                code = f"{code}.to({TL_DTYPE[node.dtype]})"
+            self.line(f"tl.store({self.out_ptr[s]} + ({off.render()}), {code}, mask)")
+        return self.lines
+
+    def hooks(self) -> dict[str, list[str]]:
+        mms = self.info.matmuls
+        out = {"load_a": self.operand(mms[0], 0, "a"), "load_b": self.operand(mms[0], 1, "b")}
+        if len(mms) == 2:
+            out["load_b1"] = self.operand(mms[1], 1, "b1")
+        out["epilogue"] = self.epilogue()
+        return out
+
+
+def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int = 0) -> Kernel:
+    em = _GemmEmitter(graph, info, config)
+    hooks = em.hooks()
+    name = kernel_name(graph, info, config, index)
+    extra = tuple(em.ptr[i] for i in info.loads) + tuple(em.out_ptr[i] for i in info.stored)
+    a_dtype = graph[graph[info.matmuls[0]].inputs[0]].dtype
+    spec = GemmSpec(
+        name=name,
+        batched=len(info.domain) == 3,
+        extra_params=extra,
+        n_b=len(info.matmuls),
+        load_a=hooks["load_a"],
+        load_b=hooks["load_b"],
+        load_b1=hooks.get("load_b1"),
+        epilogue=hooks["epilogue"],
+        doc=f"{len(info.nodes)} ops -> 1 kernel: "
+        + ", ".join(graph[i].name or graph[i].op for i in info.nodes),
+        input_precision="ieee" if a_dtype == "float32" else None,
+    )
+    source = render(spec, config)
+    batch, m, n, k = _dims(graph, info)
+    n_in = len(info.loads)
+    first_in = ("in", 0) if n_in else ("out", 0)
+    layout: list[tuple[str, int]] = []
+    for p in param_names(spec):
+        if p in ("a_ptr", "b_ptr", "b1_ptr"):
+            layout.append(first_in)  # the hooks address every buffer through in_ptr*/out_ptr*
+        elif p in ("M", "N", "K"):
+            layout.append(("int", {"M": m, "N": n, "K": k}[p]))
+        elif p.startswith("stride_"):
+            layout.append(("int", 0))
+        elif p.startswith("in_ptr"):
+            layout.append(("in", int(p[6:])))
+        elif p.startswith("out_ptr"):
+            layout.append(("out", int(p[7:])))
+        else:
+            raise ValueError(f"unexpected GEMM template parameter {p!r}")
+    from .gemm_template import grid
+
+    return Kernel(
+        name=name,
+        source=source,
+        config=config,
+        info=info,
+        layout=tuple(layout),
+        grid=grid(spec, config, m, n, batch),
+        launch_kw=tuple(config.constexprs().items()),
+    )
+
+
+def gemm_configs(graph: Graph, info: GroupInfo) -> list[GemmConfig]:
+    batch, m, n, k = _dims(graph, info)
+    dt = _ITEM.get(graph[graph[info.matmuls[0]].inputs[0]].dtype, 2)
+    return prune_configs(default_configs(dt, m, n, k), dt, m, n, k, n_b=len(info.matmuls))

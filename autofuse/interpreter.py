@@ -1,0 +1,44 @@
+"""Workarounds for Triton's CPU interpreter (``TRITON_INTERPRET=1``), applied only there.
+
+The interpreter stores bf16 as uint16 and its ``create_dot`` multiplies the raw bit patterns
+(triton-lang/triton#11584), so a bf16 ``tl.dot`` returns garbage on CPU. The patch converts bf16
+dot operands to fp32 first, which is what the GPU's bf16 MMA computes (exact products, fp32
+accumulation). Nothing changes on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+_APPLIED = False
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def apply_patches() -> None:
+    global _APPLIED
+    if _APPLIED or not interpreting():
+        return
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+
+    orig = interp.InterpreterBuilder.create_dot
+    if getattr(orig, "_autofuse_patched", False):
+        _APPLIED = True
+        return
+
+    def _up(h):
+        if h.dtype.scalar == tl.bfloat16:
+            data = interp._convert_float(h.data, tl.bfloat16, tl.float32, None)
+            return interp.TensorHandle(data.view(np.float32), tl.float32)
+        return h
+
+    def create_dot(self, a, b, d, *args, **kwargs):
+        return orig(self, _up(a), _up(b), d, *args, **kwargs)
+
+    create_dot._autofuse_patched = True
+    interp.InterpreterBuilder.create_dot = create_dot
+    _APPLIED = True

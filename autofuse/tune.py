@@ -1,0 +1,317 @@
+"""The search: pick a partition and its launch configs jointly, by measurement.
+
+A trial chooses a fuse / don't-fuse value for every edge of the partitioner's space, then one
+launch config for each group that exists under those choices (a conditional parameter). Its cost
+is the sum of its kernels' measured times plus its eager ops' times. Each (group, config) is
+measured once per study (``profiling.Memo``); a config that fails to compile, runs out of
+resources or gives wrong values scores as failed and the search goes on. The greedy and the
+unfused plans are enqueued first, and the best few plans are re-timed end to end before the
+winner is chosen, so the result is never worse than either.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import search
+
+from . import logs
+from .capture import Captured
+from .codegen import GroupInfo, KernelConfig, config_label, config_space, default_config
+from .partition import Partition, Partitioner
+from .profiling import Candidate, CostModel, GPUTimer, Isolated, Measurement, Memo
+from .report import nbytes
+from .runtime import Plan, build_plan, eager_group
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    partition: Partition
+    configs: tuple[KernelConfig, ...]
+    value: float  # sum of per-kernel times (seconds)
+    source: str  # "measured" | "modeled"
+
+
+@dataclass
+class TuneResult:
+    plan: Plan
+    value: float  # the winner's cost (sum of kernels, or end-to-end when re-timed)
+    source: str
+    greedy_value: float | None
+    unfused_value: float | None
+    eager_value: float | None
+    trials: int
+    failed: int
+    seconds: float
+    kernel_times: dict[str, tuple[float, str]] = field(default_factory=dict)
+    study_name: str = ""
+    end_to_end: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        unit = "modeled" if self.source == "modeled" else "measured"
+        lines = [
+            f"tuned plan: {len(self.plan.kernels)} kernels, {len(self.plan.fallbacks)} eager ops, "
+            f"{self.value * 1e6:.2f} us ({unit}); {self.trials} trials ({self.failed} failed) "
+            f"in {self.seconds:.1f} s, study {self.study_name}",
+        ]
+        if self.greedy_value:
+            lines.append(f"  vs greedy plan: {self.greedy_value * 1e6:.2f} us "
+                         f"({self.greedy_value / self.value:.2f}x, {unit})")  # fmt: skip
+        if self.unfused_value:
+            lines.append(f"  vs unfused plan: {self.unfused_value * 1e6:.2f} us "
+                         f"({self.unfused_value / self.value:.2f}x, {unit})")  # fmt: skip
+        if self.eager_value:
+            lines.append(f"  vs eager PyTorch: {self.eager_value * 1e6:.2f} us "
+                         f"({self.eager_value / self.value:.2f}x, measured)")  # fmt: skip
+        return "\n".join(lines)
+
+
+def default_measurer(verify: bool = True, isolate: bool = False) -> Any:
+    """GPU timer on CUDA machines, else the analytical cost model (labelled 'modeled')."""
+    if torch.cuda.is_available():
+        if isolate:
+            return Isolated(("gpu", {"verify": verify}))
+        return GPUTimer(verify=verify)
+    return CostModel(verify=verify)
+
+
+def group_param(group: frozenset[int]) -> str:
+    return "cfg[" + ",".join(map(str, sorted(group))) + "]"
+
+
+class Objective:
+    """The trial function: decisions -> partition -> configs -> measured cost."""
+
+    def __init__(self, graph, space: Partitioner, measurer, eager_cost) -> None:
+        self.graph, self.space, self.measurer = graph, space, measurer
+        self.eager_cost = eager_cost
+        self.choices: dict[int, PlanChoice] = {}
+        self._eager_memo: dict[int, float] = {}
+
+    def configs_for(self, info: GroupInfo) -> list[Any]:
+        space = config_space(info, self.graph)
+        d = default_config(info, self.graph)
+        return space if d in space else [d, *space]
+
+    def __call__(self, trial: Any) -> float:
+        fuse = {e.name: trial.categorical(e.name, [True, False]) for e in self.space.edges}
+        partition = self.space.from_decisions(fuse)
+        total, configs = 0.0, []
+        source = "measured"
+        for group in partition.groups:
+            if eager_group(self.graph, group):  # a lone matmul: torch.mm / cuBLAS
+                total += self.eager_node_cost(next(iter(group)))
+                configs.append(None)
+                continue
+            info = self.space.check(group)
+            assert isinstance(info, GroupInfo)
+            options = self.configs_for(info)
+            labels = [config_label(c) for c in options]
+            label = trial.categorical(group_param(group), labels)
+            cfg = options[labels.index(label)]
+            m: Measurement = self.measurer.measure(Candidate(self.graph, info, cfg))
+            if not m.ok:
+                raise search.TrialFailed(f"group {sorted(group)} with {label}: {m.failure}")
+            total += m.seconds
+            source = m.source
+            configs.append(cfg)
+        total += self.eager_cost
+        trial.set_note("partition", repr(partition.key))
+        trial.set_note("source", source)
+        self.choices[trial.number] = PlanChoice(partition, tuple(configs), total, source)
+        return total
+
+    def params_for(self, partition: Partition, configs: Sequence[Any] | None = None):
+        params: dict[str, Any] = dict(self.space.decisions_of(partition))
+        for k, g in enumerate(partition.groups):
+            if eager_group(self.graph, g):
+                continue
+            info = self.space.check(g)
+            cfg = configs[k] if configs else default_config(info, self.graph)
+            params[group_param(g)] = config_label(cfg)
+        return params
+
+    def eager_node_cost(self, i: int) -> float:
+        if i not in self._eager_memo:
+            self._eager_memo[i] = _node_cost(self.graph, i, self.measurer)
+        return self._eager_memo[i]
+
+
+def _node_cost(graph, i: int, measurer) -> float:
+    """Time of one eager op: measured where the measurer can (GPU), else modeled."""
+    fn = getattr(measurer, "eager_time", None) or getattr(
+        getattr(measurer, "inner", None), "eager_time", None
+    )
+    if fn is not None:
+        return fn(graph, i)
+    node = graph[i]
+    moved = sum(nbytes(graph, j) for j in graph.compute_inputs(i)) + nbytes(graph, i)
+    flops = 0.0
+    if node.kind == "matmul":
+        a = graph[node.inputs[0]].shape
+        flops = 2.0 * a[-2] * a[-1] * node.shape[-1] * (a[0] if len(a) == 3 else 1)
+    return max(moved / 4.3e12, flops / 7.9e14) + 4e-6
+
+
+def _eager_cost(graph, measurer) -> float:
+    """The ops that run in eager in every partition (unsupported ops)."""
+    from .runtime import fusible
+
+    return sum(
+        _node_cost(graph, i, measurer)
+        for i in graph.compute_nodes()
+        if not fusible(graph, i) and graph[i].op not in ("const", "getitem")
+    )
+
+
+def tune(
+    captured: Captured,
+    example_inputs: Sequence[Any],
+    space: Partitioner,
+    *,
+    trials: int | None = None,
+    time_budget: float | None = None,
+    cache_dir: str = ".autofuse_cache",
+    storage: str | None = None,
+    sampler: str | search.SamplerSpec = "tpe",
+    verify: bool = True,
+    isolate: bool = False,
+    measurer: Any = None,
+    top_k: int = 3,
+    progress: bool = True,
+    study_name: str | None = None,
+) -> TuneResult:
+    """Search partitions x configs; return the best plan, re-timed end to end on the GPU."""
+    t0 = time.perf_counter()
+    graph = captured.graph
+    memo = (
+        measurer
+        if isinstance(measurer, Memo)
+        else Memo(measurer or default_measurer(verify, isolate))
+    )
+    eager = _eager_cost(graph, memo.inner if hasattr(memo, "inner") else memo)
+    objective = Objective(graph, space, memo, eager)
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu-model"
+    name = study_name or f"autofuse-{captured.source_name}-{graph.key}-{device.replace(' ', '_')}"
+    study = search.Study.open(name, storage=storage, cache_dir=cache_dir, sampler=sampler)
+    greedy, unfused = space.greedy(), space.unfused()
+    study.enqueue(objective.params_for(greedy))
+    study.enqueue(objective.params_for(unfused))
+    budget = search.Budget(trials=trials, seconds=time_budget)
+    bar = search.progress_bar(trials, "autofuse tuning") if progress else None
+    try:
+        study.optimize(objective, budget, on_trial=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    records = study.trials
+    done = [r for r in records if r.state == search.TrialState.COMPLETE]
+    if not done:
+        reasons = "; ".join(sorted({r.reason or "?" for r in records})[:5])
+        raise RuntimeError(f"no candidate plan passed: every trial failed ({reasons})")
+    ranked = _distinct_best(done, objective, top_k)
+    plans = [
+        (c, build_plan(graph, c.partition.groups, c.configs, label=f"trial {n}")) for n, c in ranked
+    ]
+    best_choice, best_plan, e2e = _pick(plans, example_inputs, captured)
+    greedy_v = _value_of(objective, greedy, done)
+    unfused_v = _value_of(objective, unfused, done)
+    best_plan = build_plan(graph, best_choice.partition.groups, best_choice.configs, label="tuned")
+    times = _kernel_times(best_plan, best_choice, graph, memo)
+    result = TuneResult(
+        plan=best_plan,
+        value=best_choice.value,
+        source=best_choice.source,
+        greedy_value=greedy_v,
+        unfused_value=unfused_v,
+        eager_value=None,
+        trials=len(records),
+        failed=sum(r.state == search.TrialState.FAIL for r in records),
+        seconds=time.perf_counter() - t0,
+        kernel_times=times,
+        study_name=name,
+        end_to_end=e2e,
+    )
+    logs.log.info(result.summary())
+    return result
+
+
+def _distinct_best(done, objective: Objective, k: int) -> list[tuple[int, PlanChoice]]:
+    seen, out = set(), []
+    for r in sorted(done, key=lambda r: r.value):
+        choice = objective.choices.get(r.number)
+        if choice is None:  # a trial of an earlier process (resumed study): rebuild it
+            choice = _replay(objective, r.params)
+        if choice is None:
+            continue
+        key = (choice.partition.key, choice.configs)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((r.number, choice))
+        if len(out) == k:
+            break
+    return out
+
+
+class _Replay:
+    def __init__(self, params: dict[str, Any], number: int = -1) -> None:
+        self.params, self.number = params, number
+
+    def categorical(self, name, choices):
+        return self.params[name] if name in self.params else choices[0]
+
+    def set_note(self, key, value) -> None:
+        pass
+
+
+def _replay(objective: Objective, params: dict[str, Any]) -> PlanChoice | None:
+    try:
+        number = -1 - len(objective.choices)
+        objective(_Replay(params, number))
+        return objective.choices.pop(number)
+    except search.TrialFailed:
+        return None
+
+
+def _value_of(objective: Objective, partition: Partition, done) -> float | None:
+    best = None
+    for r in done:
+        c = objective.choices.get(r.number)
+        if c is not None and c.partition.key == partition.key:
+            best = c.value if best is None else min(best, c.value)
+    return best
+
+
+def _pick(plans, example_inputs, captured):
+    """Re-time the best few plans end to end on the GPU; with the cost model keep the order."""
+    e2e: dict[str, float] = {}
+    if not torch.cuda.is_available() or len(plans) == 1:
+        c, p = plans[0]
+        return c, p, e2e
+    from .api import OptimizedFunction
+    from .profiling import time_callable
+
+    best = None
+    for choice, plan in plans:
+        runner = OptimizedFunction(captured, plan)
+        t = time_callable(runner, tuple(example_inputs))
+        e2e[plan.label] = t
+        if best is None or t < best[0]:
+            best = (t, choice, plan)
+    _, choice, plan = best
+    return choice, plan, e2e
+
+
+def _kernel_times(plan: Plan, choice: PlanChoice, graph, memo) -> dict[str, tuple[float, str]]:
+    out = {}
+    for k in plan.kernels:
+        m = memo.measure(Candidate(graph, k.info, k.config))
+        if m.ok:
+            out[k.name] = (m.seconds, m.source)
+    return out

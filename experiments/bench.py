@@ -1,0 +1,178 @@
+"""GPU benchmark driver: tunes each workload of the suite and times it against eager and
+torch.compile (default and max-autotune-no-cudagraphs) in the same run.
+
+    python -m experiments.bench --out results/ --workloads pointwise,softmax --trials 40
+
+Writes one JSON per workload (written as soon as it is measured, so a killed run keeps what it
+finished) plus ceilings.json, each stamped with commit, GPU, torch and triton versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+import autofuse
+from experiments.workloads import BY_NAME, SUITE, min_bytes
+
+
+def stamp() -> dict:
+    commit = os.environ.get("AUTOFUSE_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    check=True).stdout.strip()  # fmt: skip
+        except Exception:  # noqa: BLE001
+            commit = "unknown"
+    return {
+        "commit": commit,
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "autofuse": autofuse.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def seconds(fn, args, rep_ms=200) -> float:
+    return do_bench(lambda: fn(*args), warmup=25, rep=rep_ms, return_mode="median") * 1e-3
+
+
+def ceilings() -> dict:
+    n = 2**30  # 1 GiB of bf16 per buffer (2 GiB each)
+    a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    t_copy = seconds(lambda: b.copy_(a), ())
+    copy_bw = 2 * a.numel() * a.element_size() / t_copy
+    del a, b
+    m = 8192
+    x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    t_mm = seconds(torch.mm, (x, y))
+    return {"copy_bytes_per_s": copy_bw, "bf16_mm_flops_per_s": 2 * m**3 / t_mm,
+            "copy_s": t_copy, "mm_s": t_mm}  # fmt: skip
+
+
+def _flat(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def max_rel_err(out, ref) -> float:
+    worst = 0.0
+    for o, r in zip(_flat(out), _flat(ref)):
+        o, r = o.double(), r.double()
+        finite = torch.isfinite(r)
+        if not torch.equal(torch.isnan(o), torch.isnan(r)):
+            return float("inf")
+        scale = r[finite].abs().max().item() if finite.any() else 1.0
+        err = (o[finite] - r[finite]).abs().max().item() if finite.any() else 0.0
+        worst = max(worst, err / max(scale, 1e-30))
+    return worst
+
+
+def run_one(w, ceil, trials, budget, cache_dir, modes) -> dict:
+    inputs = w.inputs()
+    ref_inputs = [t.double() if t.is_floating_point() else t for t in inputs]
+    ref = w.fn(*ref_inputs)
+    outputs = _flat(w.fn(*inputs))
+    rec: dict = {"workload": w.name, "kind": w.kind, **stamp()}
+    rec["min_bytes"] = min_bytes(inputs, outputs)
+    rec["flops"] = w.flops(inputs)
+    floor = max(
+        rec["min_bytes"] / ceil["copy_bytes_per_s"], rec["flops"] / ceil["bf16_mm_flops_per_s"]
+    )
+    rec["floor_s"] = floor
+    times: dict = {}
+    errs: dict = {}
+    times["eager"] = seconds(w.fn, inputs)
+    errs["eager"] = max_rel_err(w.fn(*inputs), ref)
+    for mode in modes:
+        t0 = time.perf_counter()
+        torch._dynamo.reset()
+        c = torch.compile(w.fn, mode=None if mode == "default" else mode)
+        out = c(*inputs)
+        rec[f"compile_s_{mode}"] = time.perf_counter() - t0
+        errs[f"torch.compile {mode}"] = max_rel_err(out, ref)
+        times[f"torch.compile {mode}"] = seconds(c, inputs)
+    t0 = time.perf_counter()
+    greedy = autofuse.optimize(w.fn, inputs)
+    errs["autofuse greedy"] = max_rel_err(greedy(*inputs), ref)
+    times["autofuse greedy"] = seconds(greedy, inputs)
+    rec["greedy_build_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tuned = autofuse.optimize(w.fn, inputs, trials=trials, time_budget=budget, cache_dir=cache_dir,
+                              progress=False)  # fmt: skip
+    rec["tuning_s"] = time.perf_counter() - t0
+    errs["autofuse tuned"] = max_rel_err(tuned(*inputs), ref)
+    times["autofuse tuned"] = seconds(tuned, inputs)
+    tr = tuned.tuning
+    rec["trials"] = tr.trials
+    rec["failed_trials"] = tr.failed
+    rec["tuned_kernels"] = [
+        {"name": k.name, "config": k.config.label(),
+         "time_s": tr.kernel_times.get(k.name, (None,))[0]} for k in tuned.plan.kernels
+    ]  # fmt: skip
+    rec["greedy_kernels"] = [
+        {"name": k.name, "config": k.config.label()} for k in greedy.plan.kernels
+    ]
+    rec["tuned_fallbacks"] = [s.reason for s in tuned.plan.fallbacks]
+    rec["times_s"] = times
+    rec["max_rel_err_vs_fp64"] = errs
+    rec["fraction_of_floor"] = {k: floor / v for k, v in times.items()}
+    best_compile = (
+        min(v for k, v in times.items() if k.startswith("torch.compile")) if modes else None
+    )
+    if best_compile:
+        rec["speedup_tuned_vs_best_compile"] = best_compile / times["autofuse tuned"]
+    rec["speedup_tuned_vs_greedy"] = times["autofuse greedy"] / times["autofuse tuned"]
+    rec["speedup_tuned_vs_eager"] = times["eager"] / times["autofuse tuned"]
+    rec["report"] = tuned.report()
+    return rec
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "results"))
+    p.add_argument("--workloads", default=",".join(w.name for w in SUITE))
+    p.add_argument("--trials", type=int, default=40)
+    p.add_argument("--budget", type=float, default=90.0, help="tuning seconds per workload")
+    p.add_argument("--modes", default="default,max-autotune-no-cudagraphs")
+    p.add_argument("--cache-dir", default="/tmp/autofuse_cache")
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ceil = ceilings()
+    (out / "ceilings.json").write_text(json.dumps({**ceil, **stamp()}, indent=2))
+    print(f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+          f"bf16 mm {ceil['bf16_mm_flops_per_s'] / 1e12:.0f} TFLOP/s", flush=True)  # fmt: skip
+    modes = [m for m in a.modes.split(",") if m]
+    rows = []
+    for name in a.workloads.split(","):
+        w = BY_NAME[name]
+        try:
+            rec = run_one(w, ceil, a.trials, a.budget, a.cache_dir, modes)
+        except Exception as e:  # noqa: BLE001 - one failing workload must not lose the others
+            rec = {"workload": name, "error": f"{type(e).__name__}: {e}",
+                   "traceback": traceback.format_exc(), **stamp()}  # fmt: skip
+        (out / f"{name}.json").write_text(json.dumps(rec, indent=2, default=str))
+        rows.append(rec)
+        if "error" in rec:
+            print(f"{name}: ERROR {rec['error']}", flush=True)
+            continue
+        t = rec["times_s"]
+        print(f"{name:18s} " + " ".join(f"{k}={v * 1e6:.1f}us" for k, v in t.items())
+              + f" floor={rec['floor_s'] * 1e6:.1f}us tuned/floor={rec['fraction_of_floor']['autofuse tuned']:.2f}"
+              + f" err={rec['max_rel_err_vs_fp64']['autofuse tuned']:.2e}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
