@@ -53,7 +53,6 @@ def ceilings() -> dict:
     b = torch.empty_like(a)
     t_copy = seconds(lambda: b.copy_(a), ())
     copy_bw = 2 * a.numel() * a.element_size() / t_copy
-    del a, b
     m = 8192
     x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
