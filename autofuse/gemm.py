@@ -151,13 +151,23 @@ class _GemmEmitter(_Emitter):
         base = self.g.base_of(src)
         if base not in self.members:  # a plain (possibly strided) load, no conversion
             off = self._offset(src, idx)
-            self.line(
-                f"{var} = tl.load({self.ptr[base]} + ({off.render()}), {self.mask}, other=0.0)"
-            )
+            ptr = f"{self.ptr[base]} + ({off.render()})"
+            if self._even(which):  # the tile never crosses an edge: no mask in the K loop
+                self.line(f"{var} = tl.load({ptr})")
+            else:
+                self.line(f"{var} = tl.load({ptr}, {self.mask}, other=0.0)")
             return self.lines
         v = self.value(src, idx)
         self.line(f"{var} = tl.where({self.mask}, {v.code}, 0.0).to({TL_DTYPE[dot_dtype]})")
         return self.lines
+
+    def _even(self, which: int) -> bool:
+        """Whether the operand's tiles divide its shape under this config (masks can go)."""
+        _, m, n, k = _dims(self.g, self.info)
+        c = self.cfg
+        rows = m % c.BLOCK_M == 0 if which == 0 else True
+        cols = n % c.BLOCK_N == 0 if which == 1 else True
+        return rows and cols and k % c.BLOCK_K == 0
 
     def _offset(self, i: int, idx) -> Expr:
         from .codegen import view_source_index
