@@ -128,6 +128,9 @@ class GemmConfig:
             "num_stages": self.num_stages,
         }
 
+    def label(self) -> str:
+        return str(self)
+
     def __str__(self) -> str:
         return (
             f"BLOCK_M={self.BLOCK_M} BLOCK_N={self.BLOCK_N} BLOCK_K={self.BLOCK_K} "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .codegen import config_label
 from .ir import Graph, numel
 from .runtime import EagerStep, KernelStep, Plan
 
@@ -69,7 +70,7 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
             writes = list(k.info.stored)
             kind = k.name.split("_")[1]
             ops = tuple(g[i].op for i in k.info.nodes)
-            name, cfg = k.name, k.config.label()
+            name, cfg = k.name, config_label(k.config)
         else:
             assert isinstance(step, EagerStep)
             reads = [j for j in _inputs_of_eager(g, step.node) if g[j].op != "const"]

@@ -3,8 +3,9 @@ torch.compile (default and max-autotune-no-cudagraphs) in the same run.
 
     python -m experiments.bench --out results/ --workloads pointwise,softmax --trials 40
 
-Writes one JSON per workload (written as soon as it is measured, so a killed run keeps what it
-finished) plus ceilings.json, each stamped with commit, GPU, torch and triton versions.
+Writes ``<tag>.json`` (ceilings plus one record per workload, rewritten after each workload so a
+killed run keeps what it finished) and ``<tag>.csv``, stamped with commit, GPU, torch and
+triton versions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import triton
 from triton.testing import do_bench
 
 import autofuse
+from autofuse.codegen import config_label
 from experiments.workloads import BY_NAME, SUITE, min_bytes
 
 
@@ -117,11 +119,11 @@ def run_one(w, ceil, trials, budget, cache_dir, modes) -> dict:
     rec["trials"] = tr.trials
     rec["failed_trials"] = tr.failed
     rec["tuned_kernels"] = [
-        {"name": k.name, "config": k.config.label(),
+        {"name": k.name, "config": config_label(k.config),
          "time_s": tr.kernel_times.get(k.name, (None,))[0]} for k in tuned.plan.kernels
     ]  # fmt: skip
     rec["greedy_kernels"] = [
-        {"name": k.name, "config": k.config.label()} for k in greedy.plan.kernels
+        {"name": k.name, "config": config_label(k.config)} for k in greedy.plan.kernels
     ]
     rec["tuned_fallbacks"] = [s.reason for s in tuned.plan.fallbacks]
     rec["times_s"] = times
@@ -138,6 +140,26 @@ def run_one(w, ceil, trials, budget, cache_dir, modes) -> dict:
     return rec
 
 
+def write_csv(path: Path, rows: list[dict]) -> None:
+    cols = ["workload", "eager", "torch.compile default", "torch.compile max-autotune-no-cudagraphs",
+            "autofuse greedy", "autofuse tuned"]  # fmt: skip
+    lines = ["workload,floor_us," + ",".join(f"{c}_us" for c in cols[1:]) + ",tuned_frac_of_floor,"
+             "speedup_vs_best_compile,speedup_vs_greedy,max_rel_err_tuned,trials,tuning_s"]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['workload']},ERROR")
+            continue
+        t = r["times_s"]
+        vals = [f"{t[c] * 1e6:.2f}" if c in t else "" for c in cols[1:]]
+        lines.append(",".join([r["workload"], f"{r['floor_s'] * 1e6:.2f}", *vals,
+                               f"{r['fraction_of_floor']['autofuse tuned']:.3f}",
+                               f"{r.get('speedup_tuned_vs_best_compile', float('nan')):.3f}",
+                               f"{r['speedup_tuned_vs_greedy']:.3f}",
+                               f"{r['max_rel_err_vs_fp64']['autofuse tuned']:.2e}",
+                               str(r["trials"]), f"{r['tuning_s']:.1f}"]))  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "results"))
@@ -146,11 +168,12 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=90.0, help="tuning seconds per workload")
     p.add_argument("--modes", default="default,max-autotune-no-cudagraphs")
     p.add_argument("--cache-dir", default="/tmp/autofuse_cache")
+    p.add_argument("--tag", default="bench")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     ceil = ceilings()
-    (out / "ceilings.json").write_text(json.dumps({**ceil, **stamp()}, indent=2))
+    doc = {"stamp": stamp(), "ceilings": ceil, "workloads": []}
     print(f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
           f"bf16 mm {ceil['bf16_mm_flops_per_s'] / 1e12:.0f} TFLOP/s", flush=True)  # fmt: skip
     modes = [m for m in a.modes.split(",") if m]
@@ -162,8 +185,10 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - one failing workload must not lose the others
             rec = {"workload": name, "error": f"{type(e).__name__}: {e}",
                    "traceback": traceback.format_exc(), **stamp()}  # fmt: skip
-        (out / f"{name}.json").write_text(json.dumps(rec, indent=2, default=str))
+        doc["workloads"].append(rec)
+        (out / f"{a.tag}.json").write_text(json.dumps(doc, indent=2, default=str))
         rows.append(rec)
+        write_csv(out / f"{a.tag}.csv", rows)
         if "error" in rec:
             print(f"{name}: ERROR {rec['error']}", flush=True)
             continue

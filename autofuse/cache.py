@@ -1,0 +1,866 @@
+"""The plan cache: a tuned plan and its kernels on disk, loaded by production processes.
+
+An entry is a directory ``<cache_dir>/plans/<key>/`` holding ``plan.json`` (the graph, the
+steps with their launch configs, metadata, and sha256 digests) and one readable ``<kernel>.py``
+per generated kernel. The key hashes everything that changes the generated code or its result:
+the graph, the specialized scalars, the input/output structure, the device, the torch / triton /
+autofuse versions and the tuning-independent options. ``load`` captures the function, looks the
+key up and runs the cached plan with no tuning (and without importing optuna or the search); a
+miss runs the function in eager with one warning, or raises :class:`CacheMiss` in strict mode.
+
+Entries are written to a private temporary directory, fsynced and renamed into place, so a
+writer killed mid-write never leaves an entry that loads, and concurrent writers of one key
+leave one complete entry (the last to rename wins). A corrupt entry (bad JSON, a digest that does
+not match, a missing kernel file, another cache format) is skipped with a warning naming the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .capture import Captured
+from .codegen import GroupInfo, Kernel
+from .ir import Graph, Node
+from .runtime import EagerStep, KernelStep, Plan
+
+CACHE_FORMAT = 1
+PLANS = "plans"
+PLAN_FILE = "plan.json"
+
+# Options of ``optimize`` that steer the search but not what a given plan computes: a plan tuned
+# with 20 trials and one tuned with 200 are interchangeable, so they share a key.
+TUNING_OPTIONS = frozenset(
+    {
+        "trials",
+        "time_budget",
+        "cache_dir",
+        "storage",
+        "sampler",
+        "verify",
+        "isolate",
+        "measurer",
+        "top_k",
+        "progress",
+        "study_name",
+        "strict",
+        "seed",
+    }
+)
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_STALE_SECONDS = 3600.0  # leftover temp / trash directories older than this are swept
+
+
+class CacheMiss(LookupError):
+    """No usable cached plan for this function and these inputs (raised by strict ``load``)."""
+
+
+class CacheWarning(UserWarning):
+    """A cache entry that cannot be used (corrupt, truncated, another format)."""
+
+
+class CacheMissWarning(CacheWarning):
+    """``load`` found no usable plan and runs the function in eager."""
+
+
+class _Corrupt(Exception):
+    """Internal: an entry that cannot be used; ``file`` names the culprit."""
+
+    def __init__(self, file: Path, problem: str) -> None:
+        super().__init__(f"{file}: {problem}")
+        self.file = file
+        self.problem = problem
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the generated code is compiled for: a CUDA device, or the CPU interpreter."""
+
+    kind: str  # "cuda" | "cpu"
+    name: str  # the GPU's name, or "cpu-interpreter"
+    capability: tuple[int, int] | None = None
+
+    @classmethod
+    def current(cls, device: torch.device | str | None = None) -> DeviceInfo:
+        """``device``'s GPU (CUDA device 0 when None and CUDA is available), else the interpreter."""
+        if device is not None:
+            device = torch.device(device)
+            if device.type != "cuda":
+                return cls("cpu", "cpu-interpreter")
+            index = device.index if device.index is not None else 0
+        elif torch.cuda.is_available():
+            index = 0
+        else:
+            return cls("cpu", "cpu-interpreter")
+        cap = torch.cuda.get_device_capability(index)
+        return cls("cuda", torch.cuda.get_device_name(index), (int(cap[0]), int(cap[1])))
+
+    def tag(self) -> str:
+        if self.kind != "cuda":
+            return self.name
+        major, minor = self.capability or (0, 0)
+        return f"{self.name} sm_{major}{minor}"
+
+
+def inputs_device(example_inputs: Any) -> torch.device | None:
+    """The device of the first tensor among the example inputs (None when there is none)."""
+    import torch.utils._pytree as pytree
+
+    for leaf in pytree.tree_leaves(tuple(example_inputs)):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device
+    return None
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:  # pragma: no cover - triton is a dependency
+        return "none"
+    return str(getattr(triton, "__version__", "unknown"))
+
+
+def _autofuse_version() -> str:
+    import autofuse  # lazily: autofuse/__init__ imports api, which may import this module
+
+    return str(getattr(autofuse, "__version__", "unknown"))
+
+
+def key_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """The options that take part in the key: all but :data:`TUNING_OPTIONS`."""
+    return {k: v for k, v in (options or {}).items() if k not in TUNING_OPTIONS}
+
+
+def _scalar_repr(v: Any) -> str:
+    return f"{type(v).__name__}:{v!r}"
+
+
+def key_parts(captured: Captured, device: DeviceInfo, options: dict | None = None) -> dict:
+    """What the key hashes, readable (plan.json stores it, to explain a miss)."""
+    opts = key_options(options)
+    return {
+        "format": CACHE_FORMAT,
+        "graph": captured.graph.key,
+        "nodes": len(captured.graph.nodes),
+        "scalars": [_scalar_repr(s) for s in captured.scalars],
+        "leaf_kinds": list(captured.leaf_kinds),
+        "param_names": list(captured.param_names),
+        "in_spec": str(captured.in_spec),
+        "out_spec": str(captured.out_spec),
+        "device": device.tag(),
+        "torch": str(torch.__version__),
+        "triton": _triton_version(),
+        "autofuse": _autofuse_version(),
+        "options": repr(sorted((str(k), repr(v)) for k, v in opts.items())),
+    }
+
+
+def plan_key(captured: Captured, device: DeviceInfo, options: dict | None = None) -> str:
+    """A hash of everything that changes the generated code or the output of the plan."""
+    parts = key_parts(captured, device, options)
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def key_for(captured: Captured, example_inputs: Any, options: dict | None = None) -> str:
+    """The key ``load`` computes: the device is the example inputs' (what ``optimize`` must use)."""
+    return plan_key(captured, DeviceInfo.current(inputs_device(example_inputs)), options)
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise ValueError(
+            f"invalid cache key {key!r}: expected letters, digits, '_', '-' or '.' "
+            "(plan_key makes one)"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding: tuples of primitives <-> JSON
+# ---------------------------------------------------------------------------------------------
+
+
+def _enc(v: Any, what: str) -> Any:
+    """A nested tuple of primitives -> JSON (tuples become lists; IR values never hold lists)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, tuple):
+        return [_enc(x, what) for x in v]
+    raise TypeError(
+        f"cannot cache {what}: it holds a {type(v).__name__} ({v!r}); "
+        "cached values must be nested tuples of str/int/float/bool/None"
+    )
+
+
+def _dec(v: Any) -> Any:
+    """JSON -> the nested tuples it was (every list decodes to a tuple)."""
+    if isinstance(v, list):
+        return tuple(_dec(x) for x in v)
+    if isinstance(v, dict):
+        raise ValueError(f"unexpected JSON object {v!r} where a value was expected")
+    return v
+
+
+def _json_safe(v: Any) -> Any:
+    """Metadata -> JSON: anything that is not a primitive, a sequence or a dict is repr'd."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, dict):
+        return {str(k): _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {f.name: _json_safe(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    return repr(v)
+
+
+def _encode_node(node: Node) -> dict:
+    what = f"node {node.name or node.op}"
+    return {
+        "op": node.op,
+        "inputs": list(node.inputs),
+        "shape": list(node.shape),
+        "dtype": node.dtype,
+        "strides": list(node.strides),
+        "attrs": [[k, _enc(v, f"attribute {k} of {what}")] for k, v in node.attrs],
+        "name": node.name,
+    }
+
+
+def _decode_node(d: dict) -> Node:
+    return Node(
+        op=d["op"],
+        inputs=tuple(d["inputs"]),
+        shape=tuple(d["shape"]),
+        dtype=d["dtype"],
+        strides=tuple(d["strides"]),
+        attrs=tuple((str(k), _dec(v)) for k, v in d["attrs"]),
+        name=d.get("name", ""),
+    )
+
+
+def _encode_graph(graph: Graph) -> dict:
+    return {
+        "key": graph.key,
+        "nodes": [_encode_node(n) for n in graph.nodes],
+        "inputs": list(graph.inputs),
+        "outputs": list(graph.outputs),
+    }
+
+
+def _decode_graph(d: dict) -> Graph:
+    graph = Graph(
+        tuple(_decode_node(n) for n in d["nodes"]), tuple(d["inputs"]), tuple(d["outputs"])
+    )
+    if graph.key != d["key"]:
+        raise ValueError(f"the decoded graph has key {graph.key}, the entry says {d['key']}")
+    return graph
+
+
+def _config_classes() -> dict[str, type]:
+    from .codegen import KernelConfig
+
+    classes: dict[str, type] = {"KernelConfig": KernelConfig}
+    try:
+        from .gemm_template import GemmConfig
+    except ImportError:  # pragma: no cover - GEMM support absent
+        pass
+    else:
+        classes["GemmConfig"] = GemmConfig
+    return classes
+
+
+def _encode_dataclass(obj: Any, what: str) -> dict:
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        raise TypeError(f"cannot cache {what}: {type(obj).__name__} is not a dataclass")
+    return {f.name: _enc(getattr(obj, f.name), f"{what}.{f.name}") for f in dataclasses.fields(obj)}
+
+
+def _encode_config(config: Any) -> dict:
+    cls = type(config).__name__
+    if _config_classes().get(cls) is not type(config):
+        raise TypeError(f"cannot cache a launch config of type {type(config).__qualname__}")
+    return {"class": cls, "fields": _encode_dataclass(config, cls)}
+
+
+def _decode_config(d: dict) -> Any:
+    cls = _config_classes().get(d["class"])
+    if cls is None:
+        raise ValueError(f"unknown launch config class {d['class']!r}")
+    return cls(**{k: _dec(v) for k, v in d["fields"].items()})
+
+
+_KERNEL_SPECIAL = ("name", "source", "config", "info")
+
+
+def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
+    extra = {
+        f.name: _enc(getattr(kernel, f.name), f"kernel {kernel.name}.{f.name}")
+        for f in dataclasses.fields(kernel)
+        if f.name not in _KERNEL_SPECIAL
+    }
+    return {
+        "name": kernel.name,
+        "source_file": source_file,
+        "source_sha256": _sha(kernel.source.encode()),
+        "config": _encode_config(kernel.config),
+        "info": _encode_dataclass(kernel.info, f"kernel {kernel.name}.info"),
+        "fields": extra,
+    }
+
+
+def _decode_kernel(d: dict, source: str) -> Kernel:
+    return Kernel(
+        name=d["name"],
+        source=source,
+        config=_decode_config(d["config"]),
+        info=GroupInfo(**{k: _dec(v) for k, v in d["info"].items()}),
+        **{k: _dec(v) for k, v in d["fields"].items()},
+    )
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _canonical(payload: Any) -> bytes:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
+
+
+def plans_dir(cache_dir: str | os.PathLike) -> Path:
+    return Path(cache_dir) / PLANS
+
+
+def entry_dir(cache_dir: str | os.PathLike, key: str) -> Path:
+    _check_key(key)
+    return plans_dir(cache_dir) / key
+
+
+def _kernel_files(plan: Plan) -> list[str]:
+    files, used = [], set()
+    for k in plan.kernels:
+        base = re.sub(r"[^A-Za-z0-9_]", "_", k.name) or "kernel"
+        name, n = f"{base}.py", 1
+        while name in used or name == PLAN_FILE:
+            n += 1
+            name = f"{base}_{n}.py"
+        used.add(name)
+        files.append(name)
+    return files
+
+
+def _default_metadata() -> dict[str, Any]:
+    now = time.time()
+    meta: dict[str, Any] = {
+        "created": now,
+        "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
+        "torch": str(torch.__version__),
+        "triton": _triton_version(),
+        "autofuse": _autofuse_version(),
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+    }
+    if torch.cuda.is_available():
+        meta["gpu"] = DeviceInfo.current().tag()
+        meta["driver"] = _driver_version()
+    return meta
+
+
+def _driver_version() -> str | None:
+    try:
+        return str(torch._C._cuda_getDriverVersion())
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _exists_error(e: OSError) -> bool:
+    return (
+        isinstance(e, FileExistsError)
+        or e.errno in (errno.ENOTEMPTY, errno.EEXIST)
+        or (os.name == "nt" and isinstance(e, PermissionError))
+    )
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2: Any = None  # False once known to be unavailable
+
+
+def _exchange(a: Path, b: Path) -> bool | None:
+    """Swap two directories atomically (Linux renameat2 RENAME_EXCHANGE).
+
+    True: swapped. False: not supported here. None: ``b`` does not exist (any more).
+    """
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.renameat2
+            fn.argtypes = [
+                ctypes.c_int,
+                ctypes.c_char_p,
+                ctypes.c_int,
+                ctypes.c_char_p,
+                ctypes.c_uint,
+            ]
+            fn.restype = ctypes.c_int
+            _renameat2 = fn
+        except (OSError, AttributeError, ImportError):
+            _renameat2 = False
+    if _renameat2 is False:
+        return False
+    import ctypes
+
+    rc = _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.ENOENT:
+        return None
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP):
+        return False  # kernel or filesystem without RENAME_EXCHANGE
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _exchange_supported() -> bool:
+    """Whether atomic directory exchange is available (probed on two scratch directories)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        a, b = Path(d, "a"), Path(d, "b")
+        a.mkdir()
+        b.mkdir()
+        return bool(_exchange(a, b))
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the complete entry ``tmp`` to ``final``, replacing an older entry.
+
+    Where the OS can swap two directories atomically, readers never see the entry missing;
+    elsewhere the old entry is moved aside first (a reader in that instant sees a miss).
+    """
+    for _ in range(100):
+        try:
+            os.replace(tmp, final)  # no entry yet (or an empty directory)
+            return
+        except OSError as e:
+            if not _exists_error(e):
+                raise
+        swapped = _exchange(tmp, final)
+        if swapped:
+            shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old entry
+            return
+        if swapped is None:
+            continue  # another writer moved the entry away: rename again
+        trash = final.parent / f".trash-{final.name}-{uuid.uuid4().hex[:12]}"
+        try:
+            os.replace(final, trash)
+        except FileNotFoundError:
+            continue  # another writer moved it already
+        shutil.rmtree(trash, ignore_errors=True)
+    raise OSError(f"could not replace {final}: other writers keep replacing it")
+
+
+def _sweep(root: Path) -> None:
+    """Remove temp / trash directories left by killed writers (only stale ones)."""
+    now = time.time()
+    try:
+        children = list(root.iterdir())
+    except OSError:
+        return
+    for p in children:
+        if p.name.startswith((".tmp-", ".trash-")):
+            try:
+                if now - p.stat().st_mtime > _STALE_SECONDS:
+                    shutil.rmtree(p, ignore_errors=True)
+            except OSError:
+                pass
+
+
+def save_plan(
+    cache_dir: str | os.PathLike, key: str, plan: Plan, metadata: dict | None = None
+) -> Path:
+    """Write ``plan`` as the entry ``key`` (atomically; an existing entry is replaced)."""
+    final = entry_dir(cache_dir, key)
+    files = _kernel_files(plan)
+    kernels = iter(zip(plan.kernels, files))
+    steps = []
+    for step in plan.steps:
+        if isinstance(step, KernelStep):
+            kernel, file = next(kernels)
+            steps.append({"kind": "kernel", "kernel": _encode_kernel(kernel, file)})
+        elif isinstance(step, EagerStep):
+            steps.append({"kind": "eager", "node": step.node, "reason": step.reason})
+        else:
+            raise TypeError(f"cannot cache a plan step of type {type(step).__name__}")
+    meta = _default_metadata()
+    meta.update(_json_safe(dict(metadata or {})))
+    meta.setdefault("function", "")
+    payload = {
+        "format": CACHE_FORMAT,
+        "key": key,
+        "label": plan.label,
+        "graph": _encode_graph(plan.graph),
+        "steps": steps,
+        "metadata": meta,
+    }
+    body = _canonical(payload)
+    doc = {
+        "autofuse_plan_cache": CACHE_FORMAT,
+        "key": key,
+        "payload_sha256": _sha(body),
+        "payload": payload,
+    }
+    text = json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+
+    root = plans_dir(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    _sweep(root)
+    tmp = root / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    try:
+        for kernel, file in zip(plan.kernels, files):
+            _write_file(tmp / file, kernel.source.encode())
+        _write_file(tmp / PLAN_FILE, text.encode())
+        _fsync_dir(tmp)
+        _publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(root)
+    return final
+
+
+def store(
+    optimized: Any,
+    example_inputs: Sequence[Any],
+    cache_dir: str | os.PathLike = ".autofuse_cache",
+    options: dict | None = None,
+    metadata: dict | None = None,
+) -> Path:
+    """Save an ``OptimizedFunction``'s plan under the key ``load`` will compute for it."""
+    captured = optimized.captured
+    key = key_for(captured, example_inputs, options)
+    meta: dict[str, Any] = {
+        "function": captured.source_name,
+        "key_parts": key_parts(
+            captured, DeviceInfo.current(inputs_device(example_inputs)), options
+        ),
+    }
+    tuning = getattr(optimized, "tuning", None)
+    if tuning is not None:
+        meta["tuning"] = {
+            name: _json_safe(getattr(tuning, name))
+            for name in (
+                "value",
+                "source",
+                "greedy_value",
+                "unfused_value",
+                "eager_value",
+                "trials",
+                "failed",
+                "seconds",
+                "kernel_times",
+                "study_name",
+                "end_to_end",
+            )
+            if hasattr(tuning, name)
+        }
+    meta.update(metadata or {})
+    return save_plan(cache_dir, key, optimized.plan, meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    key: str
+    function: str
+    created: float | None
+    kernels: int
+    ok: bool
+    problem: str = ""
+    path: str = ""
+
+    def __str__(self) -> str:
+        when = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created))
+            if self.created
+            else "?"
+        )
+        state = "ok" if self.ok else f"CORRUPT ({self.problem})"
+        return f"{self.key}  {self.function or '?'}  {when}  {self.kernels} kernels  {state}"
+
+
+def _read_doc(entry: Path) -> dict:
+    """plan.json, parsed and checked against its digest; raises _Corrupt."""
+    file = entry / PLAN_FILE
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise _Corrupt(file, "plan.json is missing") from None
+    except OSError as e:
+        raise _Corrupt(file, f"cannot be read: {e}") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _Corrupt(file, f"is not valid JSON (truncated or corrupted?): {e}") from None
+    if not isinstance(doc, dict):
+        raise _Corrupt(file, "is not a JSON object")
+    fmt = doc.get("autofuse_plan_cache")
+    if fmt != CACHE_FORMAT:
+        raise _Corrupt(
+            file, f"was written in cache format {fmt!r}; this autofuse reads format {CACHE_FORMAT}"
+        )
+    payload = doc.get("payload")
+    if not isinstance(payload, dict) or not isinstance(doc.get("payload_sha256"), str):
+        raise _Corrupt(file, "has no payload or no payload digest")
+    if _sha(_canonical(payload)) != doc["payload_sha256"]:
+        raise _Corrupt(file, "the payload does not match its sha256 (the file was modified)")
+    if payload.get("format") != CACHE_FORMAT:
+        raise _Corrupt(file, f"payload format {payload.get('format')!r} != {CACHE_FORMAT}")
+    return payload
+
+
+def _safe_file(entry: Path, name: Any) -> Path:
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.py", name):
+        raise _Corrupt(entry / PLAN_FILE, f"names an invalid kernel file {name!r}")
+    return entry / name
+
+
+def _decode_plan(entry: Path, payload: dict) -> Plan:
+    try:
+        graph = _decode_graph(payload["graph"])
+        steps: list[Any] = []
+        for s in payload["steps"]:
+            if s["kind"] == "eager":
+                steps.append(EagerStep(int(s["node"]), str(s["reason"])))
+                continue
+            if s["kind"] != "kernel":
+                raise ValueError(f"unknown step kind {s['kind']!r}")
+            k = s["kernel"]
+            file = _safe_file(entry, k["source_file"])
+            try:
+                data = file.read_bytes()
+            except FileNotFoundError:
+                raise _Corrupt(file, f"kernel file of {k['name']} is missing") from None
+            if _sha(data) != k["source_sha256"]:
+                raise _Corrupt(
+                    file, f"kernel source of {k['name']} does not match its sha256 (modified?)"
+                )
+            steps.append(KernelStep(_decode_kernel(k, data.decode("utf-8"))))
+        return Plan(graph, tuple(steps), str(payload.get("label", "plan")))
+    except _Corrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 - any decoding failure makes the entry unusable
+        raise _Corrupt(entry / PLAN_FILE, f"cannot be decoded ({type(e).__name__}: {e})") from None
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def _read_entry(cache_dir: str | os.PathLike, key: str) -> tuple[Plan | None, dict, str | None]:
+    """(plan, metadata, problem): plan None and problem None is a plain miss."""
+    entry = entry_dir(cache_dir, key)
+    attempts = 5
+    for attempt in range(attempts):
+        ino = _inode(entry)
+        if ino is None:
+            return None, {}, None
+        try:
+            payload = _read_doc(entry)
+            if payload.get("key") != key:
+                raise _Corrupt(
+                    entry / PLAN_FILE, f"holds the entry {payload.get('key')!r}, not {key!r}"
+                )
+            return _decode_plan(entry, payload), dict(payload.get("metadata") or {}), None
+        except _Corrupt as e:
+            if attempt < attempts - 1 and _inode(entry) != ino:
+                continue  # a concurrent writer replaced the entry while we read it: read again
+            return None, {}, str(e)
+    return None, {}, None  # pragma: no cover
+
+
+def load_plan(cache_dir: str | os.PathLike, key: str) -> Plan | None:
+    """The cached plan ``key``, or None (a miss; a corrupt entry also warns naming the file)."""
+    plan, _, problem = _read_entry(cache_dir, key)
+    if problem is not None:
+        warnings.warn(
+            f"autofuse cache: skipping corrupt entry {key}: {problem}", CacheWarning, stacklevel=2
+        )
+    return plan
+
+
+def load_metadata(cache_dir: str | os.PathLike, key: str) -> dict | None:
+    """The metadata of a valid entry (function, created, versions, tuning times), or None."""
+    plan, meta, _ = _read_entry(cache_dir, key)
+    return meta if plan is not None else None
+
+
+def list_entries(cache_dir: str | os.PathLike = ".autofuse_cache") -> list[EntryInfo]:
+    """Every entry of the cache, verified (corrupt ones are listed with their problem)."""
+    root = plans_dir(cache_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or not entry.is_dir() or not _KEY_RE.match(entry.name):
+            continue
+        plan, meta, problem = _read_entry(cache_dir, entry.name)
+        if plan is None and problem is None:
+            continue  # vanished while listing
+        function, created, kernels = str(meta.get("function", "")), meta.get("created"), 0
+        if plan is not None:
+            kernels = len(plan.kernels)
+        else:
+            function, created, kernels = _salvage(entry)
+        out.append(
+            EntryInfo(
+                key=entry.name,
+                function=function,
+                created=created if isinstance(created, (int, float)) else None,
+                kernels=kernels,
+                ok=plan is not None,
+                problem=problem or "",
+                path=str(entry),
+            )
+        )
+    return out
+
+
+def _salvage(entry: Path) -> tuple[str, float | None, int]:
+    """Best-effort function name / time / kernel count of a corrupt entry, for listing."""
+    try:
+        payload = json.loads((entry / PLAN_FILE).read_text())["payload"]
+        meta = payload.get("metadata", {})
+        kernels = sum(1 for s in payload.get("steps", ()) if s.get("kind") == "kernel")
+        return str(meta.get("function", "")), meta.get("created"), kernels
+    except Exception:  # noqa: BLE001
+        return "", None, 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The production entry point
+# ---------------------------------------------------------------------------------------------
+
+_WARNED: set[tuple[str, str]] = set()  # (cache dir, key) misses already reported
+
+
+class EagerFunction:
+    """What ``load`` returns on a miss: calls the original function, unchanged."""
+
+    def __init__(self, fn: Callable[..., Any], key: str, reason: str) -> None:
+        self.fn = fn
+        self.__wrapped__ = fn
+        self.cache_key = key
+        self.reason = reason
+        self.plan = None
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<autofuse eager fallback for {self.__name__} (cache key {self.cache_key})>"
+
+
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def load(
+    fn: Callable[..., Any],
+    example_inputs: Sequence[Any],
+    *,
+    cache_dir: str | os.PathLike = ".autofuse_cache",
+    strict: bool = False,
+    options: dict | None = None,
+) -> Callable[..., Any]:
+    """Run ``fn`` with the plan cached for these inputs: no tuning, no optuna.
+
+    On a miss (or an unusable entry) it returns ``fn`` itself, run in eager, after one warning
+    per key; with ``strict=True`` it raises :class:`CacheMiss` instead.
+    """
+    from .api import OptimizedFunction
+    from .capture import capture
+
+    captured = capture(fn, example_inputs)
+    key = key_for(captured, example_inputs, options)
+    plan, meta, problem = _read_entry(cache_dir, key)
+    if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)
+        plan, problem = None, f"{entry_dir(cache_dir, key) / PLAN_FILE}: holds another graph"
+    if plan is not None:
+        opt = OptimizedFunction(captured, plan, fn)
+        opt.cache_key = key
+        opt.cache_metadata = meta
+        return opt
+    name = _fn_name(fn)
+    why = f"the cached entry is unusable: {problem}" if problem else "no cached plan"
+    msg = (
+        f"autofuse: {why} for {name} (key {key}) in {os.fspath(cache_dir)!r}. Run "
+        f"autofuse.optimize({name}, example_inputs, cache_dir={os.fspath(cache_dir)!r}) with "
+        "the same inputs (shapes, dtypes, device) and options first to tune and cache a plan."
+    )
+    if strict:
+        raise CacheMiss(msg)
+    seen = (os.path.abspath(cache_dir), key)
+    if seen not in _WARNED:
+        _WARNED.add(seen)
+        warnings.warn(msg + f" Running {name} in eager PyTorch.", CacheMissWarning, stacklevel=2)
+    return EagerFunction(fn, key, why)

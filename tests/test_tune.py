@@ -1,0 +1,153 @@
+"""The search over partitions x configs, on CPU with the cost model and with fake timers."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import autofuse
+import search
+from autofuse.capture import capture
+from autofuse.codegen import config_space
+from autofuse.partition import Partitioner
+from autofuse.profiling import CostModel, Measurement, Memo
+from autofuse.tune import tune
+
+from .workloads import cases, pointwise_example, softmax
+
+
+class HashCost:
+    """A deterministic fake timer: an arbitrary cost per (group, config) and a call counter."""
+
+    def __init__(self, fail_labels=()):
+        self.calls = []
+        self.fail_labels = set(fail_labels)
+
+    def measure(self, cand):
+        self.calls.append(cand.key)
+        if cand.config.label() in self.fail_labels:
+            return Measurement(None, f"injected failure for {cand.config.label()}", "modeled")
+        h = int.from_bytes(cand.key.encode()[:8], "little") % 1000
+        return Measurement(
+            1e-6 * (1 + h / 100) * (1 + len(cand.info.nodes) ** 0.5), None, "modeled"
+        )
+
+
+def exhaustive_best(graph, measurer):
+    space = Partitioner(graph)
+    from autofuse.profiling import Candidate
+
+    best = None
+    for p in space.enumerate():
+        total = 0.0
+        for g in p.groups:
+            info = space.check(g)
+            ms = [measurer.measure(Candidate(graph, info, c)) for c in config_space(info)]
+            total += min(m.seconds for m in ms if m.ok)
+        if best is None or total < best[0]:
+            best = (total, p.key)
+    return best
+
+
+@pytest.mark.parametrize("sampler", ["exhaustive", "tpe"])
+def test_search_matches_exhaustive_enumeration(tmp_path, sampler):
+    fn, args = pointwise_example, tuple(torch.randn(8, 16) for _ in range(3))
+    captured = capture(fn, args)
+    memo = Memo(HashCost())
+    want_value, want_key = exhaustive_best(captured.graph, memo)
+    trials = 400 if sampler == "exhaustive" else 150
+    res = tune(captured, args, Partitioner(captured.graph), trials=trials, cache_dir=str(tmp_path),
+               sampler=sampler, measurer=memo, progress=False)  # fmt: skip
+    got_key = tuple(sorted(tuple(sorted(g)) for g in res.plan.groups))
+    assert got_key == want_key
+    assert res.value == pytest.approx(want_value)
+
+
+def test_memoization_never_times_a_candidate_twice(tmp_path):
+    fn, args = cases()["softmax"]
+    captured = capture(fn, args)
+    inner = HashCost()
+    memo = Memo(inner)
+    tune(captured, args, Partitioner(captured.graph), trials=60, cache_dir=str(tmp_path),
+         measurer=memo, progress=False)  # fmt: skip
+    assert len(inner.calls) == len(set(inner.calls)) == memo.calls
+    assert memo.hits > 0
+
+
+def test_failures_are_recorded_and_the_study_goes_on(tmp_path):
+    fn, args = pointwise_example, tuple(torch.randn(8, 16) for _ in range(3))
+    captured = capture(fn, args)
+    bad = {"XBLOCK=256 num_warps=4", "XBLOCK=128 num_warps=2"}
+    res = tune(captured, args, Partitioner(captured.graph), trials=40, cache_dir=str(tmp_path),
+               measurer=Memo(HashCost(bad)), sampler="random", progress=False)  # fmt: skip
+    study = search.Study.open(res.study_name, cache_dir=str(tmp_path))
+    failed = [t for t in study.trials if t.state == search.TrialState.FAIL]
+    assert failed and all("injected failure" in t.reason for t in failed)
+    assert res.trials == 40
+    assert all(k.config.label() not in bad for k in res.plan.kernels)
+
+
+def test_cost_model_search_on_cpu_is_labelled_modeled(tmp_path):
+    fn, args = cases()["layernorm"]
+    opt = autofuse.optimize(fn, args, trials=12, cache_dir=str(tmp_path), progress=False)
+    assert opt.tuning.source == "modeled"
+    assert "modeled" in opt.report()
+    torch.testing.assert_close(opt(*args), fn(*args), atol=1e-4, rtol=1e-4)
+    # never worse than greedy or unfused (both enqueued first)
+    assert opt.tuning.value <= opt.tuning.greedy_value + 1e-12
+    assert opt.tuning.value <= opt.tuning.unfused_value + 1e-12
+
+
+def test_cost_model_verifies_candidates():
+    fn, args = cases()["softmax"]
+    captured = capture(fn, args)
+    space = Partitioner(captured.graph)
+    model = CostModel(verify=True)
+    from autofuse.profiling import Candidate
+
+    info = space.check(space.greedy().groups[0])
+    m = model.measure(Candidate(captured.graph, info, config_space(info)[0]))
+    assert m.ok and m.source == "modeled"
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, sys, torch
+    from autofuse.capture import capture
+    from autofuse.partition import Partitioner
+    from autofuse.profiling import Measurement, Memo
+    from autofuse.tune import tune
+    from tests.workloads import softmax
+
+    class Killer:
+        n = 0
+        def measure(self, cand):
+            Killer.n += 1
+            if Killer.n == 12:
+                os.kill(os.getpid(), 9)
+            return Measurement(1e-6 * (1 + len(cand.key) % 7), None, "modeled")
+
+    x = torch.randn(4, 16)
+    c = capture(softmax, (x,))
+    tune(c, (x,), Partitioner(c.graph), trials=30, cache_dir=sys.argv[1], measurer=Memo(Killer()),
+         sampler="random", progress=False, study_name="killed")
+    """
+)
+
+
+def test_killed_study_resumes_and_finishes_its_budget(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
+    r = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path)], env=env, timeout=300)
+    assert r.returncode != 0  # it was killed mid-run
+    before = search.Study.open("killed", cache_dir=str(tmp_path)).trials
+    assert 0 < len(before) < 30
+    x = torch.randn(4, 16)
+    c = capture(softmax, (x,))
+    tune(c, (x,), Partitioner(c.graph), trials=30, cache_dir=str(tmp_path),
+         measurer=Memo(HashCost()), sampler="random", progress=False, study_name="killed")  # fmt: skip
+    after = search.Study.open("killed", cache_dir=str(tmp_path)).trials
+    assert len(after) == 30
+    assert any(t.reason == "interrupted (process died)" for t in after)
