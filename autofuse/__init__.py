@@ -1,11 +1,13 @@
 """autofuse: a profiler-driven autotuning fusion explorer for PyTorch on NVIDIA GPUs."""
 
 from .api import OptimizedFunction, explain, optimize
+from .cache import CacheMiss, load
 from .capture import CaptureError, capture
 from .codegen import FusionRefused, KernelConfig
 from .runtime import InputError, Plan
 
 __all__ = [
+    "CacheMiss",
     "CaptureError",
     "FusionRefused",
     "InputError",
@@ -14,6 +16,7 @@ __all__ = [
     "Plan",
     "capture",
     "explain",
+    "load",
     "optimize",
 ]
 __version__ = "0.1.0"

@@ -102,14 +102,39 @@ def optimize(
     """Capture ``fn``, choose a fusion plan and return a callable that runs it.
 
     Without search options the greedy plan (every legal fusion taken, default configs) is used.
+    With ``trials=`` and/or ``time_budget=`` (seconds) the search picks the partition and its
+    configs by measurement (GPU) or by the cost model (CPU, labelled "modeled"); further
+    options: ``cache_dir``, ``storage``, ``sampler`` ("tpe" | "random" | "exhaustive"),
+    ``verify``, ``isolate``, ``progress``, ``retune``. The winner is cached under
+    ``cache_dir`` and reused by later calls (and by ``autofuse.load`` in production).
     """
     captured = capture(fn, example_inputs)
     graph = captured.graph
     space = Partitioner(graph)
     if options.get("trials") or options.get("time_budget"):
-        from .tune import tune
-
-        result = tune(captured, example_inputs, space, **options)
-        return OptimizedFunction(captured, result.plan, fn, result)
+        return _tuned(fn, captured, example_inputs, space, **options)
     plan = build_plan(graph, space.greedy().groups, label="greedy")
     return OptimizedFunction(captured, plan, fn)
+
+
+def _tuned(fn, captured, example_inputs, space, *, retune: bool = False, **options: Any):
+    """Tune (or load the plan an earlier tuning run cached) and cache the winner."""
+    from . import cache
+    from .tune import tune
+
+    cache_dir = options.setdefault("cache_dir", ".autofuse_cache")
+    key = cache.key_for(captured, example_inputs)
+    if not retune:
+        plan = cache.load_plan(cache_dir, key)
+        if plan is not None:
+            return OptimizedFunction(captured, plan, fn)
+    result = tune(captured, example_inputs, space, **options)
+    meta = {
+        "function": captured.source_name,
+        "value_s": result.value,
+        "source": result.source,
+        "trials": result.trials,
+        "kernel_times_s": {k: v[0] for k, v in result.kernel_times.items()},
+    }
+    cache.save_plan(cache_dir, key, result.plan, meta)
+    return OptimizedFunction(captured, result.plan, fn, result)

@@ -60,6 +60,7 @@ TUNING_OPTIONS = frozenset(
         "study_name",
         "strict",
         "seed",
+        "retune",
     }
 )
 

@@ -281,9 +281,12 @@ def random_inputs(graph: Graph, device: Any = "cpu", seed: int = 0) -> list[torc
     return [random_tensor(graph[i], device, gen) for i in graph.inputs]
 
 
-def poisoned_outputs(graph: Graph, info: GroupInfo, device: Any) -> list[torch.Tensor]:
-    """Output buffers filled with values a correct kernel overwrites: NaN for floats, the
-    minimum for ints, True for bools."""
+def poisoned_outputs(
+    graph: Graph, info: GroupInfo, device: Any, flip: bool = False
+) -> list[torch.Tensor]:
+    """Output buffers filled with values a correct kernel overwrites: NaN for floats, an
+    extreme value for ints, True for bools (False with ``flip``: a second run with the other
+    poison catches unwritten bool elements)."""
     from .runtime import allocate_outputs
 
     outs = allocate_outputs(graph, info, torch.device(device))
@@ -291,9 +294,10 @@ def poisoned_outputs(graph: Graph, info: GroupInfo, device: Any) -> list[torch.T
         if t.is_floating_point():
             t.fill_(float("nan"))
         elif t.dtype == torch.bool:
-            t.fill_(True)
+            t.fill_(not flip)
         else:
-            t.fill_(torch.iinfo(t.dtype).min)
+            ii = torch.iinfo(t.dtype)
+            t.fill_(ii.min if ii.min < 0 and not flip else ii.max)
     return outs
 
 
@@ -392,11 +396,14 @@ def verify_candidate(candidate: Candidate, device: Any = "cpu", seed: int = 0) -
     try:
         sub, info, kernel = build_kernel(candidate)
         inputs = random_inputs(sub, device, seed)
-        outs = poisoned_outputs(sub, info, device)
+        runs = [poisoned_outputs(sub, info, device)]
+        if any(sub[s].dtype == "bool" for s in info.stored):
+            runs.append(poisoned_outputs(sub, info, device, flip=True))
         with warnings.catch_warnings():
             # the interpreter evaluates masked-off lanes too (inf - inf there is harmless)
             warnings.simplefilter("ignore", RuntimeWarning)
-            launch(kernel, [*inputs, *outs])
+            for outs in runs:
+                launch(kernel, [*inputs, *outs])
         _sync(device)
     except Exception as e:  # noqa: BLE001 - any failure to build or run is the candidate's
         return describe_error(e)
@@ -405,10 +412,11 @@ def verify_candidate(candidate: Candidate, device: Any = "cpu", seed: int = 0) -
     except Exception as e:  # noqa: BLE001
         return f"reference failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     tol = tolerance_dtype(sub, info)
-    for k, (o, r) in enumerate(zip(outs, refs)):
-        why = compare(o, r, tol, k)
-        if why:
-            return why
+    for outs in runs:
+        for k, (o, r) in enumerate(zip(outs, refs)):
+            why = compare(o, r, tol, k)
+            if why:
+                return why
     return None
 
 
@@ -468,7 +476,7 @@ class CostModel:
       wave of resident programs.
 
     With ``verify=True`` each candidate is first checked by :func:`verify_candidate` (on CPU
-    through Triton's interpreter unless ``device`` says otherwise; use small shapes).
+    through Triton's interpreter when there is no GPU: use small shapes there).
     """
 
     bandwidth: float = 4.3e12  # achievable HBM bytes/s
@@ -480,7 +488,7 @@ class CostModel:
     program_cost: float = 1.5e-7  # per wave of programs
     sm_bandwidth_share: float = 2.0  # one SM pulls at most 2x its fair share of bandwidth
     verify: bool = False
-    device: str | None = None  # verification device: None = "cpu" (interpreter)
+    device: str | None = None  # verification device; None: CUDA if present, else the CPU
     seed: int = 0
 
     source = "modeled"
@@ -488,7 +496,7 @@ class CostModel:
     def measure(self, candidate: Candidate) -> Measurement:
         try:
             if self.verify:
-                why = verify_candidate(candidate, self.device or "cpu", self.seed)
+                why = verify_candidate(candidate, self.verify_device(), self.seed)
                 if why:
                     return Measurement.failed(why, "modeled")
             sub, info, kernel = build_kernel(candidate)
@@ -498,6 +506,11 @@ class CostModel:
         if isinstance(seconds, str):
             return Measurement.failed(seconds, "modeled")
         return Measurement(seconds, None, "modeled")
+
+    def verify_device(self) -> str:
+        if self.device:
+            return self.device
+        return "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
 
     # -- pieces ------------------------------------------------------------------------------
     def kernel_time(self, g: Graph, info: GroupInfo, kernel: Kernel) -> float | str:
@@ -543,7 +556,7 @@ class CostModel:
 
         cfg = kernel.config
         mm = g[info.matmuls[0]]
-        a, b = g[mm.inputs[0]], g[mm.inputs[1]]
+        a = g[mm.inputs[0]]
         batch = info.domain[0] if len(info.domain) == 3 else 1
         m, n, k = info.domain[-2], info.domain[-1], a.shape[-1]
         item = 2 if a.dtype in ("bfloat16", "float16") else 4
@@ -640,12 +653,12 @@ def time_callable(
     args = tuple(args)
 
     def call() -> Any:
-        with torch.no_grad():
-            return fn(*args)
+        return fn(*args)
 
-    if torch.cuda.is_available():
-        return _bench_ms(call, warmup_ms, rep_ms, flush_l2) * 1e-3
-    return _bench_cpu_ms(call, warmup_ms, rep_ms) * 1e-3
+    with torch.no_grad():
+        if torch.cuda.is_available():
+            return _bench_ms(call, warmup_ms, rep_ms, flush_l2) * 1e-3
+        return _bench_cpu_ms(call, warmup_ms, rep_ms) * 1e-3
 
 
 def time_plan(
@@ -828,6 +841,7 @@ class Isolated:
         self.start_timeout_s = start_timeout_s
         self.source = _spec_source(inner_spec)
         self.restarts = 0  # workers started after the first
+        self._timed_out = False
         self._starts = 0
         self._proc: Any = None
         self._conn: Any = None
@@ -850,9 +864,7 @@ class Isolated:
 
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(
-            target=_worker.main, args=(child, self.spec, _child_env()), daemon=True
-        )
+        proc = ctx.Process(target=_worker.main, args=(child, self.spec, _child_env()), daemon=True)
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent

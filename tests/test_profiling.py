@@ -83,6 +83,18 @@ def test_verify_honours_input_strides():
     assert verify_candidate(Candidate(graph, infos[0], KernelConfig(256, 0, 2)), DEV) is None
 
 
+def test_verify_is_exact_for_bool_and_int_outputs():
+    graph, infos = groups_of(lambda x: (x > 0.5) | (x < -1.0), (torch.randn(6, 10),))
+    cfg = KernelConfig(64, 0, 1)
+    assert verify_candidate(Candidate(graph, infos[0], cfg), DEV) is None
+    half = generate(graph, infos[0], cfg).source.replace("xnumel\n", "xnumel // 2\n")
+    why = verify_candidate(Candidate(graph, infos[0], cfg, source_override=half), DEV)
+    assert why is not None and "differ on output 0 (exact)" in why  # unwritten bools caught
+    ints = (torch.randint(-5, 5, (6, 10), dtype=torch.int32),) * 2
+    graph, infos = groups_of(lambda x, y: (x * 3 + y).sum(-1), ints)
+    assert verify_candidate(Candidate(graph, infos[0], KernelConfig(2, 16, 1)), DEV) is None
+
+
 WRONG = """
 import triton
 import triton.language as tl
