@@ -612,10 +612,10 @@ def _bench_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float, flush_l2: 
         fn()
     end.record()
     torch.cuda.synchronize()
-    est = max(start.elapsed_time(end) / 5, 1e-4)
-    for _ in range(max(1, int(warmup_ms / est))):
+    est = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(min(10000, max(1, int(warmup_ms / est)))):
         fn()
-    n = max(1, int(rep_ms / est))
+    n = min(10000, max(1, int(rep_ms / est)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for s, e in zip(starts, ends):
