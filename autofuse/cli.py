@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="autofuse", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="explain and optimize the seed article's two examples")
-    d.add_argument("--trials", type=int, default=0, help="search trials (0: greedy plan)")
+    d.add_argument("--trials", type=int, default=10, help="search trials (0: greedy plan only)")
     d.add_argument("--cache-dir", default=".autofuse_cache")
     d.set_defaults(func=demo)
     c = sub.add_parser("cache", help="inspect the plan cache")
