@@ -25,7 +25,6 @@ from .capture import Captured
 from .codegen import GroupInfo, KernelConfig, config_label, config_space, default_config
 from .partition import Partition, Partitioner
 from .profiling import Candidate, CostModel, GPUTimer, Isolated, Measurement, Memo
-from .report import nbytes
 from .runtime import Plan, build_plan, eager_group
 
 
@@ -149,13 +148,7 @@ def _node_cost(graph, i: int, measurer) -> float:
     )
     if fn is not None:
         return fn(graph, i)
-    node = graph[i]
-    moved = sum(nbytes(graph, j) for j in graph.compute_inputs(i)) + nbytes(graph, i)
-    flops = 0.0
-    if node.kind == "matmul":
-        a = graph[node.inputs[0]].shape
-        flops = 2.0 * a[-2] * a[-1] * node.shape[-1] * (a[0] if len(a) == 3 else 1)
-    return max(moved / 4.3e12, flops / 7.9e14) + 4e-6
+    return CostModel().eager_time(graph, i)  # a timer that cannot run eager ops: model them
 
 
 def _eager_cost(graph, measurer) -> float:

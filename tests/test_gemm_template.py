@@ -15,7 +15,6 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import triton  # imported after TRITON_INTERPRET is set
@@ -56,27 +55,15 @@ def _interpreter_bf16_dot(tmp_path_factory):
     """Work around the interpreter's bf16 tl.dot (triton-lang/triton#11584).
 
     The interpreter stores bf16 as uint16 and its create_dot multiplies the raw bit
-    patterns. The shim converts bf16 operands to fp32 first (what the GPU's bf16 MMA
-    computes: exact products, fp32 accumulation). GPU runs are untouched.
+    patterns; autofuse.interpreter converts bf16 operands to fp32 first (what the GPU's bf16
+    MMA computes). GPU runs are untouched.
     """
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTOFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("autofuse_cache")))
         if INTERPRET:
-            import triton.language as tl
-            from triton.runtime import interpreter as interp
+            from autofuse.interpreter import apply_patches
 
-            orig = interp.InterpreterBuilder.create_dot
-
-            def _up(h):
-                if h.dtype.scalar == tl.bfloat16:
-                    data = interp._convert_float(h.data, tl.bfloat16, tl.float32, None)
-                    return interp.TensorHandle(data.view(np.float32), tl.float32)
-                return h
-
-            def create_dot(self, a, b, d, *args, **kwargs):
-                return orig(self, _up(a), _up(b), d, *args, **kwargs)
-
-            mp.setattr(interp.InterpreterBuilder, "create_dot", create_dot)
+            apply_patches()
         yield
 
 

@@ -5,6 +5,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from experiments.workloads import attention_scores, gemm_bias_gelu, mlp_block, swiglu
+
 
 def pointwise_example(x, w, b):  # the seed: 3 launches -> 1, 8 memory ops -> 4
     tmp = x * w
@@ -81,24 +83,6 @@ def cases(dtype=torch.float32, seed=0):
         ),
         "with_unsupported": (with_unsupported, (r(6, 16),)),
     }
-
-
-def gemm_bias_gelu(x, w, b):
-    return F.gelu(x @ w + b)
-
-
-def swiglu(x, w1, w2):
-    return F.silu(x @ w1) * (x @ w2)
-
-
-def mlp_block(x, ln_w, ln_b, w1, b1, w2, b2):
-    h = F.layer_norm(x, (x.shape[-1],), ln_w, ln_b)
-    return x + (F.gelu(h @ w1 + b1) @ w2 + b2)
-
-
-def attention_scores(q, k, mask):
-    s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
 
 
 def gemm_cases(dtype=torch.float32, seed=0):
