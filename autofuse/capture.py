@@ -261,7 +261,7 @@ _UNARY_ATEN = {
     "neg": "neg", "abs": "abs", "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2",
     "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt",
     "reciprocal": "reciprocal", "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "sin": "sin",
-    "cos": "cos", "relu": "relu", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
+    "cos": "cos", "relu": "relu", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "round",
     "sign": "sign", "logical_not": "logical_not", "bitwise_not": "bitwise_not", "isnan": "isnan",
     "clone": "copy",
 }  # fmt: skip

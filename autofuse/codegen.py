@@ -608,7 +608,8 @@ class _Emitter:
         if compute_dtype(node.dtype) != node.dtype or v.dtype != node.dtype:
             code = f"{code}.to({TL_DTYPE[node.dtype]})"
         mask = self.mask_for(cls) or "xmask"
-        self.line(f"tl.store({self.out_ptr[i]} + ({off.render()}), {code}, {mask})")
+        where = off.render() if off.vars else f"{off.render()} + 0 * xindex"  # a block pointer
+        self.line(f"tl.store({self.out_ptr[i]} + ({where}), {code}, {mask})")
 
     def stored_index(self, i: int) -> tuple[tuple[Expr, ...], int]:
         shape = self.g[i].shape

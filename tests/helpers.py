@@ -27,7 +27,13 @@ def assert_close(out, ref, dtype, what=""):
     scale = r[finite].abs().max().item() if finite.any() else 1.0
     err = (o[finite] - r[finite]).abs().max().item() if finite.any() else 0.0
     tol = TOL.get(dtype, 1e-4) * max(scale, 1.0)
-    assert err <= tol, f"{what}: max abs err {err:.3g} > {tol:.3g} (scale {scale:.3g})"
+    if err > tol:
+        i = int((o - r).abs().nan_to_num(0).flatten().argmax())
+        got, want = o.flatten()[i].item(), r.flatten()[i].item()
+        raise AssertionError(
+            f"{what}: max abs err {err:.3g} > {tol:.3g} (scale {scale:.3g}): "
+            f"element {i} is {got!r}, eager gives {want!r}"
+        )
 
 
 def reference(fn, args, dtype):
@@ -57,6 +63,7 @@ def check_partitions(
             plan = build_plan(graph, p.groups, cfgs)
             outs = execute(plan, flat)
             for k, (o, r) in enumerate(zip(outs, refs)):
-                assert_close(o, r, dtype, f"{fn.__name__} partition {p.key} configs {cfgs} out {k}")
+                what = f"{fn.__name__} partition {p.key} out {k} ({graph[graph.base_of(graph.outputs[k])].op})"
+                assert_close(o, r, dtype, what)
             checked += 1
     return len(parts), checked
