@@ -20,3 +20,7 @@ __all__ = [
     "optimize",
 ]
 __version__ = "0.1.0"
+
+from . import logs as _logs  # noqa: E402
+
+_logs.configure()

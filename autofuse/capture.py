@@ -34,10 +34,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
 # ---------------------------------------------------------------------------------------------
 # Decompositions
 # ---------------------------------------------------------------------------------------------

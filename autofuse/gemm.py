@@ -61,9 +61,6 @@ def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
                 f"{_describe(graph, s)} must be stored but is not over the GEMM output "
                 f"{list(domain)} (a prologue result needed elsewhere)"
             )
-    pro = set()
-    for mm in mms:
-        pro |= _ancestors(graph, mm) & members
     info = GroupInfo(
         nodes=tuple(sorted(members)),
         kind="gemm",

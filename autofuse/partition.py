@@ -14,7 +14,7 @@ reduced value read on its own row).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -243,10 +243,6 @@ class Partitioner:
             return self.enumerate(limit=max_enumerate)
         except TooManyPartitions:
             return self.sample(sample, seed)
-
-    def iter_refusals(self) -> Iterator[Refusal]:
-        """Why each refused edge of the greedy plan was refused."""
-        yield from self.greedy().refusals
 
 
 def _union_find(nodes, edges) -> list[frozenset[int]]:

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from . import logs
 from .codegen import GroupInfo, Kernel, KernelConfig, analyze_group, default_config, generate
 from .eager import eval_node
 from .interpreter import apply_patches
-from .ir import Graph, contiguous_strides
+from .ir import Graph
 
 # ---------------------------------------------------------------------------------------------
 # Loading generated source
@@ -301,11 +300,3 @@ def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             value = eval_node(node, [run.get(j) for j in node.inputs], device)
             run.env[step.node] = value
     return [run.get(o) for o in graph.outputs]
-
-
-def _unflatten(captured, outs: list[torch.Tensor]) -> Any:
-    return pytree.tree_unflatten(outs, captured.out_spec)
-
-
-def contiguous_like(node) -> bool:
-    return node.strides == contiguous_strides(node.shape)
