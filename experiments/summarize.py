@@ -31,8 +31,8 @@ def latest(paths: list[str]) -> dict[str, dict]:
 def table(rows: dict[str, dict]) -> str:
     head = ("| workload | run | floor us | eager us | compile default us | max-autotune us | "
             "greedy us | tuned us | tuned vs best compile | tuned / floor | tuned vs greedy | "
-            "max rel err |")  # fmt: skip
-    lines = [head, "|" + "---|" * 12]
+            "max rel err | TFLOP/s tuned (max-autotune) |")  # fmt: skip
+    lines = [head, "|" + "---|" * 13]
     ratios = []
     for name in ORDER:
         if name not in rows:
@@ -46,13 +46,20 @@ def table(rows: dict[str, dict]) -> str:
             f"{t[DEFAULT] * 1e6:.1f} | {t[MAX] * 1e6:.1f} | {t['autofuse greedy'] * 1e6:.1f} | "
             f"{t['autofuse tuned'] * 1e6:.1f} | {r:.2f}x | {w['floor_s'] / t['autofuse tuned']:.2f} | "
             f"{t['autofuse greedy'] / t['autofuse tuned']:.2f}x | "
-            f"{w['max_rel_err_vs_fp64']['autofuse tuned']:.1e} |"
+            f"{w['max_rel_err_vs_fp64']['autofuse tuned']:.1e} | {_tflops(w)} |"
         )
     if ratios:
         geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         lines.append(f"\ngeomean of tuned vs the better torch.compile mode: {geo:.3f}x "
                      f"over {len(ratios)} workloads")  # fmt: skip
     return "\n".join(lines)
+
+
+def _tflops(w: dict) -> str:
+    if not w.get("flops"):
+        return "-"
+    t = w["times_s"]
+    return f"{w['flops'] / t['autofuse tuned'] / 1e12:.0f} ({w['flops'] / t[MAX] / 1e12:.0f})"
 
 
 def plot(rows: dict[str, dict], path: Path) -> None:
