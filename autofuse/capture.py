@@ -382,6 +382,12 @@ def _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name): 
         shape = () if packet == "scalar_tensor" else tuple(val.shape)
         v = float(value) if out_dtype in FLOAT_DTYPES else value
         return b.shaped("const", (), shape, out_dtype, name, value=v)
+    if packet == "arange" and overload in ("start_step", "start", "default"):
+        nums = [a for a in args if isinstance(a, numbers.Number)]
+        start, step = (nums[0] if len(nums) > 1 else 0), (nums[2] if len(nums) > 2 else 1)
+        if all(isinstance(v, int) for v in nums) and len(val.shape) == 1:
+            return b.like("iota", (), val, name, start=int(start), step=int(step))
+        return None
     if packet in _REDUCE_ATEN:
         return _convert_reduction(b, packet, overload, args, kwargs, val, out_dtype, name)
     if packet in ("max", "min") and overload == "default" and len(args) == 1:

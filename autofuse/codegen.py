@@ -87,11 +87,14 @@ def stored_nodes(graph: Graph, members: frozenset[int]) -> tuple[int, ...]:
     return tuple(stored)
 
 
+INLINE_OPS = ("const", "iota")  # computed where they are read; never loaded, never a group
+
+
 def loaded_nodes(graph: Graph, members: frozenset[int]) -> tuple[int, ...]:
     loads: dict[int, None] = {}
     for m in sorted(members):
         for j in graph.compute_inputs(m):
-            if j not in members and graph[j].op != "const":
+            if j not in members and graph[j].op not in INLINE_OPS:
                 loads[j] = None
     return tuple(loads)
 
@@ -482,6 +485,12 @@ class _Emitter:
             return _Val(
                 _literal(node.attr("value"), node.dtype), 0, compute_dtype(node.dtype), True
             )
+        if node.op == "iota":  # arange: its value is the index itself, computed in the kernel
+            e = index[0].scale(node.attr("step")).shift(node.attr("start"))
+            cd = compute_dtype(node.dtype)
+            if not e.vars:
+                return _Val(str(e.const), 0, cd, True)
+            return self.tmp(f"({e.render()}).to({TL_DTYPE[cd]})", self.cls_of(e), cd, node.name)
         key = (i, index)
         hit = self.lookup(key)
         if hit is not None:
@@ -778,7 +787,11 @@ def kernel_name(graph: Graph, info: GroupInfo, config: KernelConfig, index: int)
     else:
         prefix = "per" if config.RBLOCK >= info.rnumel else "red"
     ops = sorted(
-        {_NAME_OP.get(graph[i].op, graph[i].op) for i in info.nodes if graph[i].op != "const"}
+        {
+            _NAME_OP.get(graph[i].op, graph[i].op)
+            for i in info.nodes
+            if graph[i].op not in INLINE_OPS
+        }
     )
     if len(ops) > 8:
         ops = ops[:8] + ["etc"]

@@ -49,6 +49,9 @@ def eval_node(node: Node, args: Sequence[Any], device: torch.device | str = "cpu
         return _BINARY[op](args[0], args[1]).to(out_dtype)
     if op == "const":
         return torch.full(node.shape, node.attr("value"), dtype=out_dtype, device=device)
+    if op == "iota":
+        n, start, step = node.shape[0], node.attr("start"), node.attr("step")
+        return torch.arange(start, start + step * n, step, dtype=out_dtype, device=device)
     if op == "where":
         return torch.where(args[0], args[1], args[2]).to(out_dtype)
     if op == "clamp":

@@ -26,7 +26,7 @@ BINARY = frozenset(
     "add sub mul div maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor "
     "bitwise_and bitwise_or bitwise_xor".split()
 )
-POINTWISE = UNARY | BINARY | frozenset({"where", "clamp", "pow_scalar", "cast", "const"})
+POINTWISE = UNARY | BINARY | frozenset({"where", "clamp", "pow_scalar", "cast", "const", "iota"})
 REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "prod"})
 VIEWS = frozenset({"permute", "expand", "reshape", "slice", "unsqueeze", "squeeze"})
 MATMULS = frozenset({"mm", "bmm"})

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from .codegen import FusionRefused, GroupInfo, analyze_group
+from .codegen import INLINE_OPS, FusionRefused, GroupInfo, analyze_group
 from .ir import Graph
 from .runtime import fusible
 
@@ -77,7 +77,7 @@ class Partitioner:
         readers: dict[int, list[int]] = {}
         for c in self.nodes:
             for p in g.compute_inputs(c):
-                if g[p].op != "const":
+                if g[p].op not in INLINE_OPS:
                     readers.setdefault(p, []).append(c)
         for cs in readers.values():
             for a, b in zip(cs, cs[1:]):

@@ -41,7 +41,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from . import logs
-from .codegen import GroupInfo, Kernel, generate
+from .codegen import INLINE_OPS, GroupInfo, Kernel, generate
 from .eager import eval_node
 from .interpreter import interpreting
 from .ir import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs, numel
@@ -68,7 +68,7 @@ def _extract(
         if node.kind == "view":
             keep.add(j)
             visit(node.inputs[0])
-        elif node.op == "const":
+        elif node.op in INLINE_OPS:
             keep.add(j)
         else:
             raise ValueError(
@@ -119,7 +119,7 @@ def extract_subgraph(graph: Graph, info: GroupInfo) -> Graph:
 
 def eager_subgraph(graph: Graph, i: int) -> Graph:
     """Node ``i`` (an eager op) with the buffers it reads as a standalone graph."""
-    loads = tuple(j for j in graph.compute_inputs(i) if graph[j].op != "const")
+    loads = tuple(j for j in graph.compute_inputs(i) if graph[j].op not in INLINE_OPS)
     return _extract(graph, (i,), loads, (i,))[0]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .codegen import config_label
+from .codegen import INLINE_OPS, config_label
 from .ir import Graph, numel
 from .runtime import EagerStep, KernelStep, Plan
 
@@ -73,7 +73,7 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
             name, cfg = k.name, config_label(k.config)
         else:
             assert isinstance(step, EagerStep)
-            reads = [j for j in _inputs_of_eager(g, step.node) if g[j].op != "const"]
+            reads = [j for j in _inputs_of_eager(g, step.node) if g[j].op not in INLINE_OPS]
             writes = [step.node]
             kind, name = "eager", f"eager_{g[step.node].attr('target', g[step.node].op)}"
             ops, cfg = (g[step.node].op,), step.reason

@@ -21,7 +21,15 @@ from typing import Any
 import torch
 
 from . import logs
-from .codegen import GroupInfo, Kernel, KernelConfig, analyze_group, default_config, generate
+from .codegen import (
+    INLINE_OPS,
+    GroupInfo,
+    Kernel,
+    KernelConfig,
+    analyze_group,
+    default_config,
+    generate,
+)
 from .eager import eval_node
 from .interpreter import apply_patches
 from .ir import Graph
@@ -123,7 +131,7 @@ def eager_reason(graph: Graph, i: int) -> str:
 def fusible(graph: Graph, i: int) -> bool:
     """Nodes the partitioner places in groups (a lone matmul runs as torch.mm / cuBLAS)."""
     n = graph[i]
-    return n.kind in ("pointwise", "reduction", "matmul") and n.op != "const"
+    return n.kind in ("pointwise", "reduction", "matmul") and n.op not in INLINE_OPS
 
 
 def eager_group(graph: Graph, group: frozenset[int]) -> bool:
@@ -151,7 +159,7 @@ def build_plan(
     units += [
         ("eager", i)
         for i in graph.compute_nodes()
-        if (not fusible(graph, i) and graph[i].op != "const") or i in lone_mm
+        if (not fusible(graph, i) and graph[i].op not in INLINE_OPS) or i in lone_mm
     ]
     owner: dict[int, int] = {}
     for u, (kind, v) in enumerate(units):
@@ -220,7 +228,7 @@ class _Run:
         if i in self.env:
             return self.env[i]
         node = self.plan.graph[i]
-        if node.kind == "view" or node.op == "const":
+        if node.kind == "view" or node.op in INLINE_OPS:
             value = eval_node(node, [self.get(j) for j in node.inputs], self.device)
         else:
             raise RuntimeError(f"node %{i} ({node.op}) is read before any step computed it")

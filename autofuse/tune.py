@@ -22,7 +22,7 @@ import search
 
 from . import logs
 from .capture import Captured
-from .codegen import GroupInfo, KernelConfig, config_label, config_space, default_config
+from .codegen import INLINE_OPS, GroupInfo, KernelConfig, config_label, config_space, default_config
 from .partition import Partition, Partitioner
 from .profiling import Candidate, CostModel, GPUTimer, Isolated, Measurement, Memo
 from .runtime import Plan, build_plan, eager_group
@@ -158,7 +158,7 @@ def _eager_cost(graph, measurer) -> float:
     return sum(
         _node_cost(graph, i, measurer)
         for i in graph.compute_nodes()
-        if not fusible(graph, i) and graph[i].op not in ("const", "getitem")
+        if not fusible(graph, i) and graph[i].op not in (*INLINE_OPS, "getitem")
     )
 
 
