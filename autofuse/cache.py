@@ -281,15 +281,10 @@ def _decode_graph(d: dict) -> Graph:
 
 def _config_classes() -> dict[str, type]:
     from .codegen import KernelConfig
+    from .gemm import RowGemmConfig
+    from .gemm_template import GemmConfig
 
-    classes: dict[str, type] = {"KernelConfig": KernelConfig}
-    try:
-        from .gemm_template import GemmConfig
-    except ImportError:  # pragma: no cover - GEMM support absent
-        pass
-    else:
-        classes["GemmConfig"] = GemmConfig
-    return classes
+    return {c.__name__: c for c in (KernelConfig, GemmConfig, RowGemmConfig)}
 
 
 def _encode_dataclass(obj: Any, what: str) -> dict:

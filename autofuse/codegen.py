@@ -74,7 +74,7 @@ class GroupInfo:
 
     @property
     def rnumel(self) -> int:
-        return numel(self.domain[i] for i in self.reduce_dims) if self.kind == "reduction" else 1
+        return numel(self.domain[i] for i in self.reduce_dims) if self.reduce_dims else 1
 
 
 def stored_nodes(graph: Graph, members: frozenset[int]) -> tuple[int, ...]:
@@ -114,8 +114,10 @@ def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
                 f"{_describe(graph, m)} is an unsupported op ({target}) and runs in eager"
             )
     if any(graph[m].kind == "matmul" for m in members):
-        from .gemm import analyze_gemm_group
+        from .gemm import analyze_gemm_group, analyze_gemm_row_group
 
+        if any(graph[m].kind == "reduction" for m in members):
+            return analyze_gemm_row_group(graph, members)
         return analyze_gemm_group(graph, members)
     stored = stored_nodes(graph, members)
     if not stored:
@@ -416,7 +418,7 @@ class _Emitter:
     def __init__(self, graph: Graph, info: GroupInfo, config: KernelConfig) -> None:
         self.g, self.info, self.cfg = graph, info, config
         self.members = frozenset(info.nodes)
-        self.red = info.kind == "reduction"
+        self.red = info.kind in ("reduction", "gemm_row")
         self.persistent = self.red and config.RBLOCK >= info.rnumel
         self.lines: list[str] = []
         self.depth = 1
@@ -786,6 +788,8 @@ def kernel_name(graph: Graph, info: GroupInfo, config: KernelConfig, index: int)
         prefix = "mm"
     else:
         prefix = "per" if config.RBLOCK >= info.rnumel else "red"
+        if info.kind == "gemm_row":
+            prefix = "mm" + prefix
     ops = sorted(
         {
             _NAME_OP.get(graph[i].op, graph[i].op)
@@ -823,7 +827,12 @@ def generate(graph: Graph, info: GroupInfo, config: KernelConfig, index: int = 0
 
         return generate_gemm(graph, info, config, index)
     check_config(info, config)
-    em = _Emitter(graph, info, config)
+    if info.kind == "gemm_row":
+        from .gemm import RowGemmEmitter
+
+        em: _Emitter = RowGemmEmitter(graph, info, config)
+    else:
+        em = _Emitter(graph, info, config)
     body = em.emit()
     name = kernel_name(graph, info, config, index)
     params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored] + ["xnumel"]
@@ -831,6 +840,8 @@ def generate(graph: Graph, info: GroupInfo, config: KernelConfig, index: int = 0
     if em.red:
         params.append("rnumel")
         consts.append("RBLOCK: tl.constexpr")
+    if info.kind == "gemm_row":
+        consts.append("BLOCK_K: tl.constexpr")
     header = [
         f"# {name}: {len(info.nodes)} ops -> 1 kernel ({info.kind}, domain {list(info.domain)}"
         + (f", reducing dims {list(info.reduce_dims)}" if em.red else "")
@@ -856,6 +867,8 @@ def generate(graph: Graph, info: GroupInfo, config: KernelConfig, index: int = 0
     if em.red:
         layout.append(("int", info.rnumel))
         kw.insert(1, ("RBLOCK", config.RBLOCK))
+    if info.kind == "gemm_row":
+        kw += [("BLOCK_K", config.BLOCK_K), ("num_stages", config.num_stages)]
     return Kernel(
         name=name,
         source=src + "\n",
@@ -867,11 +880,11 @@ def generate(graph: Graph, info: GroupInfo, config: KernelConfig, index: int = 0
     )
 
 
-def check_config(info: GroupInfo, config: KernelConfig) -> None:
+def check_config(info: GroupInfo, config: Any) -> None:
     for label, v in (("XBLOCK", config.XBLOCK), ("num_warps", config.num_warps)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{label} must be a power of two, got {v}")
-    if info.kind == "reduction":
+    if info.kind in ("reduction", "gemm_row"):
         if config.RBLOCK < 1 or config.RBLOCK & (config.RBLOCK - 1):
             raise ValueError(f"RBLOCK must be a power of two for a reduction, got {config.RBLOCK}")
     elif config.RBLOCK:
@@ -884,11 +897,11 @@ def config_label(config: Any) -> str:
 
 def config_space(info: GroupInfo, graph: Graph | None = None) -> list[Any]:
     """The launch configs worth trying for this group (the search picks among them)."""
-    if info.kind == "gemm":
-        from .gemm import gemm_configs
+    if info.kind in ("gemm", "gemm_row"):
+        from .gemm import gemm_configs, gemm_row_configs
 
         assert graph is not None, "GEMM configs depend on the operand dtypes: pass the graph"
-        return gemm_configs(graph, info)
+        return (gemm_configs if info.kind == "gemm" else gemm_row_configs)(graph, info)
     if info.kind == "pointwise":
         top = max(16, next_pow2(info.xnumel))
         xs = [b for b in (128, 256, 512, 1024, 2048, 4096) if b <= top] or [top]
@@ -911,6 +924,11 @@ def default_config(info: GroupInfo, graph: Graph | None = None) -> Any:
     """A heuristic config, used by the greedy plan before any tuning."""
     if info.kind == "gemm":
         return config_space(info, graph)[0]
+    if info.kind == "gemm_row":
+        from .gemm import gemm_row_default
+
+        assert graph is not None, "GEMM configs depend on the operand dtypes: pass the graph"
+        return gemm_row_default(graph, info)
     if info.kind == "pointwise":
         x = min(1024, max(16, next_pow2(info.xnumel)))
         return KernelConfig(x, 0, 4 if x >= 128 else 1)

@@ -10,6 +10,8 @@ the epilogue may read bias, residual or masks broadcast or full-size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .codegen import (
     TL_DTYPE,
     FusionRefused,
@@ -23,6 +25,7 @@ from .codegen import (
     kernel_name,
     loaded_nodes,
     stored_nodes,
+    view_source_index,
 )
 from .gemm_template import GemmConfig, GemmSpec, default_configs, param_names, prune_configs, render
 from .indexing import Expr, linearize
@@ -72,6 +75,16 @@ def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
     )
     _GemmEmitter(graph, info, GemmConfig(16, 16, 16, 1, 1, 2)).hooks()  # index checks
     return info
+
+
+def memory_offset(graph: Graph, i: int, idx) -> Expr:
+    """Offset into the buffer behind node ``i`` (through its views) of element ``idx``."""
+    while graph[i].kind == "view":
+        idx = view_source_index(graph, i, idx)
+        i = graph[i].inputs[0]
+    node = graph[i]
+    strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+    return linearize(idx, strides, node.shape)
 
 
 def _ancestors(graph: Graph, i: int) -> set[int]:
@@ -167,14 +180,7 @@ class _GemmEmitter(_Emitter):
         return rows and cols and k % c.BLOCK_K == 0
 
     def _offset(self, i: int, idx) -> Expr:
-        from .codegen import view_source_index
-
-        while self.g[i].kind == "view":
-            idx = view_source_index(self.g, i, idx)
-            i = self.g[i].inputs[0]
-        node = self.g[i]
-        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
-        return linearize(idx, strides, node.shape)
+        return memory_offset(self.g, i, idx)
 
     def epilogue(self) -> list[str]:
         self.lines, self.scopes = [], [_Scope()]
@@ -254,3 +260,160 @@ def gemm_configs(graph: Graph, info: GroupInfo) -> list[GemmConfig]:
     batch, m, n, k = _dims(graph, info)
     dt = _ITEM.get(graph[graph[info.matmuls[0]].inputs[0]].dtype, 2)
     return prune_configs(default_configs(dt, m, n, k), dt, m, n, k, n_b=len(info.matmuls))
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMM + row reduction: softmax / norms / row max over the matmul's output rows, in one kernel
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class RowGemmConfig:
+    """XBLOCK output rows (BLOCK_M) per program, RBLOCK columns (BLOCK_N) per step of the row,
+    BLOCK_K of the inner product per dot."""
+
+    XBLOCK: int
+    RBLOCK: int
+    BLOCK_K: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def label(self) -> str:
+        return (
+            f"BLOCK_M={self.XBLOCK} BLOCK_N={self.RBLOCK} BLOCK_K={self.BLOCK_K} "
+            f"num_warps={self.num_warps} num_stages={self.num_stages}"
+        )
+
+
+def analyze_gemm_row_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
+    """A matmul whose output rows are reduced in the same kernel (the output tile walks the
+    row in RBLOCK steps: an online max/sum for softmax, one pass per phase otherwise)."""
+    from .codegen import _check_stored_shapes, _reduction_domain
+
+    mms = [m for m in sorted(members) if graph[m].kind == "matmul"]
+    if len(mms) != 1:
+        raise FusionRefused("a row-reduction epilogue takes exactly one matmul")
+    mm = mms[0]
+    node = graph[mm]
+    for j in node.inputs:
+        if graph.base_of(j) in members:
+            raise FusionRefused(
+                f"{_describe(graph, mm)}: a GEMM with a row-reduction epilogue takes no prologue"
+            )
+    reds = [m for m in sorted(members) if graph[m].kind == "reduction"]
+    domain, rdims = _reduction_domain(graph, reds)
+    last = len(node.shape) - 1
+    if domain != node.shape or rdims != (last,):
+        raise FusionRefused(
+            f"reductions over {list(domain)} dims {list(rdims)} are not over the rows of "
+            f"{_describe(graph, mm)} (its last dim)"
+        )
+    stored = stored_nodes(graph, members)
+    _check_stored_shapes(graph, stored, domain, rdims)
+    info = GroupInfo(
+        nodes=tuple(sorted(members)),
+        kind="gemm_row",
+        domain=tuple(domain),
+        reduce_dims=rdims,
+        stored=stored,
+        loads=loaded_nodes(graph, members),
+        matmuls=(mm,),
+    )
+    configs = gemm_row_configs(graph, info)
+    if not configs:
+        raise FusionRefused(
+            f"no launch config fits {_describe(graph, mm)}: rows of a batched product must be a "
+            "multiple of a BLOCK_M >= 16"
+        )
+    RowGemmEmitter(graph, info, configs[0]).emit()  # index checks
+    return info
+
+
+class RowGemmEmitter(_Emitter):
+    """The reduction kernel whose matmul member is computed per (rows, RBLOCK) tile by a K loop
+    of tl.dot, inside whichever pass needs it."""
+
+    def reduced(self, i: int, index):
+        if self.g[i].kind != "matmul":
+            return super().reduced(i, index)
+        if index != self.full:
+            raise FusionRefused(
+                f"{_describe(self.g, i)} is read at ({', '.join(map(str, index))}), not at its "
+                "own output tile"
+            )
+        return self.dot_tile(i)
+
+    def dot_tile(self, mm: int) -> _Val:
+        g, cfg = self.g, self.cfg
+        node = g[mm]
+        a, b = node.inputs
+        k = g[a].shape[-1]
+        batched = len(node.shape) == 3
+        m = node.shape[-2]
+        kr = Expr.dim("offs_k[None, :]", 1, k, True)
+        kc = Expr.dim("offs_k[:, None]", 1, k, True)
+        a_idx = (*self.full[:-1], kr)
+        # every row of a program is in one batch (BLOCK_M divides M): a uniform batch index
+        b_batch = (Expr.dim("xoffset", m, node.shape[0], True),) if batched else ()
+        b_idx = (*b_batch, kc, self.full[-1])
+        even_k = k % cfg.BLOCK_K == 0
+        a_mask = "xmask" if even_k else "xmask & (offs_k[None, :] < K_)"
+        b_mask = "rmask" if even_k else "(offs_k[:, None] < K_) & rmask"
+        acc = self.tmp("tl.zeros([XBLOCK, RBLOCK], dtype=tl.float32)", 2, "float32")
+        self.line(f"for k_off in range(0, {k}, BLOCK_K):  # {node.name}: K loop")
+        self.depth += 1
+        self.line("offs_k = k_off + tl.arange(0, BLOCK_K)")
+        pa = self.ptr[g.base_of(a)]
+        pb = self.ptr[g.base_of(b)]
+        a_off = memory_offset(g, a, a_idx).render()
+        b_off = memory_offset(g, b, b_idx).render()
+        self.line(f"a = tl.load({pa} + ({a_off}), {a_mask.replace('K_', str(k))}, other=0.0)")
+        self.line(f"b = tl.load({pb} + ({b_off}), {b_mask.replace('K_', str(k))}, other=0.0)")
+        prec = ', input_precision="ieee"' if g[a].dtype == "float32" else ""
+        self.line(f"{acc.code} = tl.dot(a, b, {acc.code}{prec})")
+        self.depth -= 1
+        return acc
+
+
+def gemm_row_configs(graph: Graph, info: GroupInfo) -> list[RowGemmConfig]:
+    mm = graph[info.matmuls[0]]
+    m, n, k = mm.shape[-2], mm.shape[-1], graph[mm.inputs[0]].shape[-1]
+    batched = len(mm.shape) == 3
+    dt = _ITEM.get(graph[mm.inputs[0]].dtype, 2)
+    cap_n = max(16, _np2(n))
+    out = []
+    for bm in (16, 32, 64, 128):
+        if bm > max(16, _np2(m)) or (batched and m % bm):
+            continue
+        for bn in (16, 32, 64, 128, 256):
+            if bn > cap_n or bm * bn > 128 * 128:
+                continue
+            for bk in (16, 32, 64, 128):
+                if bk > max(16, _np2(k)):
+                    continue
+                for w in (4, 8):
+                    for st in (2, 3):
+                        if st * (bm * bk + bk * bn) * dt > 232448 or bm * bn < 32 * w * 4:
+                            continue
+                        out.append(RowGemmConfig(bm, bn, bk, w, st))
+    return out
+
+
+def gemm_row_default(graph: Graph, info: GroupInfo) -> RowGemmConfig:
+    configs = gemm_row_configs(graph, info)
+    want = (64, 128, 64, 4, 2)
+    return min(
+        configs,
+        key=lambda c: sum(
+            abs(_log2(a) - _log2(b))
+            for a, b in zip((c.XBLOCK, c.RBLOCK, c.BLOCK_K, c.num_warps, c.num_stages), want)
+        ),
+    )
+
+
+def _np2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def _log2(x: int) -> int:
+    return x.bit_length()

@@ -95,6 +95,10 @@ class Expr:
             if k == 1 and t.mod is not None and t.mod % d == 0:
                 nt = Term(t.var, t.div * d, t.mod // d, t.mod // d, t.vars)
                 return Expr(((nt, 1),))
+        split = self._split_mixed_radix(d)
+        if split is not None:  # (k*T + low) // d == T // (d / k) when 0 <= low < k
+            (t, k), _low = split
+            return Expr(((t, 1),)).floordiv_mod(d // k, None)
         high = [(t, k) for t, k in self.terms if k % d == 0]
         low = Expr(tuple((t, k) for t, k in self.terms if k % d != 0), self.const)
         lmax = low.max_value()
@@ -104,7 +108,22 @@ class Expr:
             return _normalize(tuple((t, k // d) for t, k in high), low.const // d)
         return None
 
+    def _split_mixed_radix(self, d: int):
+        """A term k*T with k | d whose companions stay below k: ((T, k), rest)."""
+        for n, (t, k) in enumerate(self.terms):
+            if k <= 1 or d % k or self.const < 0:
+                continue
+            rest = Expr(self.terms[:n] + self.terms[n + 1 :], self.const)
+            mx = rest.max_value()
+            if mx is not None and mx < k:
+                return (t, k), rest
+        return None
+
     def _mod(self, m: int) -> Expr:
+        split = self._split_mixed_radix(m)
+        if split is not None:  # (k*T + low) % m == k*(T % (m / k)) + low when 0 <= low < k
+            (t, k), low = split
+            return Expr(((t, 1),)).floordiv_mod(1, m // k).scale(k) + low
         kept = tuple((t, k) for t, k in self.terms if k % m != 0)
         e = Expr(kept, self.const % m) if kept != self.terms or self.const >= m else self
         mx = e.max_value()

@@ -517,7 +517,7 @@ class CostModel:
         if info.kind == "gemm":
             return self._gemm_time(g, info, kernel)
         cfg = kernel.config
-        red = info.kind == "reduction"
+        red = info.kind in ("reduction", "gemm_row")
         looped = red and cfg.RBLOCK < info.rnumel
         passes = load_passes(kernel.source, len(info.loads)) if looped else [1] * len(info.loads)
         bytes_in = sum(nbytes(g, j) * p for j, p in zip(info.loads, passes))
@@ -548,6 +548,10 @@ class CostModel:
         flops *= max(passes, default=1) if looped else 1
         util = min(1.0, elems / threads)
         t_cmp = flops / (self.flops_rate * util)
+        if info.kind == "gemm_row":  # the product is recomputed in every pass over the row
+            mm = g[info.matmuls[0]]
+            mm_flops = 2.0 * numel(mm.shape) * g[mm.inputs[0]].shape[-1]
+            t_cmp += mm_flops * (kernel.source.count("tl.dot(") or 1) / self.mma_rate
         waves = math.ceil(programs / slots)
         return max(t_mem, t_cmp) * spill + waves * self.program_cost + self.launch_overhead
 

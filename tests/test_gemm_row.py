@@ -1,0 +1,88 @@
+"""GEMM + row-reduction epilogues (softmax, layernorm, row max over the matmul's output rows) in
+one kernel, through the interpreter, with rows longer than one RBLOCK tile."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autofuse.capture import capture
+from autofuse.gemm import gemm_row_configs
+from autofuse.partition import Partitioner
+from autofuse.runtime import build_plan, execute
+from experiments.workloads import attention_scores
+
+from .helpers import assert_close, check_partitions, reference
+
+
+def causal_scores(q, k):
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    i = torch.arange(q.shape[-2], device=q.device)
+    j = torch.arange(k.shape[-2], device=q.device)
+    return torch.softmax(s.masked_fill(i[:, None] < j[None, :], float("-inf")), dim=-1)
+
+
+def gemm_layernorm(x, w, g, b):
+    return F.layer_norm(x @ w, (w.shape[1],), g, b)
+
+
+def gemm_row_amax(x, w):
+    y = x @ w
+    return y.amax(-1), y
+
+
+def _cases(dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+
+    def r(*s):
+        return torch.randn(*s, generator=gen).to(dtype)
+
+    return {
+        "masked_scores": (attention_scores, (r(2, 32, 16), r(2, 48, 16), torch.rand(32, 48, generator=gen) < 0.2)),
+        "causal_scores": (causal_scores, (r(2, 32, 16), r(2, 40, 16))),
+        "gemm_layernorm": (gemm_layernorm, (r(24, 20), r(20, 70), r(70), r(70))),
+        "gemm_row_amax": (gemm_row_amax, (r(24, 20), r(20, 70))),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_one_kernel_for_gemm_and_row_reduction(name):
+    fn, args = _cases()[name]
+    graph = capture(fn, args).graph
+    space = Partitioner(graph)
+    group = max(space.greedy().groups, key=len)
+    info = space.check(group)
+    assert info.kind == "gemm_row", f"{name}: greedy group is {info}"
+    configs = gemm_row_configs(graph, info)
+    looped = [c for c in configs if c.RBLOCK < info.rnumel]
+    persistent = [c for c in configs if c.RBLOCK >= info.rnumel]
+    assert looped and persistent
+    refs = reference(fn, args, torch.float32)
+    flat = [a for a in args if isinstance(a, torch.Tensor)]
+    for cfg in (looped[0], looped[-1], persistent[0]):
+        plan = build_plan(
+            graph,
+            space.greedy().groups,
+            [cfg if g == group else None for g in space.greedy().groups],
+        )
+        assert any(k.name.startswith("autofuse_mm") for k in plan.kernels)
+        for k, (o, r) in enumerate(zip(execute(plan, flat), refs)):
+            assert_close(o, r, torch.float32, f"{name} {cfg.label()} out {k}")
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_every_partition(name):
+    fn, args = _cases()[name]
+    check_partitions(fn, args, torch.float32, configs_per_group=1, max_enumerate=40, sample=12)
+
+
+def test_bf16_masked_scores():
+    fn, args = _cases(torch.bfloat16)["masked_scores"]
+    check_partitions(fn, args, torch.bfloat16, configs_per_group=2, max_enumerate=1, sample=3)
+
+
+def test_batched_rows_must_divide_block_m():
+    q, k = torch.randn(2, 20, 16), torch.randn(2, 24, 16)  # 20 rows: no BLOCK_M >= 16 divides them
+    space = Partitioner(capture(causal_scores, (q, k)).graph)
+    assert "multiple of a BLOCK_M" in str(space.check(frozenset(space.nodes)))
