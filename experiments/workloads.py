@@ -55,6 +55,12 @@ def attention_scores(q, k, mask):
     return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
 
 
+def attention_scores_causal(q, k):
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    i = torch.arange(q.shape[-2], device=q.device)
+    return torch.softmax(s.masked_fill(i[:, None] < i[None, :], float("-inf")), dim=-1)
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -76,7 +82,7 @@ class Workload:
         if self.name == "mlp_block":
             m, k = inputs[0].shape
             return 2 * 2.0 * m * k * inputs[3].shape[1]
-        if self.name == "attention_scores":
+        if self.name.startswith("attention_scores"):
             b, s, d = inputs[0].shape
             return 2.0 * b * s * s * d
         return 0.0
@@ -109,6 +115,8 @@ SUITE = [
     Workload("attention_scores", attention_scores,
              lambda d, t: (_r(d, t, 32, 2048, 128), _r(d, t, 32, 2048, 128),
                            torch.rand(2048, 2048, device=d) > 0.9), "compute"),
+    Workload("attention_scores_causal", attention_scores_causal,
+             lambda d, t: (_r(d, t, 32, 2048, 128), _r(d, t, 32, 2048, 128)), "compute"),
 ]  # fmt: skip
 
 BY_NAME = {w.name: w for w in SUITE}

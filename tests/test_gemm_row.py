@@ -1,8 +1,6 @@
 """GEMM + row-reduction epilogues (softmax, layernorm, row max over the matmul's output rows) in
 one kernel, through the interpreter, with rows longer than one RBLOCK tile."""
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,16 +9,9 @@ from autofuse.capture import capture
 from autofuse.gemm import gemm_row_configs
 from autofuse.partition import Partitioner
 from autofuse.runtime import build_plan, execute
-from experiments.workloads import attention_scores
+from experiments.workloads import attention_scores, attention_scores_causal
 
 from .helpers import assert_close, check_partitions, reference
-
-
-def causal_scores(q, k):
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    i = torch.arange(q.shape[-2], device=q.device)
-    j = torch.arange(k.shape[-2], device=q.device)
-    return torch.softmax(s.masked_fill(i[:, None] < j[None, :], float("-inf")), dim=-1)
 
 
 def gemm_layernorm(x, w, g, b):
@@ -40,7 +31,7 @@ def _cases(dtype=torch.float32):
 
     return {
         "masked_scores": (attention_scores, (r(2, 32, 16), r(2, 48, 16), torch.rand(32, 48, generator=gen) < 0.2)),
-        "causal_scores": (causal_scores, (r(2, 32, 16), r(2, 40, 16))),
+        "causal_scores": (attention_scores_causal, (r(2, 32, 16), r(2, 32, 16))),
         "gemm_layernorm": (gemm_layernorm, (r(24, 20), r(20, 70), r(70), r(70))),
         "gemm_row_amax": (gemm_row_amax, (r(24, 20), r(20, 70))),
     }  # fmt: skip
@@ -83,6 +74,6 @@ def test_bf16_masked_scores():
 
 
 def test_batched_rows_must_divide_block_m():
-    q, k = torch.randn(2, 20, 16), torch.randn(2, 24, 16)  # 20 rows: no BLOCK_M >= 16 divides them
-    space = Partitioner(capture(causal_scores, (q, k)).graph)
+    q, k = torch.randn(2, 20, 16), torch.randn(2, 20, 16)  # 20 rows: no BLOCK_M >= 16 divides them
+    space = Partitioner(capture(attention_scores_causal, (q, k)).graph)
     assert "multiple of a BLOCK_M" in str(space.check(frozenset(space.nodes)))
