@@ -108,15 +108,8 @@ class _GemmEmitter(_Emitter):
     """Emits the hook bodies: operand loads (with prologue) and the epilogue."""
 
     def __init__(self, graph: Graph, info: GroupInfo, config: GemmConfig) -> None:
-        self.g, self.info, self.cfg = graph, info, config
-        self.members = frozenset(info.nodes)
-        self.red, self.persistent = False, False
-        self.lines, self.depth, self.scopes = [], 0, [_Scope()]
-        self.n_tmp = 0
-        self.ptr = {i: f"in_ptr{k}" for k, i in enumerate(info.loads)}
-        self.out_ptr = {i: f"out_ptr{k}" for k, i in enumerate(info.stored)}
-        self.red_val: dict[int, _Val] = {}
-        self.helpers: set[str] = set()
+        super().__init__(graph, info, config)
+        self.depth = 0  # hook lines carry no indentation: the template indents them
         self.int64 = False
         self.mask = "mask"
         batch, m, n, _ = _dims(graph, info)
