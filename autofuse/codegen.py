@@ -569,13 +569,20 @@ class _Emitter:
         """Persistent kernels: the whole row is in the block; reduce it in one step."""
         accs = {}
         for r in reds:
-            node = self.g[r]
-            src = self.value(node.inputs[0], self.full)
-            acc_dtype = self.acc_dtype(r)
-            ident = _identity(node.op, acc_dtype)
-            val = f"tl.where(xmask & rmask, {_cast(src, acc_dtype)}, {ident})"
-            accs[r] = (self.tmp(val, 2, acc_dtype, f"{node.name} input"), acc_dtype)
+            _, val = self.masked_input(r)
+            accs[r] = (
+                self.tmp(val, 2, self.acc_dtype(r), f"{self.g[r].name} input"),
+                self.acc_dtype(r),
+            )
         return accs
+
+    def masked_input(self, r: int) -> tuple[_Val, str]:
+        """The reduction's input at the domain index, and that value with masked lanes set to
+        the reduction's identity."""
+        node = self.g[r]
+        src = self.value(node.inputs[0], self.full)
+        acc = self.acc_dtype(r)
+        return src, f"tl.where(xmask & rmask, {_cast(src, acc)}, {_identity(node.op, acc)})"
 
     def _combine(self, op: str, acc: str, val: str) -> str:
         if op in ("sum", "mean"):
@@ -709,9 +716,7 @@ class _Emitter:
         for r in phase:
             node = self.g[r]
             acc, acc_dtype = accs[r]
-            src = self.value(node.inputs[0], self.full)
-            ident = _identity(node.op, acc_dtype)
-            val = f"tl.where(xmask & rmask, {_cast(src, acc_dtype)}, {ident})"
+            src, val = self.masked_input(r)
             if r not in partner:
                 self.line(f"{acc.code} = {self._combine(node.op, acc.code, val)}")
                 continue
