@@ -293,8 +293,8 @@ def _cast(v: _Val, dtype: str) -> str:
 
 _UNARY_FMT = {
     "neg": "-{a}", "abs": "tl.abs({a})", "exp": "tl.exp({a})", "exp2": "tl.exp2({a})",
-    "log": "tl.log({a})", "log2": "tl.log2({a})", "log1p": "tl.log(1.0 + {a})",
-    "expm1": "(tl.exp({a}) - 1.0)", "sqrt": "tl.sqrt({a})", "rsqrt": "tl.rsqrt({a})",
+    "log": "tl.log({a})", "log2": "tl.log2({a})", "log1p": "_af_log1p({a})",
+    "expm1": "_af_expm1({a})", "sqrt": "tl.sqrt({a})", "rsqrt": "tl.rsqrt({a})",
     "reciprocal": "(1.0 / {a})", "sigmoid": "tl.sigmoid({a})", "tanh": "_af_tanh({a})",
     "erf": "tl.erf({a})", "sin": "tl.sin({a})", "cos": "tl.cos({a})",
     "floor": "tl.floor({a})", "ceil": "tl.ceil({a})", "round": "_af_round({a})",
@@ -303,7 +303,6 @@ _UNARY_FMT = {
 }  # fmt: skip
 _BINARY_FMT = {
     "add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}",
-    "maximum": "tl.maximum({a}, {b})", "minimum": "tl.minimum({a}, {b})",
     "bitwise_and": "{a} & {b}", "bitwise_or": "{a} | {b}", "bitwise_xor": "{a} ^ {b}",
 }  # fmt: skip
 _COMPARE_FMT = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
@@ -321,11 +320,34 @@ def _af_tanh(x):
 def _af_round(x):
     # round half to even, as torch.round
     r = tl.floor(x + 0.5)
-    return tl.where((r - x == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
+    r = tl.where((r - x == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
+    return tl.where(tl.abs(x) >= 8388608.0, x, r)  # from 2**23 on every float is an integer
+""",
+    "_af_log1p": """@triton.jit
+def _af_log1p(x):
+    # log(1 + x) without cancellation for small x: log(u) * x / (u - 1), u = 1 + x
+    u = 1.0 + x
+    small = tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
+    return tl.where(tl.abs(x) < 0.5, small, tl.log(u))
+""",
+    "_af_expm1": """@triton.jit
+def _af_expm1(x):
+    # exp(x) - 1 without cancellation for small x: (u - 1) * x / log(u), u = exp(x)
+    u = tl.exp(x)
+    small = tl.where(u == 1.0, x, (u - 1.0) * (x / tl.log(u)))
+    return tl.where(tl.abs(x) < 0.5, small, u - 1.0)
 """,
     "_af_prod": """@triton.jit
 def _af_prod(a, b):
     return a * b
+""",
+    "_af_max": """@triton.jit
+def _af_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+""",
+    "_af_min": """@triton.jit
+def _af_min(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 """,
 }
 
@@ -347,10 +369,29 @@ def _pow_code(a: str, e: float) -> str:
     return f"tl.exp2({e!r} * tl.log2({a}))"
 
 
+def _minmax(op: str, a: str, b: str, dtype: str) -> str:
+    """tl.maximum / tl.minimum; for floats a NaN wins, as in torch."""
+    nan = ", propagate_nan=tl.PropagateNan.ALL" if _is_float(dtype) else ""
+    return f"tl.{op}({a}, {b}{nan})"
+
+
+def _common_dtype(args: list[_Val]) -> str:
+    """The dtype two operands are compared in: torch's promotion, a literal never widening."""
+    import torch
+
+    tensors = [a.dtype for a in args if not a.literal] or [a.dtype for a in args]
+    out = getattr(torch, tensors[0])
+    for d in tensors[1:]:
+        out = torch.promote_types(out, getattr(torch, d))
+    if any(a.literal and "." in a.code for a in args) and not out.is_floating_point:
+        out = torch.float32
+    return compute_dtype(str(out).removeprefix("torch."))
+
+
 def render_op(op: str, node, args: list[_Val], helpers: set[str]) -> str:  # noqa: C901
     cd = compute_dtype(node.dtype)
     if op in _COMPARE_FMT:
-        ad = "float32" if any(_is_float(a.dtype) for a in args) else args[0].dtype
+        ad = _common_dtype(args)
         return f"{_cast(args[0], ad)} {_COMPARE_FMT[op]} {_cast(args[1], ad)}"
     if op in _LOGICAL_FMT:
         return f"{_cast(args[0], 'bool')} {_LOGICAL_FMT[op]} {_cast(args[1], 'bool')}"
@@ -364,12 +405,16 @@ def render_op(op: str, node, args: list[_Val], helpers: set[str]) -> str:  # noq
     a = _cast(args[0], cd)
     if op in _BINARY_FMT:
         return _BINARY_FMT[op].format(a=a, b=_cast(args[1], cd))
+    if op in ("maximum", "minimum"):
+        return _minmax(op, a, _cast(args[1], cd), cd)
     if op == "relu":
-        return f"tl.maximum({a}, {'0.0' if _is_float(cd) else '0'})"
+        return _minmax("maximum", a, "0.0" if _is_float(cd) else "0", cd)
     if op == "sign":
         return f"({a} > 0).to({TL_DTYPE[cd]}) - ({a} < 0).to({TL_DTYPE[cd]})"
+    if op in ("floor", "ceil", "trunc", "round") and not _is_float(cd):
+        return a  # integers are already integral: torch returns a copy
     if op in _UNARY_FMT:
-        for h in ("_af_tanh", "_af_round"):
+        for h in ("_af_tanh", "_af_round", "_af_log1p", "_af_expm1"):
             if h in _UNARY_FMT[op]:
                 helpers.add(h)
         return _UNARY_FMT[op].format(a=a)
@@ -377,12 +422,15 @@ def render_op(op: str, node, args: list[_Val], helpers: set[str]) -> str:  # noq
         lo, hi = node.attr("lo"), node.attr("hi")
         out = a
         if lo is not None:
-            out = f"tl.maximum({out}, {_literal(lo, cd)})"
+            out = _minmax("maximum", out, _literal(lo, cd), cd)
         if hi is not None:
-            out = f"tl.minimum({out}, {_literal(hi, cd)})"
+            out = _minmax("minimum", out, _literal(hi, cd), cd)
         return out
     if op == "pow_scalar":
-        return _pow_code(a, node.attr("exponent"))
+        e = node.attr("exponent")
+        if not _is_float(cd) and not (e == int(e) and 0 <= e <= 8):
+            raise FusionRefused(f"pow of an integer tensor by {e}: no Triton lowering")
+        return _pow_code(a, e)
     if op == "cast":
         target = node.attr("dtype")
         if target in ("float16", "bfloat16"):  # round through the storage type, as eager does
@@ -394,13 +442,19 @@ def render_op(op: str, node, args: list[_Val], helpers: set[str]) -> str:  # noq
 _IDENTITY = {"sum": "0", "mean": "0", "prod": "1", "amax": "-inf", "amin": "inf"}
 
 
+_INT_RANGE = {
+    "int64": (-(2**63), 2**63 - 1), "int32": (-(2**31), 2**31 - 1),
+    "int16": (-(2**15), 2**15 - 1), "int8": (-128, 127), "uint8": (0, 255), "bool": (0, 1),
+}  # fmt: skip
+
+
 def _identity(op: str, dtype: str) -> str:
     v = _IDENTITY[op]
     if v in ("inf", "-inf"):
         if _is_float(dtype):
             return f'float("{v}")'
-        bits = {"int64": 63, "int32": 31, "int16": 15, "int8": 7, "uint8": 0, "bool": 0}[dtype]
-        return str(-(2**bits) if v == "-inf" else 2**bits - 1)
+        lo, hi = _INT_RANGE[dtype]
+        return str(lo if v == "-inf" else hi)
     return v + (".0" if _is_float(dtype) else "")
 
 
@@ -584,21 +638,24 @@ class _Emitter:
         acc = self.acc_dtype(r)
         return src, f"tl.where(xmask & rmask, {_cast(src, acc)}, {_identity(node.op, acc)})"
 
-    def _combine(self, op: str, acc: str, val: str) -> str:
+    def _combine(self, op: str, acc: str, val: str, dtype: str) -> str:
         if op in ("sum", "mean"):
             return f"{acc} + {val}"
         if op == "prod":
             return f"{acc} * {val}"
-        return f"tl.{'maximum' if op == 'amax' else 'minimum'}({acc}, {val})"
+        return _minmax("maximum" if op == "amax" else "minimum", acc, val, dtype)
 
     def finish_reduction(self, r: int, acc: _Val, acc_dtype: str) -> None:
         node = self.g[r]
-        fn = {"sum": "tl.sum", "mean": "tl.sum", "amax": "tl.max", "amin": "tl.min"}.get(node.op)
-        if fn:
-            expr = f"{fn}({acc.code}, 1)[:, None]"
+        combine = {"prod": "_af_prod"}
+        if _is_float(acc_dtype):  # a NaN in the row makes the max (min) NaN, as in torch
+            combine.update(amax="_af_max", amin="_af_min")
+        fn = {"sum": "tl.sum", "mean": "tl.sum", "amax": "tl.max", "amin": "tl.min"}
+        if node.op in combine:
+            self.helpers.add(combine[node.op])
+            expr = f"tl.reduce({acc.code}, 1, {combine[node.op]})[:, None]"
         else:
-            self.helpers.add("_af_prod")
-            expr = f"tl.reduce({acc.code}, 1, _af_prod)[:, None]"
+            expr = f"{fn[node.op]}({acc.code}, 1)[:, None]"
         cd = compute_dtype(node.dtype)
         if node.op == "mean":
             v = self.tmp(expr, 1, acc_dtype, node.name + " (sum)")
@@ -718,11 +775,13 @@ class _Emitter:
             acc, acc_dtype = accs[r]
             src, val = self.masked_input(r)
             if r not in partner:
-                self.line(f"{acc.code} = {self._combine(node.op, acc.code, val)}")
+                self.line(f"{acc.code} = {self._combine(node.op, acc.code, val, acc_dtype)}")
                 continue
             # online softmax: keep the running max and rescale the running sum of exp(x - max)
             s_acc = accs[partner[r]][0].code
-            m_new = self.tmp(f"tl.maximum({acc.code}, {val})", 2, acc_dtype, "running max")
+            m_new = self.tmp(
+                _minmax("maximum", acc.code, val, acc_dtype), 2, acc_dtype, "running max"
+            )
             self.line(
                 f'{s_acc} = tl.where({m_new.code} == float("-inf"), 0.0, '
                 f"{s_acc} * tl.exp({acc.code} - {m_new.code}) + "
@@ -748,16 +807,18 @@ class _Emitter:
         for s in self.info.nodes:
             if g[s].op != "sum" or g[s].dtype not in FLOAT_DTYPES:
                 continue
-            e = g.base_of(g[s].inputs[0])
+            # direct inputs only: a view between them (exp(...).t().sum) reads other rows
+            e = g[s].inputs[0]
             if e not in members or g[e].op != "exp" or g[e].shape != self.info.domain:
                 continue
-            d = g.base_of(g[e].inputs[0])
+            d = g[e].inputs[0]
             if d not in members or g[d].op != "sub" or g[d].shape != self.info.domain:
                 continue
             f, mv = g[d].inputs
             m = g.base_of(mv)
             if (
                 m in members
+                and m not in out.values()  # one running sum per running max
                 and g[m].op == "amax"
                 and g[m].inputs[0] == f
                 and g[mv].shape == keep_shape

@@ -20,7 +20,7 @@ from functools import cached_property
 
 from .codegen import INLINE_OPS, FusionRefused, GroupInfo, analyze_group
 from .ir import Graph
-from .runtime import fusible
+from .runtime import fusible, unlowerable
 
 
 @dataclass(frozen=True, order=True)
@@ -62,7 +62,9 @@ class Partitioner:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.nodes = tuple(i for i in graph.compute_nodes() if fusible(graph, i))
+        fus = [i for i in graph.compute_nodes() if fusible(graph, i)]
+        self.eager = {i: r for i in fus if (r := unlowerable(graph, i)) is not None}
+        self.nodes = tuple(i for i in fus if i not in self.eager)
         self._legal: dict[frozenset[int], GroupInfo | str] = {}
 
     # -- structure ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import torch
 from . import logs
 from .codegen import (
     INLINE_OPS,
+    FusionRefused,
     GroupInfo,
     Kernel,
     KernelConfig,
@@ -134,6 +135,15 @@ def fusible(graph: Graph, i: int) -> bool:
     return n.kind in ("pointwise", "reduction", "matmul") and n.op not in INLINE_OPS
 
 
+def unlowerable(graph: Graph, i: int) -> str | None:
+    """Why node ``i`` cannot be a kernel even alone (it then runs in eager), or None."""
+    try:
+        analyze_group(graph, frozenset({i}))
+    except FusionRefused as e:
+        return f"no kernel for {graph[i].op}: {e.reason}; runs in eager"
+    return None
+
+
 def eager_group(graph: Graph, group: frozenset[int]) -> bool:
     """A group of one matmul and nothing else runs as torch.mm (cuBLAS on GPU)."""
     return len(group) == 1 and graph[next(iter(group))].kind == "matmul"
@@ -149,7 +159,8 @@ def build_plan(
     configs = list(configs) if configs is not None else [None] * len(groups)
     covered = set().union(*groups) if groups else set()
     missing = [i for i in graph.compute_nodes() if fusible(graph, i) and i not in covered]
-    if missing:
+    refused = {i: unlowerable(graph, i) for i in missing}
+    if any(r is None for r in refused.values()):
         raise ValueError(f"partition leaves nodes {missing} in no group")
     lone_mm = [next(iter(g)) for g in groups if eager_group(graph, g)]
     configs = [c for g, c in zip(groups, configs) if not eager_group(graph, g)]
@@ -159,7 +170,7 @@ def build_plan(
     units += [
         ("eager", i)
         for i in graph.compute_nodes()
-        if (not fusible(graph, i) and graph[i].op not in INLINE_OPS) or i in lone_mm
+        if (not fusible(graph, i) and graph[i].op not in INLINE_OPS) or i in lone_mm or i in refused
     ]
     owner: dict[int, int] = {}
     for u, (kind, v) in enumerate(units):
@@ -173,7 +184,7 @@ def build_plan(
             cfg = configs[v] or default_config(infos[v], graph)
             steps.append(KernelStep(generate(graph, infos[v], cfg, index=len(steps))))
         else:
-            steps.append(EagerStep(v, eager_reason(graph, v)))
+            steps.append(EagerStep(v, refused.get(v) or eager_reason(graph, v)))
     plan = Plan(graph, tuple(steps), label)
     logs.output_code(plan)
     return plan
