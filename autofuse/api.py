@@ -128,6 +128,12 @@ def _tuned(fn, captured, example_inputs, space, *, retune: bool = False, **optio
         plan = cache.load_plan(cache_dir, key)
         if plan is not None:
             return OptimizedFunction(captured, plan, fn)
+    if retune and not options.get("study_name"):  # a fresh study, not a resumed one
+        import time
+
+        options["study_name"] = (
+            f"autofuse-{captured.source_name}-{captured.graph.key}-{time.time_ns()}"
+        )
     result = tune(captured, example_inputs, space, **options)
     meta = {
         "function": captured.source_name,
