@@ -13,6 +13,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,13 +274,57 @@ def allocate_outputs(graph: Graph, info: GroupInfo, device: torch.device) -> lis
     ]
 
 
+_BROKEN: dict[tuple[str, str], str] = {}  # (source, name) -> why it could not be built
+
+
+class KernelBuildWarning(RuntimeWarning):
+    """A generated kernel failed to compile or load; its ops ran in eager instead."""
+
+
 def run_kernel_step(run: _Run, step: KernelStep) -> None:
-    info = step.kernel.info
+    kernel = step.kernel
+    info = kernel.info
+    if (kernel.source, kernel.name) in _BROKEN:
+        return run_group_eagerly(run, info)
     ins = [run.contiguous(i) for i in info.loads]
     outs = allocate_outputs(run.plan.graph, info, run.device)
-    launch(step.kernel, [*ins, *outs])
+    try:
+        launch(kernel, [*ins, *outs])
+    except Exception as e:  # noqa: BLE001 - a kernel that cannot be built must not lose the call
+        if not _build_error(e) or os.environ.get("AUTOFUSE_STRICT", "0") not in ("", "0"):
+            raise
+        why = (
+            f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+        )
+        _BROKEN[(kernel.source, kernel.name)] = why
+        warnings.warn(
+            f"autofuse: kernel {kernel.name} could not be built ({why}); its "
+            f"{len(info.nodes)} ops run in eager from now on",
+            KernelBuildWarning,
+            stacklevel=3,
+        )
+        return run_group_eagerly(run, info)
     for s, t in zip(info.stored, outs):
         run.env[s] = t
+
+
+def _build_error(e: Exception) -> bool:
+    """Errors of compiling / loading generated code (not of running it on bad data)."""
+    build = {"CompilationError", "OutOfResources", "SyntaxError", "NameError", "ImportError",
+             "AttributeError"}  # fmt: skip
+    while e is not None:  # the interpreter wraps the cause in an InterpreterError
+        if {c.__name__ for c in type(e).__mro__} & build:
+            return True
+        e = e.__cause__
+    return False
+
+
+def run_group_eagerly(run: _Run, info: GroupInfo) -> None:
+    """Evaluate a group's ops with PyTorch (the fallback of a kernel that cannot be built)."""
+    graph = run.plan.graph
+    for n in info.nodes:
+        node = graph[n]
+        run.env[n] = eval_node(node, [run.get(j) for j in node.inputs], run.device)
 
 
 def check_inputs(graph: Graph, inputs: Sequence[Any], device_kind: str | None = None) -> None:

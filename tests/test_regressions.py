@@ -86,3 +86,25 @@ def test_unlowerable_op_runs_in_eager_with_a_reason():
     x = torch.arange(-3, 4)
     opt = autofuse.optimize(lambda t: t**9 + 1, (x,))
     assert any("pow of an integer tensor" in s.reason for s in opt.plan.fallbacks)
+
+
+def test_kernel_that_cannot_be_built_falls_back_to_eager_with_one_warning():
+    import dataclasses
+    import warnings
+
+    from autofuse.runtime import KernelBuildWarning, KernelStep
+
+    from .workloads import cases
+
+    fn, args = cases()["softmax"]
+    plan = autofuse.optimize(fn, args).plan
+    k = plan.kernels[0]
+    bad = dataclasses.replace(k, source=k.source.replace("tl.exp(", "tl.no_such_op("))
+    broken = dataclasses.replace(plan, steps=(KernelStep(bad),))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", KernelBuildWarning)
+        outs = [execute(broken, list(args))[0] for _ in range(2)]
+    assert [w.category for w in seen].count(KernelBuildWarning) == 1
+    assert "could not be built" in str(seen[0].message)
+    for o in outs:
+        _same(o, fn(*args))
