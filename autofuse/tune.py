@@ -11,6 +11,7 @@ winner is chosen, so the result is never worse than either.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -187,7 +188,7 @@ def tune(
         if isinstance(measurer, Memo)
         else Memo(measurer or default_measurer(verify, isolate))
     )
-    eager = _eager_cost(graph, memo.inner if hasattr(memo, "inner") else memo)
+    eager = _eager_cost(graph, memo.inner)
     objective = Objective(graph, space, memo, eager)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu-model"
     name = study_name or f"autofuse-{captured.source_name}-{graph.key}-{device.replace(' ', '_')}"
@@ -215,8 +216,8 @@ def tune(
     best_choice, best_plan, e2e = _pick(plans, example_inputs, captured)
     greedy_v = _value_of(objective, greedy, done)
     unfused_v = _value_of(objective, unfused, done)
-    best_plan = build_plan(graph, best_choice.partition.groups, best_choice.configs, label="tuned")
-    times = _kernel_times(best_plan, best_choice, graph, memo)
+    best_plan = dataclasses.replace(best_plan, label="tuned")
+    times = _kernel_times(best_plan, graph, memo)
     result = TuneResult(
         plan=best_plan,
         value=best_choice.value,
@@ -316,7 +317,7 @@ def _pick(plans, example_inputs, captured):
     return choice, plan, e2e
 
 
-def _kernel_times(plan: Plan, choice: PlanChoice, graph, memo) -> dict[str, tuple[float, str]]:
+def _kernel_times(plan: Plan, graph, memo) -> dict[str, tuple[float, str]]:
     out = {}
     for k in plan.kernels:
         m = memo.measure(Candidate(graph, k.info, k.config))
