@@ -53,10 +53,6 @@ class PlanSummary:
         return sum(r.bytes_read + r.bytes_written for r in self.rows)
 
 
-def _inputs_of_eager(graph: Graph, i: int) -> tuple[int, ...]:
-    return graph.compute_inputs(i)
-
-
 def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> PlanSummary:
     g = plan.graph
     times = times or {}
@@ -66,14 +62,14 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
     for step in plan.steps:
         if isinstance(step, KernelStep):
             k = step.kernel
-            reads = [i for i in k.info.loads]
+            reads = list(k.info.loads)
             writes = list(k.info.stored)
             kind = k.name.split("_")[1]
             ops = tuple(g[i].op for i in k.info.nodes)
             name, cfg = k.name, config_label(k.config)
         else:
             assert isinstance(step, EagerStep)
-            reads = [j for j in _inputs_of_eager(g, step.node) if g[j].op not in INLINE_OPS]
+            reads = [j for j in g.compute_inputs(step.node) if g[j].op not in INLINE_OPS]
             writes = [step.node]
             kind, name = "eager", f"eager_{g[step.node].attr('target', g[step.node].op)}"
             ops, cfg = (g[step.node].op,), step.reason
