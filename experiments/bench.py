@@ -16,6 +16,7 @@ import os
 import subprocess
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -104,15 +105,19 @@ def run_one(w, ceil, trials, budget, cache_dir, modes) -> dict:
         rec[f"compile_s_{mode}"] = time.perf_counter() - t0
         errs[f"torch.compile {mode}"] = max_rel_err(out, ref)
         times[f"torch.compile {mode}"] = seconds(c, inputs)
-    t0 = time.perf_counter()
-    greedy = autofuse.optimize(w.fn, inputs)
-    errs["autofuse greedy"] = max_rel_err(greedy(*inputs), ref)
-    rec["greedy_build_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    tuned = autofuse.optimize(w.fn, inputs, trials=trials, time_budget=budget, cache_dir=cache_dir,
-                              progress=False)  # fmt: skip
-    rec["tuning_s"] = time.perf_counter() - t0
-    errs["autofuse tuned"] = max_rel_err(tuned(*inputs), ref)
+    # a kernel that failed to build runs in eager with a warning: the record must say so
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        t0 = time.perf_counter()
+        greedy = autofuse.optimize(w.fn, inputs)
+        errs["autofuse greedy"] = max_rel_err(greedy(*inputs), ref)
+        rec["greedy_build_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        tuned = autofuse.optimize(w.fn, inputs, trials=trials, time_budget=budget,
+                                  cache_dir=cache_dir, progress=False)  # fmt: skip
+        rec["tuning_s"] = time.perf_counter() - t0
+        errs["autofuse tuned"] = max_rel_err(tuned(*inputs), ref)
+    rec["warnings"] = sorted({f"{x.category.__name__}: {x.message}" for x in seen})
     # eager, greedy and tuned timed again in interleaved rounds (clocks and thermals drift
     # over a run; the same plan timed minutes apart differs by a few percent): min of rounds
     # the order alternates between rounds, so no variant is always timed hottest
