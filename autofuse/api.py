@@ -42,9 +42,21 @@ class OptimizedFunction:
         self._module = fn if isinstance(fn, torch.nn.Module) else None
         self.tuning = tuning  # search results (times, trials), when the plan was tuned
         self.__name__ = f"autofuse_{captured.source_name}"
+        n = len(captured.leaf_kinds)
+        # the common call f(t0, t1, ...) of plain tensors needs no pytree walk
+        self._flat_call = (
+            self._module is None
+            and all(k == "tensor" for k in captured.leaf_kinds)
+            and captured.in_spec == pytree.tree_flatten(tuple(range(n)))[1]
+        )
+        self._leaf_out = captured.out_spec.is_leaf()
 
     def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
         c = self.captured
+        if self._flat_call and all(type(a) is torch.Tensor for a in args):
+            if len(args) != len(c.leaf_kinds):
+                raise InputError(f"the plan takes {len(c.leaf_kinds)} tensors, got {len(args)}")
+            return list(args)
         leaves, spec = pytree.tree_flatten(tuple(args))
         if spec != c.in_spec:
             raise InputError(
@@ -68,6 +80,8 @@ class OptimizedFunction:
         flat = self.flat_inputs(args)
         with torch.no_grad():
             outs = execute(self.plan, flat)
+        if self._leaf_out:
+            return outs[0]
         return pytree.tree_unflatten(outs, self.captured.out_spec)
 
     def report(self) -> str:

@@ -560,11 +560,35 @@ class _Emitter:
                 self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
                 for j in node.inputs
             ]
-            expr = render_op(node.op, node, args, self.helpers)
+            expr = self.divide(node, args) or render_op(node.op, node, args, self.helpers)
             cls = max((a.cls for a in args), default=0)
             v = self.tmp(expr, cls, compute_dtype(node.dtype), node.name)
         self.scopes[-1].cache[key] = v
         return v
+
+    def divide(self, node, args: list[_Val]) -> str | None:
+        """A float division by a constant or by a row value, as a multiply by its reciprocal
+        (one division per row instead of per element; within an ulp of the quotient)."""
+        cd = compute_dtype(node.dtype)
+        if node.op != "div" or not _is_float(cd):
+            return None
+        a, b = args
+        if b.literal:
+            try:
+                c = float(b.code)
+            except ValueError:
+                return None
+            if c == 0 or not math.isfinite(c) or not math.isfinite(1.0 / c):
+                return None
+            return f"{_cast(a, cd)} * {1.0 / c!r}"
+        if b.cls >= a.cls:
+            return None
+        key = ("reciprocal", b.code)
+        r = self.lookup(key)
+        if r is None:
+            r = self.tmp(f"1.0 / {_cast(b, cd)}", b.cls, cd, "reciprocal")
+            self.scopes[-1].cache[key] = r
+        return f"{_cast(a, cd)} * {r.code}"
 
     def load(self, i: int, index: tuple[Expr, ...]) -> _Val:
         node = self.g[i]
@@ -645,17 +669,24 @@ class _Emitter:
             return f"{acc} * {val}"
         return _minmax("maximum" if op == "amax" else "minimum", acc, val, dtype)
 
-    def finish_reduction(self, r: int, acc: _Val, acc_dtype: str) -> None:
-        node = self.g[r]
+    def row_reduce(self, op: str, code: str, acc_dtype: str) -> str:
+        """``code`` ([XBLOCK, RBLOCK]) reduced along the row to [XBLOCK, 1]."""
         combine = {"prod": "_af_prod"}
         if _is_float(acc_dtype):  # a NaN in the row makes the max (min) NaN, as in torch
             combine.update(amax="_af_max", amin="_af_min")
         fn = {"sum": "tl.sum", "mean": "tl.sum", "amax": "tl.max", "amin": "tl.min"}
-        if node.op in combine:
-            self.helpers.add(combine[node.op])
-            expr = f"tl.reduce({acc.code}, 1, {combine[node.op]})[:, None]"
-        else:
-            expr = f"{fn[node.op]}({acc.code}, 1)[:, None]"
+        if op in combine:
+            self.helpers.add(combine[op])
+            return f"tl.reduce({code}, 1, {combine[op]})[:, None]"
+        return f"{fn[op]}({code}, 1)[:, None]"
+
+    def finish_reduction(self, r: int, acc: _Val, acc_dtype: str) -> None:
+        node = self.g[r]
+        self.set_reduced(r, self.row_reduce(node.op, acc.code, acc_dtype), acc_dtype)
+
+    def set_reduced(self, r: int, expr: str, acc_dtype: str) -> None:
+        """Bind reduction ``r``'s row value from ``expr`` (its row sum/max/... in acc_dtype)."""
+        node = self.g[r]
         cd = compute_dtype(node.dtype)
         if node.op == "mean":
             v = self.tmp(expr, 1, acc_dtype, node.name + " (sum)")
@@ -702,16 +733,17 @@ class _Emitter:
         if not self.red:
             self.line(f"xoffset = tl.program_id(0){idx_t} * XBLOCK")
             self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
-            self.line("xmask = xindex < xnumel")
+            self.line(self.mask_line("x", "[XBLOCK]"))
             for s in self.info.stored:
                 self.store(s, self.value(s, self.full), self.full, 2)
             return self.lines
         self.line(f"xoffset = tl.program_id(0){idx_t} * XBLOCK")
         self.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
-        self.line("xmask = xindex < xnumel")
+        self.line(self.mask_line("x", "[XBLOCK, 1]"))
+        self.preamble()
         if self.persistent:
             self.line("rindex = tl.arange(0, RBLOCK)[None, :]")
-            self.line("rmask = rindex < rnumel")
+            self.line(self.mask_line("r", "[1, RBLOCK]"))
         else:
             self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
         lv = self.levels()
@@ -749,6 +781,18 @@ class _Emitter:
                 lambda: [self.store(s, self.value(s, self.full), self.full, 2) for s in fulls]
             )
         return self.lines
+
+    def mask_line(self, axis: str, shape: str) -> str:
+        """``xmask``/``rmask``: all-true constants when the block divides the extent (the
+        compiler then drops them from every load and store), else the bounds check."""
+        numel = self.info.xnumel if axis == "x" else self.info.rnumel
+        block = self.cfg.XBLOCK if axis == "x" else self.cfg.RBLOCK
+        if numel % block == 0:
+            return f"{axis}mask = tl.full({shape}, True, tl.int1)"
+        return f"{axis}mask = {axis}index < {axis}numel"
+
+    def preamble(self) -> None:
+        """Lines run once per program before the first phase (subclasses hoist loads here)."""
 
     def _looped_phase(self, phase: list[int]) -> dict:
         accs = {}
@@ -834,7 +878,7 @@ class _Emitter:
         self.depth += 1
         self.scopes.append(_Scope())
         self.line("rindex = roffset + rbase")
-        self.line("rmask = rindex < rnumel")
+        self.line(self.mask_line("r", "[1, RBLOCK]"))
         body()
         self.scopes.pop()
         self.depth -= 1

@@ -17,8 +17,11 @@ from .codegen import (
     FusionRefused,
     GroupInfo,
     Kernel,
+    _cast,
     _describe,
     _Emitter,
+    _identity,
+    _minmax,
     _Scope,
     _Val,
     compute_dtype,
@@ -323,8 +326,32 @@ def analyze_gemm_row_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
 
 
 class RowGemmEmitter(_Emitter):
-    """The reduction kernel whose matmul member is computed per (rows, RBLOCK) tile by a K loop
-    of tl.dot, inside whichever pass needs it."""
+    """The reduction kernel whose matmul member is computed per (rows, RBLOCK) tile by tl.dot,
+    inside whichever pass needs it. Unlike the memory-bound reductions (per-lane accumulators,
+    one cross-lane reduction at the end), each score tile is reduced to its rows at once: the
+    online softmax then costs one exp per element and pass, as in flash attention, and the
+    accumulators are [XBLOCK, 1] instead of holding a second tile in registers. When the whole
+    inner dimension fits one BLOCK_K, the A tile (the program's rows) is loaded once."""
+
+    def single_k(self) -> bool:
+        mm = self.g[self.info.matmuls[0]]
+        return self.cfg.BLOCK_K >= self.g[mm.inputs[0]].shape[-1]
+
+    def preamble(self) -> None:
+        if not self.single_k():
+            return
+        mm = self.info.matmuls[0]
+        self.line("offs_k = tl.arange(0, BLOCK_K)")
+        self.line(f"a = {self._a_load(mm)}  # {self.g[mm].name}: A rows, loaded once")
+
+    def _a_load(self, mm: int) -> str:
+        g = self.g
+        a = g[mm].inputs[0]
+        k = g[a].shape[-1]
+        kr = Expr.dim("offs_k[None, :]", 1, k, True)
+        a_off = memory_offset(g, a, (*self.full[:-1], kr)).render()
+        mask = "xmask" if k % self.cfg.BLOCK_K == 0 else f"xmask & (offs_k[None, :] < {k})"
+        return f"tl.load({self.ptr[g.base_of(a)]} + ({a_off}), {mask}, other=0.0)"
 
     def reduced(self, i: int, index):
         if self.g[i].kind != "matmul":
@@ -337,35 +364,75 @@ class RowGemmEmitter(_Emitter):
         return self.dot_tile(i)
 
     def dot_tile(self, mm: int) -> _Val:
-        g, cfg = self.g, self.cfg
+        g = self.g
         node = g[mm]
         a, b = node.inputs
         k = g[a].shape[-1]
         batched = len(node.shape) == 3
         m = node.shape[-2]
-        kr = Expr.dim("offs_k[None, :]", 1, k, True)
         kc = Expr.dim("offs_k[:, None]", 1, k, True)
-        a_idx = (*self.full[:-1], kr)
         # every row of a program is in one batch (BLOCK_M divides M): a uniform batch index
         b_batch = (Expr.dim("xoffset", m, node.shape[0], True),) if batched else ()
         b_idx = (*b_batch, kc, self.full[-1])
-        even_k = k % cfg.BLOCK_K == 0
-        a_mask = "xmask" if even_k else "xmask & (offs_k[None, :] < K_)"
-        b_mask = "rmask" if even_k else "(offs_k[:, None] < K_) & rmask"
+        b_mask = "rmask" if k % self.cfg.BLOCK_K == 0 else f"(offs_k[:, None] < {k}) & rmask"
+        b_off = memory_offset(g, b, b_idx).render()
+        b_load = f"tl.load({self.ptr[g.base_of(b)]} + ({b_off}), {b_mask}, other=0.0)"
+        prec = ', input_precision="ieee"' if g[a].dtype == "float32" else ""
+        if self.single_k():
+            self.line(f"b = {b_load}")
+            return self.tmp(f"tl.dot(a, b{prec})", 2, "float32", f"{node.name} tile")
         acc = self.tmp("tl.zeros([XBLOCK, RBLOCK], dtype=tl.float32)", 2, "float32")
         self.line(f"for k_off in range(0, {k}, BLOCK_K):  # {node.name}: K loop")
         self.depth += 1
         self.line("offs_k = k_off + tl.arange(0, BLOCK_K)")
-        pa = self.ptr[g.base_of(a)]
-        pb = self.ptr[g.base_of(b)]
-        a_off = memory_offset(g, a, a_idx).render()
-        b_off = memory_offset(g, b, b_idx).render()
-        self.line(f"a = tl.load({pa} + ({a_off}), {a_mask.replace('K_', str(k))}, other=0.0)")
-        self.line(f"b = tl.load({pb} + ({b_off}), {b_mask.replace('K_', str(k))}, other=0.0)")
-        prec = ', input_precision="ieee"' if g[a].dtype == "float32" else ""
+        self.line(f"a = {self._a_load(mm)}")
+        self.line(f"b = {b_load}")
         self.line(f"{acc.code} = tl.dot(a, b, {acc.code}{prec})")
         self.depth -= 1
         return acc
+
+    # -- row-wise accumulation (looped kernels; a persistent one reduces its one tile) --------
+    def _looped_phase(self, phase: list[int]) -> dict:
+        accs = {}
+        for r in phase:
+            dt = self.acc_dtype(r)
+            init = f"tl.full([XBLOCK, 1], {_identity(self.g[r].op, dt)}, {TL_DTYPE[dt]})"
+            accs[r] = (self.tmp(init, 1, dt), dt)
+        online = {s: m for s, m in self.online.items() if m in phase}
+        for s in online:
+            accs[s] = (self.tmp("tl.zeros([XBLOCK, 1], dtype=tl.float32)", 1, "float32"), "float32")
+        self._in_loop(lambda: self._accumulate_rows(phase, accs, online))
+        return accs
+
+    def _accumulate_rows(self, phase, accs, online) -> None:
+        partner = {m: s for s, m in online.items()}
+        for r in phase:
+            op = self.g[r].op
+            acc, dt = accs[r]
+            src, val = self.masked_input(r)
+            tile = self.tmp(self.row_reduce(op, val, dt), 1, dt, f"{self.g[r].name} of the tile")
+            if r not in partner:
+                self.line(f"{acc.code} = {self._combine(op, acc.code, tile.code, dt)}")
+                continue
+            # online softmax: the running row max, and the row sum of exp(x - max) rescaled
+            s_acc = accs[partner[r]][0].code
+            m_new = self.tmp(_minmax("maximum", acc.code, tile.code, dt), 1, dt, "running max")
+            self.line(
+                f'{s_acc} = tl.where({m_new.code} == float("-inf"), 0.0, '
+                f"{s_acc} * tl.exp({acc.code} - {m_new.code}) + tl.sum(tl.where(xmask & rmask, "
+                f"tl.exp({_cast(src, dt)} - {m_new.code}), 0.0), 1)[:, None])"
+            )
+            self.line(f"{acc.code} = {m_new.code}")
+
+    def finish_reduction(self, r: int, acc: _Val, acc_dtype: str) -> None:
+        if self.persistent:
+            return super().finish_reduction(r, acc, acc_dtype)
+        self.set_reduced(r, acc.code, acc_dtype)
+
+    def finish_online(self, s: int, m: int, s_acc: _Val, m_acc: _Val) -> None:
+        if self.persistent:
+            return super().finish_online(s, m, s_acc, m_acc)
+        self.red_val[s] = s_acc
 
 
 def gemm_row_configs(graph: Graph, info: GroupInfo) -> list[RowGemmConfig]:

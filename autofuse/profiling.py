@@ -709,6 +709,7 @@ class GPUTimer:
             why = verify_candidate(candidate, device, self.seed)
             if why:
                 return Measurement.failed(why, "measured")
+        from .launcher import Launcher
         from .runtime import load_kernel
 
         try:
@@ -716,16 +717,16 @@ class GPUTimer:
             fn = load_kernel(kernel.source, kernel.name)
             sets = self._buffer_sets(sub, info, device)
             calls = [self._positional(kernel, bufs) for bufs in sets]
-            grid, kw = kernel.grid, dict(kernel.launch_kw)
+            launch = Launcher(fn, kernel.grid, dict(kernel.launch_kw))  # as plans launch it
             for pos in calls:  # compiles on the first launch
-                fn[grid](*pos, **kw)
+                launch(pos)
             torch.cuda.synchronize(device)
             state = [0]
 
             def run() -> None:
                 pos = calls[state[0]]
                 state[0] = (state[0] + 1) % len(calls)
-                fn[grid](*pos, **kw)
+                launch(pos)
 
             ms = _bench_ms(run, self.warmup_ms, self.rep_ms, self.flush_l2)
         except Exception as e:  # noqa: BLE001

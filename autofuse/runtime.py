@@ -16,6 +16,7 @@ import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from .codegen import (
 from .eager import eval_node
 from .interpreter import apply_patches
 from .ir import Graph
+from .launcher import Launcher
 
 # ---------------------------------------------------------------------------------------------
 # Loading generated source
@@ -88,6 +90,10 @@ class KernelStep:
     def nodes(self) -> tuple[int, ...]:
         return self.kernel.info.nodes
 
+    @cached_property
+    def launcher(self) -> Launcher:
+        return launcher_for(self.kernel)
+
 
 @dataclass(frozen=True)
 class EagerStep:
@@ -119,6 +125,22 @@ class Plan:
     @property
     def groups(self) -> tuple[frozenset[int], ...]:
         return tuple(frozenset(k.info.nodes) for k in self.kernels)
+
+    @cached_property
+    def input_specs(self) -> tuple[tuple[torch.Size, torch.dtype, tuple[int, ...]], ...]:
+        """(shape, dtype, strides) of each input, for the per-call check."""
+        g = self.graph
+        return tuple(
+            (torch.Size(g[i].shape), getattr(torch, g[i].dtype), tuple(g[i].strides))
+            for i in g.inputs
+        )
+
+    @cached_property
+    def out_specs(self) -> dict[int, tuple[tuple[int, ...], torch.dtype]]:
+        g = self.graph
+        return {
+            s: (g[s].shape, getattr(torch, g[s].dtype)) for k in self.kernels for s in k.info.stored
+        }
 
 
 def eager_reason(graph: Graph, i: int) -> str:
@@ -256,15 +278,30 @@ class _Run:
         return t
 
 
-def launch(kernel: Kernel, args: Sequence[torch.Tensor]) -> None:
-    """Launch ``kernel`` on its buffers: the loaded ones, then the stored ones, in order."""
-    fn = load_kernel(kernel.source, kernel.name)
+_LAUNCHERS: dict[tuple, Launcher] = {}
+
+
+def launcher_for(kernel: Kernel) -> Launcher:
+    key = (kernel.source, kernel.name, kernel.grid, kernel.launch_kw)
+    hit = _LAUNCHERS.get(key)
+    if hit is None:
+        fn = load_kernel(kernel.source, kernel.name)
+        hit = _LAUNCHERS[key] = Launcher(fn, kernel.grid, dict(kernel.launch_kw))
+    return hit
+
+
+def kernel_args(kernel: Kernel, args: Sequence[torch.Tensor]) -> list[Any]:
+    """The kernel's positional arguments: buffers (loaded, then stored) and extents."""
     n_in = len(kernel.info.loads)
-    pos = [
+    return [
         args[k] if kind == "in" else args[n_in + k] if kind == "out" else k
         for kind, k in kernel.layout
     ]
-    fn[kernel.grid](*pos, **dict(kernel.launch_kw))
+
+
+def launch(kernel: Kernel, args: Sequence[torch.Tensor]) -> None:
+    """Launch ``kernel`` on its buffers: the loaded ones, then the stored ones, in order."""
+    launcher_for(kernel)(kernel_args(kernel, args))
 
 
 def allocate_outputs(graph: Graph, info: GroupInfo, device: torch.device) -> list[torch.Tensor]:
@@ -287,9 +324,10 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
     if (kernel.source, kernel.name) in _BROKEN:
         return run_group_eagerly(run, info)
     ins = [run.contiguous(i) for i in info.loads]
-    outs = allocate_outputs(run.plan.graph, info, run.device)
+    specs = run.plan.out_specs
+    outs = [torch.empty(specs[s][0], dtype=specs[s][1], device=run.device) for s in info.stored]
     try:
-        launch(kernel, [*ins, *outs])
+        step.launcher(kernel_args(kernel, [*ins, *outs]))
     except Exception as e:  # noqa: BLE001 - a kernel that cannot be built must not lose the call
         if not _build_error(e) or os.environ.get("AUTOFUSE_STRICT", "0") not in ("", "0"):
             raise
@@ -349,10 +387,24 @@ def check_inputs(graph: Graph, inputs: Sequence[Any], device_kind: str | None = 
             raise InputError(f"{label}: expected a {device_kind} tensor, got one on {x.device}")
 
 
+def _inputs_match(plan: Plan, inputs: Sequence[Any]) -> bool:
+    """The common case, cheaply: every input has exactly the captured shape, dtype, strides."""
+    specs = plan.input_specs
+    if len(inputs) != len(specs):
+        return False
+    for x, (shape, dtype, strides) in zip(inputs, specs):
+        if type(x) is not torch.Tensor or x.dtype is not dtype or x.shape != shape:
+            return False
+        if x.stride() != strides:
+            return False
+    return True
+
+
 def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run a plan on the flat list of graph inputs; returns the flat list of graph outputs."""
     graph = plan.graph
-    check_inputs(graph, inputs)
+    if not _inputs_match(plan, inputs):
+        check_inputs(graph, inputs)  # raises, naming the input, or accepts (size-1 strides)
     device = inputs[0].device if inputs else torch.device("cpu")
     run = _Run(plan, device)
     for idx, x in zip(graph.inputs, inputs):

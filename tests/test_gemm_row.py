@@ -46,12 +46,17 @@ def test_one_kernel_for_gemm_and_row_reduction(name):
     info = space.check(group)
     assert info.kind == "gemm_row", f"{name}: greedy group is {info}"
     configs = gemm_row_configs(graph, info)
-    looped = [c for c in configs if c.RBLOCK < info.rnumel]
-    persistent = [c for c in configs if c.RBLOCK >= info.rnumel]
-    assert looped and persistent
+    k = graph[graph[info.matmuls[0]].inputs[0]].shape[-1]
+    # one config of each kind: row loop or whole row; A loaded once (one K step) or a K loop
+    kinds: dict = {}
+    for c in configs:
+        kinds.setdefault((c.RBLOCK >= info.rnumel, c.BLOCK_K >= k), c)
+    assert (False, True) in kinds and (True, True) in kinds, sorted(kinds)
+    if k > 16:
+        assert (False, False) in kinds, sorted(kinds)
     refs = reference(fn, args, torch.float32)
     flat = [a for a in args if isinstance(a, torch.Tensor)]
-    for cfg in (looped[0], looped[-1], persistent[0]):
+    for cfg in kinds.values():
         plan = build_plan(
             graph,
             space.greedy().groups,

@@ -1,0 +1,82 @@
+"""A lean launch path for generated kernels.
+
+``fn[grid](*args, **meta)`` on a ``triton.jit`` function binds every argument, computes its
+specialization key and looks the binary up on each call: tens of microseconds of host time,
+which is the whole difference on kernels of that length. A plan's kernels are launched with the
+same shapes, dtypes and meta-parameters every time; only the buffers change. So the first call
+goes through Triton (which compiles and specializes), and later calls reuse the compiled binary
+straight through its own launcher (``CompiledKernel[grid](*args)``), as long as what Triton
+specialized on still holds. Triton specializes tensor arguments on 16-byte alignment; the lean
+path keys its binaries on that, so a misaligned buffer gets (and keeps) its own binary.
+
+Off under Triton's interpreter, on CPU tensors, with ``AUTOFUSE_LEAN_LAUNCH=0``, and for any
+kernel whose first launch returns something that is not a compiled kernel (other Triton
+versions): those take the regular path every time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .interpreter import interpreting
+
+_STATS = {"lean": 0, "regular": 0}
+
+
+def lean_enabled() -> bool:
+    return os.environ.get("AUTOFUSE_LEAN_LAUNCH", "1") not in ("", "0") and not interpreting()
+
+
+class Launcher:
+    """Launches one jitted kernel on one grid with fixed meta-parameters."""
+
+    def __init__(self, fn: Any, grid: tuple[int, ...], meta: dict[str, Any]) -> None:
+        self.fn, self.meta = fn, dict(meta)
+        self.grid = tuple(grid)
+        self.grid3 = (*self.grid, 1, 1)[:3]
+        names = list(getattr(fn, "arg_names", None) or [])
+        self.const_names = [n for n in names if n in self.meta]
+        self.consts = [self.meta[n] for n in self.const_names]  # constexprs, signature order
+        self.n_params = len(names)
+        self.binaries: dict[tuple[bool, ...], Any] = {}
+        self.lean = lean_enabled() and bool(names)
+
+    def __call__(self, args: Sequence[Any]) -> None:
+        if not self.lean or not args or not _on_cuda(args):
+            _STATS["regular"] += 1
+            self.fn[self.grid](*args, **self.meta)
+            return
+        key = tuple(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor))
+        run = self.binaries.get(key)
+        if run is not None:
+            _STATS["lean"] += 1
+            run(*args, *self.consts)
+            return
+        _STATS["regular"] += 1
+        compiled = self.fn[self.grid](*args, **self.meta)
+        self._keep(key, compiled, len(args))
+
+    def _keep(self, key: tuple[bool, ...], compiled: Any, n_args: int) -> None:
+        if n_args + len(self.const_names) != self.n_params or not hasattr(compiled, "function"):
+            self.lean = False  # not a shape of Triton this path knows: stay on the regular one
+            return
+        try:
+            self.binaries[key] = compiled[self.grid3]
+        except Exception:  # noqa: BLE001 - an unknown CompiledKernel API: regular path
+            self.lean = False
+
+
+def _on_cuda(args: Sequence[Any]) -> bool:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.is_cuda
+    return False
+
+
+def stats() -> dict[str, int]:
+    """How many launches took the lean and the regular path (tests read it)."""
+    return dict(_STATS)
