@@ -452,7 +452,7 @@ def gemm_row_configs(graph: Graph, info: GroupInfo) -> list[RowGemmConfig]:
                 if bk > max(16, _np2(k)):
                     continue
                 for w in (4, 8):
-                    for st in (2, 3):
+                    for st in (2, 3, 4):
                         if st * (bm * bk + bk * bn) * dt > 232448 or bm * bn < 32 * w * 4:
                             continue
                         out.append(RowGemmConfig(bm, bn, bk, w, st))

@@ -21,10 +21,11 @@ from experiments.bench import stamp
 from experiments.workloads import BY_NAME
 
 
-def sweep_group(graph, info, timer: GPUTimer, max_configs: int, seed: int) -> dict:
+def sweep_group(graph, info, timer: GPUTimer, max_configs: int, seed: int, where: str = "") -> dict:
     space = config_space(info, graph)
     default = default_config(info, graph)
-    picked = list(space)
+    # --where "c.BLOCK_K == 128": a Python condition on the config ``c``
+    picked = [c for c in space if not where or eval(where, {}, {"c": c})]  # noqa: S307
     if len(picked) > max_configs:
         picked = random.Random(seed).sample(picked, max_configs)
     if default not in picked:
@@ -54,6 +55,7 @@ def main() -> None:
     p.add_argument("--out", default="results")
     p.add_argument("--tag", default="sweep")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--where", default="", help='keep configs c where this holds: "c.BLOCK_K==128"')
     a = p.parse_args()
     timer = GPUTimer()
     doc = {"stamp": stamp(), "workloads": []}
@@ -68,7 +70,7 @@ def main() -> None:
             info = Partitioner(graph).check(g)
             if isinstance(info, str) or len(info.nodes) < 2 and info.kind == "gemm":
                 continue
-            r = sweep_group(graph, info, timer, a.max_configs, a.seed)
+            r = sweep_group(graph, info, timer, a.max_configs, a.seed, a.where)
             groups.append(r)
             best, d = r["best"] or {}, r["default"]
             print(f"{name} {r['kind']} [{','.join(r['ops'])}] space={r['space']} "
