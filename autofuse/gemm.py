@@ -10,7 +10,7 @@ the epilogue may read bias, residual or masks broadcast or full-size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .codegen import (
     TL_DTYPE,
@@ -21,9 +21,11 @@ from .codegen import (
     _describe,
     _Emitter,
     _identity,
+    _literal,
     _minmax,
     _Scope,
     _Val,
+    broadcast_index,
     compute_dtype,
     kernel_name,
     loaded_nodes,
@@ -273,12 +275,63 @@ class RowGemmConfig:
     BLOCK_K: int
     num_warps: int = 4
     num_stages: int = 2
+    SKIP: bool = False  # tiles whose every lane a where() replaces by a constant skip the dot
 
     def label(self) -> str:
         return (
             f"BLOCK_M={self.XBLOCK} BLOCK_N={self.RBLOCK} BLOCK_K={self.BLOCK_K} "
             f"num_warps={self.num_warps} num_stages={self.num_stages}"
+            + (" SKIP" if self.SKIP else "")
         )
+
+
+@dataclass(frozen=True)
+class ConstantSelect:
+    """``where(cond, C, x)`` (or ``where(cond, x, C)``) through which every use of the matmul
+    passes: on a tile where ``cond`` is all true (all false) the product is never needed, and
+    the row reductions and stores see the constant C (a causal mask's upper triangle)."""
+
+    node: int
+    cond: int
+    const: int
+    const_when: bool  # the value of cond for which the result is C
+
+
+def constant_select(graph: Graph, info: GroupInfo) -> ConstantSelect | None:
+    members = set(info.nodes)
+    mm = info.matmuls[0]
+    for w in info.nodes:
+        node = graph[w]
+        if node.op != "where" or node.shape != info.domain:
+            continue
+        c, t, f = node.inputs
+        for const, other, when in ((t, f, True), (f, t, False)):
+            base = graph.base_of(const)
+            if graph[base].op != "const" or graph.base_of(other) not in members:
+                continue
+            if mm in _ancestors(graph, c) | {graph.base_of(c)}:
+                continue
+            if mm in _ancestors(graph, other) | {graph.base_of(other)} and _only_through(
+                graph, info, mm, w
+            ):
+                return ConstantSelect(w, c, base, const_when=when)
+    return None
+
+
+def _only_through(graph: Graph, info: GroupInfo, mm: int, w: int) -> bool:
+    """Every path from ``mm`` to a stored node or a reduction of the group passes through
+    ``w``."""
+    members, stored = set(info.nodes), set(info.stored)
+    seen, todo = set(), [mm]
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if i in stored or (i != mm and graph[i].kind == "reduction"):
+            return False
+        todo += [u for u in graph.compute_users[i] if u in members and u != w]
+    return True
 
 
 def analyze_gemm_row_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
@@ -332,6 +385,47 @@ class RowGemmEmitter(_Emitter):
     online softmax then costs one exp per element and pass, as in flash attention, and the
     accumulators are [XBLOCK, 1] instead of holding a second tile in registers. When the whole
     inner dimension fits one BLOCK_K, the A tile (the program's rows) is loaded once."""
+
+    def __init__(self, graph: Graph, info: GroupInfo, config) -> None:
+        super().__init__(graph, info, config)
+        self.select = constant_select(graph, info) if getattr(config, "SKIP", False) else None
+        self.const_tile = False  # emitting the branch where the select is its constant
+
+    def value(self, i: int, index) -> _Val:
+        if self.const_tile and i == self.select.node:
+            dt = self.g[i].dtype
+            return _Val(_literal(self.g[self.select.const].attr("value"), dt), 0,
+                        compute_dtype(dt), True)  # fmt: skip
+        return super().value(i, index)
+
+    def _in_loop(self, body) -> None:
+        if self.persistent or self.select is None:
+            return super()._in_loop(body)
+
+        def branched() -> None:
+            sel, g = self.select, self.g
+            cond = self.value(
+                sel.cond, broadcast_index(g[sel.cond].shape, g[sel.node].shape, self.full)
+            )
+            c = _cast(cond, "bool")
+            if sel.const_when:
+                test = f"tl.min(tl.min(tl.where(xmask & rmask, {c}, 1).to(tl.int32), 1), 0) > 0"
+            else:
+                test = f"tl.max(tl.max(tl.where(xmask & rmask, {c}, 0).to(tl.int32), 1), 0) == 0"
+            name = g[sel.node].name
+            self.line(f"if {test}:  # {name} is its constant on the whole tile: no product")
+            for const in (True, False):
+                self.depth += 1
+                self.scopes.append(_Scope())
+                self.const_tile = const
+                body()
+                self.const_tile = False
+                self.scopes.pop()
+                self.depth -= 1
+                if const:
+                    self.line("else:")
+
+        super()._in_loop(branched)
 
     def single_k(self) -> bool:
         mm = self.g[self.info.matmuls[0]]
@@ -410,19 +504,45 @@ class RowGemmEmitter(_Emitter):
             op = self.g[r].op
             acc, dt = accs[r]
             src, val = self.masked_input(r)
-            tile = self.tmp(self.row_reduce(op, val, dt), 1, dt, f"{self.g[r].name} of the tile")
+            # on a constant tile the input is one value per row: the tile's reduction is that
+            # value (max, min) or that value times the number of columns (sum)
+            per_row = src.cls < 2 and op in ("sum", "mean", "amax", "amin")
+            if per_row:
+                row = self._row_value(src, dt)
+                tile_code = f"{row} * {self._count()}" if op in ("sum", "mean") else row
+            else:
+                tile_code = self.row_reduce(op, val, dt)
+            tile = self.tmp(tile_code, 1, dt, f"{self.g[r].name} of the tile")
             if r not in partner:
                 self.line(f"{acc.code} = {self._combine(op, acc.code, tile.code, dt)}")
                 continue
             # online softmax: the running row max, and the row sum of exp(x - max) rescaled
             s_acc = accs[partner[r]][0].code
             m_new = self.tmp(_minmax("maximum", acc.code, tile.code, dt), 1, dt, "running max")
+            if per_row:
+                tile_sum = f"{self._count()} * tl.exp({self._row_value(src, dt)} - {m_new.code})"
+            else:
+                tile_sum = (
+                    f"tl.sum(tl.where(xmask & rmask, tl.exp({_cast(src, dt)} - {m_new.code}), "
+                    "0.0), 1)[:, None]"
+                )
             self.line(
                 f'{s_acc} = tl.where({m_new.code} == float("-inf"), 0.0, '
-                f"{s_acc} * tl.exp({acc.code} - {m_new.code}) + tl.sum(tl.where(xmask & rmask, "
-                f"tl.exp({_cast(src, dt)} - {m_new.code}), 0.0), 1)[:, None])"
+                f"{s_acc} * tl.exp({acc.code} - {m_new.code}) + {tile_sum})"
             )
             self.line(f"{acc.code} = {m_new.code}")
+
+    def _row_value(self, src: _Val, dt: str) -> str:
+        """A scalar or per-row value as an [XBLOCK, 1] tensor of dtype ``dt``."""
+        if src.cls == 1:
+            return _cast(src, dt)
+        return f"(tl.zeros([XBLOCK, 1], dtype={TL_DTYPE[dt]}) + {_cast(src, dt)})"
+
+    def _count(self) -> str:
+        """How many columns of this tile are inside the row."""
+        if self.info.rnumel % self.cfg.RBLOCK == 0:
+            return f"{float(self.cfg.RBLOCK)!r}"
+        return "tl.sum(rmask.to(tl.float32), 1)[:, None]"
 
     def finish_reduction(self, r: int, acc: _Val, acc_dtype: str) -> None:
         if self.persistent:
@@ -456,17 +576,31 @@ def gemm_row_configs(graph: Graph, info: GroupInfo) -> list[RowGemmConfig]:
                         if st * (bm * bk + bk * bn) * dt > 232448 or bm * bn < 32 * w * 4:
                             continue
                         out.append(RowGemmConfig(bm, bn, bk, w, st))
+    if constant_select(graph, info) is not None:  # skipping constant tiles: the search decides
+        out += [replace(c, SKIP=True) for c in out if c.RBLOCK < n]
     return out
 
 
 def gemm_row_default(graph: Graph, info: GroupInfo) -> RowGemmConfig:
+    """Measured best on the H200 for attention scores (d=128): the A rows loaded once (BLOCK_K
+    = K), 64-column steps, 4 warps, 3 stages; constant tiles skipped when the select's condition
+    is computed from indices alone (a causal mask), not loaded."""
     configs = gemm_row_configs(graph, info)
-    want = (64, 128, 64, 4, 2)
+    mm = graph[info.matmuls[0]]
+    k = min(128, _np2(graph[mm.inputs[0]].shape[-1]))
+    want = (64, 64, k, 4, 3)
+    sel = constant_select(graph, info)
+    skip = sel is not None and not any(
+        graph[j].kind == "input" for j in _ancestors(graph, sel.cond) | {graph.base_of(sel.cond)}
+    )
     return min(
         configs,
-        key=lambda c: sum(
-            abs(_log2(a) - _log2(b))
-            for a, b in zip((c.XBLOCK, c.RBLOCK, c.BLOCK_K, c.num_warps, c.num_stages), want)
+        key=lambda c: (
+            c.SKIP != skip,
+            sum(
+                abs(_log2(a) - _log2(b))
+                for a, b in zip((c.XBLOCK, c.RBLOCK, c.BLOCK_K, c.num_warps, c.num_stages), want)
+            ),
         ),
     )
 

@@ -32,6 +32,9 @@ def _cases(dtype=torch.float32):
     return {
         "masked_scores": (attention_scores, (r(2, 32, 16), r(2, 48, 16), torch.rand(32, 48, generator=gen) < 0.2)),
         "causal_scores": (attention_scores_causal, (r(2, 32, 16), r(2, 32, 16))),
+        # whole tiles masked (padding columns) and whole rows masked (NaN rows, as in torch)
+        "padded_scores": (attention_scores, (r(2, 32, 16), r(2, 48, 16), (torch.arange(48) >= 20).expand(32, 48).clone())),
+        "masked_rows": (attention_scores, (r(2, 32, 16), r(2, 48, 16), (torch.arange(32) < 4)[:, None].expand(32, 48).clone())),
         "gemm_layernorm": (gemm_layernorm, (r(24, 20), r(20, 70), r(70), r(70))),
         "gemm_row_amax": (gemm_row_amax, (r(24, 20), r(20, 70))),
     }  # fmt: skip
@@ -50,10 +53,12 @@ def test_one_kernel_for_gemm_and_row_reduction(name):
     # one config of each kind: row loop or whole row; A loaded once (one K step) or a K loop
     kinds: dict = {}
     for c in configs:
-        kinds.setdefault((c.RBLOCK >= info.rnumel, c.BLOCK_K >= k), c)
-    assert (False, True) in kinds and (True, True) in kinds, sorted(kinds)
+        kinds.setdefault((c.RBLOCK >= info.rnumel, c.BLOCK_K >= k, c.SKIP), c)
+    if "scores" in name or name == "masked_rows":  # a where(mask, -inf, scores) to skip on
+        assert (False, True, True) in kinds, sorted(kinds)
+    assert (False, True, False) in kinds and (True, True, False) in kinds, sorted(kinds)
     if k > 16:
-        assert (False, False) in kinds, sorted(kinds)
+        assert (False, False, False) in kinds, sorted(kinds)
     refs = reference(fn, args, torch.float32)
     flat = [a for a in args if isinstance(a, torch.Tensor)]
     for cfg in kinds.values():
