@@ -25,7 +25,7 @@ from . import logs
 from .capture import Captured
 from .codegen import INLINE_OPS, GroupInfo, KernelConfig, config_label, config_space, default_config
 from .partition import Partition, Partitioner
-from .profiling import Candidate, CostModel, GPUTimer, Isolated, Measurement, Memo
+from .profiling import Candidate, CostModel, GPUTimer, Isolated, Measurement, Memo, describe_error
 from .runtime import Plan, build_plan, eager_group
 
 
@@ -114,7 +114,10 @@ class Objective:
             labels = [config_label(c) for c in options]
             label = trial.categorical(group_param(group), labels)
             cfg = options[labels.index(label)]
-            m: Measurement = self.measurer.measure(Candidate(self.graph, info, cfg))
+            try:
+                m: Measurement = self.measurer.measure(Candidate(self.graph, info, cfg))
+            except Exception as e:  # noqa: BLE001 - a measurer's own bug fails the trial only
+                m = Measurement.failed(f"measurer raised {describe_error(e)}", "measured")
             if not m.ok:
                 raise search.TrialFailed(f"group {sorted(group)} with {label}: {m.failure}")
             total += m.seconds

@@ -90,6 +90,27 @@ def test_failures_are_recorded_and_the_study_goes_on(tmp_path):
     assert all(k.config.label() not in bad for k in res.plan.kernels)
 
 
+class RaisingCost(HashCost):
+    """A measurer with a bug of its own for some configs (it raises instead of reporting)."""
+
+    def measure(self, cand):
+        if cand.config.label() in self.fail_labels:
+            raise RuntimeError("measurer bug")
+        return super().measure(cand)
+
+
+def test_a_measurer_that_raises_fails_the_trial_not_the_study(tmp_path):
+    fn, args = pointwise_example, tuple(torch.randn(8, 16) for _ in range(3))
+    captured = capture(fn, args)
+    bad = {"XBLOCK=256 num_warps=4", "XBLOCK=128 num_warps=2"}
+    res = tune(captured, args, Partitioner(captured.graph), trials=30, cache_dir=str(tmp_path),
+               measurer=RaisingCost(bad), sampler="random", progress=False)  # fmt: skip
+    study = search.Study.open(res.study_name, cache_dir=str(tmp_path))
+    failed = [t for t in study.trials if t.state == search.TrialState.FAIL]
+    assert failed and all("measurer bug" in t.reason for t in failed)
+    assert all(k.config.label() not in bad for k in res.plan.kernels)
+
+
 def test_cost_model_search_on_cpu_is_labelled_modeled(tmp_path):
     fn, args = cases()["layernorm"]
     opt = autofuse.optimize(fn, args, trials=12, cache_dir=str(tmp_path), progress=False)
