@@ -712,15 +712,13 @@ class GPUTimer:
             why = verify_candidate(candidate, device, self.seed)
             if why:
                 return Measurement.failed(why, "measured")
-        from .launcher import Launcher
-        from .runtime import load_kernel
+        from .runtime import kernel_args, launcher_for
 
         try:
             sub, info, kernel = build_kernel(candidate)
-            fn = load_kernel(kernel.source, kernel.name)
             sets = self._buffer_sets(sub, info, device)
-            calls = [self._positional(kernel, bufs) for bufs in sets]
-            launch = Launcher(fn, kernel.grid, dict(kernel.launch_kw))  # as plans launch it
+            calls = [kernel_args(kernel, bufs) for bufs in sets]
+            launch = launcher_for(kernel)  # launched as plans launch it
             for pos in calls:  # compiles on the first launch
                 launch(pos)
             torch.cuda.synchronize(device)
@@ -750,14 +748,6 @@ class GPUTimer:
             outs = poisoned_outputs(sub, info, device)
             out.append([*ins, *outs])
         return out
-
-    @staticmethod
-    def _positional(kernel: Kernel, bufs: Sequence[torch.Tensor]) -> list[Any]:
-        n_in = len(kernel.info.loads)
-        return [
-            bufs[k] if kind == "in" else bufs[n_in + k] if kind == "out" else k
-            for kind, k in kernel.layout
-        ]
 
     def eager_time(self, graph: Graph, i: int) -> float:
         """Measured time of eager op ``i`` on random inputs (integer inputs are zeros here, so
