@@ -870,11 +870,13 @@ class _Emitter:
                 out[s] = m
         return out
 
-    def _in_loop(self, body) -> None:
+    def _in_loop(self, body, start: str = "0", end: str = "rnumel", note: str = "") -> None:
         if self.persistent:
             body()
             return
-        self.line("for roffset in range(0, rnumel, RBLOCK):")
+        self.line(
+            f"for roffset in range({start}, {end}, RBLOCK):" + (f"  # {note}" if note else "")
+        )
         self.depth += 1
         self.scopes.append(_Scope())
         self.line("rindex = roffset + rbase")

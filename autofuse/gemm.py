@@ -318,6 +318,89 @@ def constant_select(graph: Graph, info: GroupInfo) -> ConstantSelect | None:
     return None
 
 
+@dataclass(frozen=True)
+class ColumnBound:
+    """The select is its constant on every column ``c >= row + offset`` (``upper``) or
+    ``c < row + offset`` of a row, with ``row = scale * first_row_of_program + ...`` given by
+    ``row`` rendered at the program's first row (``xoffset``): a causal mask, whose constant
+    tiles need no product and, in a row reduction, no loads."""
+
+    row: Expr
+    scale: int
+    offset: int
+    upper: bool
+
+
+_FLIP = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
+_NEGATE = {"lt": "ge", "ge": "lt", "gt": "le", "le": "gt"}
+
+
+def column_bound(em: _Emitter, sel: ConstantSelect) -> ColumnBound | None:
+    """Where ``sel``'s condition compares an arange over the rows with one over the columns,
+    the columns on which it gives the constant, as a bound the loops can start or stop at."""
+    g = em.g
+    index = broadcast_index(g[sel.cond].shape, g[sel.node].shape, em.full)
+    c = sel.cond
+    while g[c].kind == "view":
+        index = view_source_index(g, c, index)
+        c = g[c].inputs[0]
+    op = g[c].op
+    if op not in _FLIP:
+        return None
+    sides = [_iota_expr(g, j, broadcast_index(g[j].shape, g[c].shape, index)) for j in g[c].inputs]
+    if None in sides:
+        return None
+    row = _row_term(sides[0], em.cfg.XBLOCK)
+    col = _col_offset(sides[1])
+    if row is None or col is None:  # the column on the left: c op r
+        row, col = _row_term(sides[1], em.cfg.XBLOCK), _col_offset(sides[0])
+    else:
+        op = _FLIP[op]  # r op c == c flip(op) r
+    if row is None or col is None:
+        return None
+    if not sel.const_when:
+        op = _NEGATE[op]
+    first, scale = row
+    # the constant holds for the columns c (rindex + col) with: c op first_row_value
+    if op == "gt":  # rindex + col > r  <=>  rindex >= r - col + 1: live below that
+        return ColumnBound(first, scale, 1 - col, True)
+    if op == "ge":
+        return ColumnBound(first, scale, -col, True)
+    if op == "lt":  # live from rindex >= r - col
+        return ColumnBound(first, scale, -col, False)
+    return ColumnBound(first, scale, 1 - col, False)  # le
+
+
+def _iota_expr(g: Graph, i: int, index) -> Expr | None:
+    while g[i].kind == "view":
+        index = view_source_index(g, i, index)
+        i = g[i].inputs[0]
+    if g[i].op != "iota":
+        return None
+    return index[0].scale(g[i].attr("step")).shift(g[i].attr("start"))
+
+
+def _row_term(e: Expr, xblock: int) -> tuple[Expr, int] | None:
+    """``k * (xindex % M) + c`` with XBLOCK dividing M (no wrap inside a program, so the value
+    grows with the row): that expression at the program's first row, and ``k``."""
+    if len(e.terms) != 1 or e.vars != frozenset({"xindex"}):
+        return None
+    ((t, k),) = e.terms
+    if t.var != "xindex" or t.div != 1 or k <= 0 or (t.mod is not None and t.mod % xblock):
+        return None
+    return Expr(((replace(t, var="xoffset", vars=frozenset({"xoffset"})), k),), e.const), k
+
+
+def _col_offset(e: Expr) -> int | None:
+    """``rindex + c``: c."""
+    if len(e.terms) != 1 or e.vars != frozenset({"rindex"}):
+        return None
+    ((t, k),) = e.terms
+    if t.var != "rindex" or t.div != 1 or k != 1 or t.mod is not None:
+        return None
+    return e.const
+
+
 def _only_through(graph: Graph, info: GroupInfo, mm: int, w: int) -> bool:
     """Every path from ``mm`` to a stored node or a reduction of the group passes through
     ``w``."""
@@ -388,19 +471,43 @@ class RowGemmEmitter(_Emitter):
 
     def __init__(self, graph: Graph, info: GroupInfo, config) -> None:
         super().__init__(graph, info, config)
-        self.select = constant_select(graph, info) if getattr(config, "SKIP", False) else None
-        self.const_tile = False  # emitting the branch where the select is its constant
+        select = constant_select(graph, info)
+        self.select = select if getattr(config, "SKIP", False) else None
+        self.bound = None if select is None else column_bound(self, select)
+        self.const_sel = select  # the where() a constant tile replaces by its constant
+        self.const_tile = False  # emitting a loop where the select is its constant
 
     def value(self, i: int, index) -> _Val:
-        if self.const_tile and i == self.select.node:
+        if self.const_tile and i == self.const_sel.node:
             dt = self.g[i].dtype
-            return _Val(_literal(self.g[self.select.const].attr("value"), dt), 0,
+            return _Val(_literal(self.g[self.const_sel.const].attr("value"), dt), 0,
                         compute_dtype(dt), True)  # fmt: skip
         return super().value(i, index)
 
-    def _in_loop(self, body) -> None:
-        if self.persistent or self.select is None:
+    def _in_loop(self, body, start: str = "0", end: str = "rnumel", note: str = "") -> None:
+        if self.persistent:
             return super()._in_loop(body)
+        if self.bound is None:
+            return self._live_loop(body, "0", "rnumel")
+        name = self.g[self.const_sel.node].name
+        if self.bound.upper:
+            self._live_loop(body, "0", "rhi")
+            self._const_loop(body, "rhi", "rnumel", f"{name} gives its constant on these columns")
+        else:
+            self._const_loop(body, "0", "rlo", f"{name} gives its constant on these columns")
+            self._live_loop(body, "rlo", "rnumel")
+
+    def _const_loop(self, body, start: str, end: str, note: str) -> None:
+        def const() -> None:
+            self.const_tile = True
+            body()
+            self.const_tile = False
+
+        super()._in_loop(const, start, end, note + ": no product")
+
+    def _live_loop(self, body, start: str, end: str) -> None:
+        if self.select is None:
+            return super()._in_loop(body, start, end)
 
         def branched() -> None:
             sel, g = self.select, self.g
@@ -425,18 +532,34 @@ class RowGemmEmitter(_Emitter):
                 if const:
                     self.line("else:")
 
-        super()._in_loop(branched)
+        super()._in_loop(branched, start, end)
 
     def single_k(self) -> bool:
         mm = self.g[self.info.matmuls[0]]
         return self.cfg.BLOCK_K >= self.g[mm.inputs[0]].shape[-1]
 
     def preamble(self) -> None:
+        if self.bound is not None:
+            self._bound_lines()
         if not self.single_k():
             return
         mm = self.info.matmuls[0]
         self.line("offs_k = tl.arange(0, BLOCK_K)")
         self.line(f"a = {self._a_load(mm)}  # {self.g[mm].name}: A rows, loaded once")
+
+    def _bound_lines(self) -> None:
+        """``rhi`` (``rlo``): the first (last) RBLOCK-aligned column past which the select is its
+        constant on every row of this program (a causal mask's upper triangle)."""
+        b, name = self.bound, self.g[self.const_sel.node].name
+        first = b.row.render()
+        if b.upper:
+            last = f"{first} + {b.scale * (self.cfg.XBLOCK - 1) + b.offset}"
+            self.line(f"rhi = tl.minimum(tl.maximum({last}, 0), rnumel)  # {name}: live columns")
+            self.line("rhi = ((rhi + RBLOCK - 1) // RBLOCK) * RBLOCK")
+        else:
+            lo = f"{first} + {b.offset}"
+            self.line(f"rlo = tl.minimum(tl.maximum({lo}, 0), rnumel)  # {name}: live columns")
+            self.line("rlo = (rlo // RBLOCK) * RBLOCK")
 
     def _a_load(self, mm: int) -> str:
         g = self.g

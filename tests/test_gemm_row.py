@@ -87,3 +87,82 @@ def test_batched_rows_must_divide_block_m():
     q, k = torch.randn(2, 20, 16), torch.randn(2, 20, 16)  # 20 rows: no BLOCK_M >= 16 divides them
     space = Partitioner(capture(attention_scores_causal, (q, k)).graph)
     assert "multiple of a BLOCK_M" in str(space.check(frozenset(space.nodes)))
+
+
+def _scores(q, k):
+    return (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+
+
+def causal(q, k):  # the suite's causal mask, with separate row and column aranges (M != N)
+    s = _scores(q, k)
+    i, j = torch.arange(q.shape[-2]), torch.arange(k.shape[-2])
+    return torch.softmax(s.masked_fill(i[:, None] < j[None, :], float("-inf")), dim=-1)
+
+
+def causal_kept_where(q, k):  # where(row >= col, s, -inf): the constant where cond is false
+    s = _scores(q, k)
+    i, j = torch.arange(q.shape[-2]), torch.arange(k.shape[-2])
+    return torch.softmax(torch.where(i[:, None] >= j[None, :], s, float("-inf")), dim=-1)
+
+
+def causal_col_left(q, k):  # col > row, written with the columns on the left
+    s = _scores(q, k)
+    i, j = torch.arange(q.shape[-2]), torch.arange(k.shape[-2])
+    return torch.softmax(s.masked_fill(j[None, :] > i[:, None], float("-inf")), dim=-1)
+
+
+def anti_causal(q, k):  # the lower triangle masked: live columns start at the row
+    s = _scores(q, k)
+    i, j = torch.arange(q.shape[-2]), torch.arange(k.shape[-2])
+    return torch.softmax(s.masked_fill(j[None, :] < i[:, None], float("-inf")), dim=-1)
+
+
+def causal_shifted(q, k):  # arange(1, ...) for the rows: one more live column per row
+    s = _scores(q, k)
+    i, j = torch.arange(1, q.shape[-2] + 1), torch.arange(k.shape[-2])
+    return torch.softmax(s.masked_fill(i[:, None] < j[None, :], float("-inf")), dim=-1)
+
+
+_BOUND_CASES = {
+    "causal": (causal, "rhi"),
+    "kept_where": (causal_kept_where, "rhi"),
+    "col_left": (causal_col_left, "rhi"),
+    "anti_causal": (anti_causal, "rlo"),
+    "shifted": (causal_shifted, "rhi"),
+}
+
+
+@pytest.mark.parametrize("name", list(_BOUND_CASES))
+def test_causal_masks_bound_the_column_loops(name):
+    """A mask computed from aranges over rows and columns stops (starts) the column loops at
+    the last (first) live column of the program's rows; the tiles past it are stored as the
+    constant without a product. Rows longer than one tile, M != N, blocks of unequal sizes."""
+    fn, bound = _BOUND_CASES[name]
+    gen = torch.Generator().manual_seed(1)
+    args = (torch.randn(2, 32, 16, generator=gen), torch.randn(2, 80, 16, generator=gen))
+    graph = capture(fn, args).graph
+    space = Partitioner(graph)
+    group = max(space.greedy().groups, key=len)
+    info = space.check(group)
+    assert info.kind == "gemm_row"
+    refs = reference(fn, args, torch.float32)
+    picked = [c for c in gemm_row_configs(graph, info) if not c.SKIP and c.RBLOCK < info.rnumel]
+    picked = [c for c in picked if (c.XBLOCK, c.RBLOCK) in {(16, 32), (32, 16), (16, 16)}][:6]
+    assert picked
+    for cfg in picked:
+        groups = space.greedy().groups
+        plan = build_plan(graph, groups, [cfg if g == group else None for g in groups])
+        src = next(k.source for k in plan.kernels if k.name.startswith("autofuse_mm"))
+        assert f"range(0, {bound}, RBLOCK)" in src or f"range({bound}, rnumel" in src, src
+        assert "no product" in src
+        for o, r in zip(execute(plan, list(args)), refs):
+            assert_close(o, r, torch.float32, f"{name} {cfg.label()}")
+
+
+def test_mask_tensor_gets_no_column_bound():
+    fn, args = _cases()["masked_scores"]
+    graph = capture(fn, args).graph
+    space = Partitioner(graph)
+    plan = build_plan(graph, space.greedy().groups)
+    src = next(k.source for k in plan.kernels if k.name.startswith("autofuse_mm"))
+    assert "rhi" not in src and "rlo" not in src
