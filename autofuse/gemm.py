@@ -158,6 +158,8 @@ class _GemmEmitter(_Emitter):
             self.mask = "mask_k[:, None] & mask_n[None, :]"
         dot_dtype = self.g[src].dtype
         base = self.g.base_of(src)
+        if getattr(self.cfg, "TMA", False) and tma_operand(self.g, self.info, src):
+            return self._descriptor_load(src, which, var)
         if base not in self.members:  # a plain (possibly strided) load, no conversion
             off = self._offset(src, idx)
             ptr = f"{self.ptr[base]} + ({off.render()})"
@@ -168,6 +170,23 @@ class _GemmEmitter(_Emitter):
             return self.lines
         v = self.value(src, idx)
         self.line(f"{var} = tl.where({self.mask}, {v.code}, 0.0).to({TL_DTYPE[dot_dtype]})")
+        return self.lines
+
+    def _descriptor_load(self, src: int, which: int, var: str) -> list[str]:
+        """``var`` read through a TMA descriptor of the whole operand, made once in setup."""
+        node = self.g[src]
+        rows, cols = node.shape
+        desc, block = f"{var}_desc", ("BLOCK_M, BLOCK_K" if which == 0 else "BLOCK_K, BLOCK_N")
+        self.setup_lines.append(
+            f"{desc} = tl.make_tensor_descriptor({self.ptr[src]}, shape=[{rows}, {cols}], "
+            f"strides=[{node.strides[0]}, 1], block_shape=[{block}])  # {node.name}"
+        )
+        at = (
+            "pid_m * BLOCK_M, k_iter * BLOCK_K"
+            if which == 0
+            else "k_iter * BLOCK_K, pid_n * BLOCK_N"
+        )
+        self.lines = [f"{var} = {desc}.load([{at}])  # TMA; rows past the edge read as zero"]
         return self.lines
 
     def _even(self, which: int) -> bool:
@@ -198,11 +217,35 @@ class _GemmEmitter(_Emitter):
 
     def hooks(self) -> dict[str, list[str]]:
         mms = self.info.matmuls
+        self.setup_lines: list[str] = []
         out = {"load_a": self.operand(mms[0], 0, "a"), "load_b": self.operand(mms[0], 1, "b")}
         if len(mms) == 2:
             out["load_b1"] = self.operand(mms[1], 1, "b1")
         out["epilogue"] = self.epilogue()
+        out["setup"] = self.setup_lines
         return out
+
+
+def tma_operand(graph: Graph, info: GroupInfo, src: int) -> bool:
+    """Whether a 2-D GEMM operand can be read through a TMA descriptor: a graph input (no
+    view, no prologue) stored row-major with a 16-byte aligned row pitch."""
+    node = graph[src]
+    if len(info.domain) != 2 or node.kind != "input" or len(node.shape) != 2:
+        return False
+    item = _ITEM.get(node.dtype)
+    rows, cols = node.shape
+    return (
+        item is not None
+        and node.strides[1] == 1
+        and node.strides[0] >= cols
+        and (node.strides[0] * item) % 16 == 0
+        and cols * item >= 16
+    )
+
+
+def tma_eligible(graph: Graph, info: GroupInfo) -> bool:
+    """Every operand of the group's matmuls loads through a descriptor."""
+    return all(tma_operand(graph, info, j) for mm in info.matmuls for j in graph[mm].inputs)
 
 
 def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int = 0) -> Kernel:
@@ -220,6 +263,7 @@ def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int 
         load_b=hooks["load_b"],
         load_b1=hooks.get("load_b1"),
         epilogue=hooks["epilogue"],
+        setup=hooks["setup"] or None,
         doc=f"{len(info.nodes)} ops -> 1 kernel: "
         + ", ".join(graph[i].name or graph[i].op for i in info.nodes),
         input_precision="ieee" if a_dtype == "float32" else None,
@@ -258,7 +302,10 @@ def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int 
 def gemm_configs(graph: Graph, info: GroupInfo) -> list[GemmConfig]:
     batch, m, n, k = _dims(graph, info)
     dt = _ITEM.get(graph[graph[info.matmuls[0]].inputs[0]].dtype, 2)
-    return prune_configs(default_configs(dt, m, n, k), dt, m, n, k, n_b=len(info.matmuls))
+    out = prune_configs(default_configs(dt, m, n, k), dt, m, n, k, n_b=len(info.matmuls))
+    if tma_eligible(graph, info):  # descriptor loads, for the search to weigh against pointers
+        out += [replace(c, TMA=True) for c in out if c.BLOCK_K * dt >= 32]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -111,6 +111,10 @@ class GemmConfig:
     GROUP_M: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    # operands that are plain row-major buffers load through TMA tensor descriptors (the copy
+    # engine, out-of-bounds rows zero-filled) instead of pointer arithmetic; the emitter
+    # decides which operands qualify
+    TMA: bool = False
 
     def smem_bytes(self, dtype_bytes: int, n_b: int = 1) -> int:
         """Shared memory of the pipelined operand buffers."""
@@ -135,6 +139,7 @@ class GemmConfig:
         return (
             f"BLOCK_M={self.BLOCK_M} BLOCK_N={self.BLOCK_N} BLOCK_K={self.BLOCK_K} "
             f"GROUP_M={self.GROUP_M} num_warps={self.num_warps} num_stages={self.num_stages}"
+            + (" TMA" if self.TMA else "")
         )
 
 
@@ -149,6 +154,7 @@ class GemmSpec:
     epilogue: Hook | None = None  # required; checked by render()
     load_b1: Hook | None = None  # n_b == 2 only
     doc: str = ""  # what the kernel computes, for the header comment
+    setup: Hook | None = None  # lines run once before the K loop (e.g. TMA descriptors)
     input_precision: str | None = None  # e.g. "ieee" / "tf32"; None -> Triton's default
 
 
@@ -362,6 +368,8 @@ def render(spec: GemmSpec, cfg: GemmConfig | None = None) -> str:
         for _, ptr, _, _, _, base, _ in b_vars:
             body.append(f"{base} = {ptr}")
     body += [""]
+    if spec.setup is not None:
+        body += ["# ---- setup (hook)"] + _hook_lines(spec.setup, "setup") + [""]
     body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
     body += [
         "",
@@ -583,7 +591,7 @@ def _fit_to_problem(c: GemmConfig, M: int, N: int, K: int) -> GemmConfig:
     stages = min(c.num_stages, max(2, _cdiv(K, bk) + 1))
     # a single tile row or column: the swizzle is the identity, canonicalise it
     group = 1 if _cdiv(M, bm) == 1 or _cdiv(N, bn) == 1 else c.GROUP_M
-    return GemmConfig(bm, bn, bk, group, warps, stages)
+    return GemmConfig(bm, bn, bk, group, warps, stages, c.TMA)
 
 
 def prune_configs(

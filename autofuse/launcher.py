@@ -35,8 +35,11 @@ def lean_enabled() -> bool:
 class Launcher:
     """Launches one jitted kernel on one grid with fixed meta-parameters."""
 
-    def __init__(self, fn: Any, grid: tuple[int, ...], meta: dict[str, Any]) -> None:
+    def __init__(
+        self, fn: Any, grid: tuple[int, ...], meta: dict[str, Any], scratch: bool = False
+    ) -> None:
         self.fn, self.meta = fn, dict(meta)
+        self.scratch = scratch  # builds TMA descriptors on the device: needs an allocator
         self.grid = tuple(grid)
         self.grid3 = (*self.grid, 1, 1)[:3]
         names = list(getattr(fn, "arg_names", None) or [])
@@ -47,6 +50,8 @@ class Launcher:
         self.lean = lean_enabled() and bool(names)
 
     def __call__(self, args: Sequence[Any]) -> None:
+        if self.scratch:
+            ensure_allocator()
         if not self.lean or not args or not _on_cuda(args):
             _STATS["regular"] += 1
             self.fn[self.grid](*args, **self.meta)
@@ -69,6 +74,21 @@ class Launcher:
             self.binaries[key] = compiled[self.grid3]
         except Exception:  # noqa: BLE001 - an unknown CompiledKernel API: regular path
             self.lean = False
+
+
+def _scratch(size: int, alignment: int, stream: Any) -> torch.Tensor:
+    device = "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
+    return torch.empty(size, dtype=torch.int8, device=device)
+
+
+def ensure_allocator() -> None:
+    """Kernels that make TMA descriptors on the device take scratch memory from the allocator
+    of ``triton.set_allocator``; set one (torch's caching allocator) where none is set in this
+    thread's context, and leave a user's own allocator alone."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        _allocation.set_allocator(_scratch)
 
 
 def _on_cuda(args: Sequence[Any]) -> bool:

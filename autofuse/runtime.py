@@ -286,7 +286,8 @@ def launcher_for(kernel: Kernel) -> Launcher:
     hit = _LAUNCHERS.get(key)
     if hit is None:
         fn = load_kernel(kernel.source, kernel.name)
-        hit = _LAUNCHERS[key] = Launcher(fn, kernel.grid, dict(kernel.launch_kw))
+        scratch = "make_tensor_descriptor" in kernel.source
+        hit = _LAUNCHERS[key] = Launcher(fn, kernel.grid, dict(kernel.launch_kw), scratch)
     return hit
 
 
@@ -312,6 +313,7 @@ def allocate_outputs(graph: Graph, info: GroupInfo, device: torch.device) -> lis
 
 
 _BROKEN: dict[tuple[str, str], str] = {}  # (source, name) -> why it could not be built
+_MISALIGNED: set[str] = set()  # TMA kernels already warned about a misaligned input
 
 
 class KernelBuildWarning(RuntimeWarning):
@@ -324,6 +326,17 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
     if (kernel.source, kernel.name) in _BROKEN:
         return run_group_eagerly(run, info)
     ins = [run.contiguous(i) for i in info.loads]
+    if step.launcher.scratch and any(t.data_ptr() % 16 for t in ins):
+        if kernel.name not in _MISALIGNED:  # a sliced input: TMA needs 16-byte aligned bases
+            _MISALIGNED.add(kernel.name)
+            warnings.warn(
+                f"autofuse: kernel {kernel.name} reads its operands through TMA descriptors, "
+                "which need 16-byte aligned buffers; an input is not, so its ops run in eager "
+                "on such inputs",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return run_group_eagerly(run, info)
     specs = run.plan.out_specs
     outs = [torch.empty(specs[s][0], dtype=specs[s][1], device=run.device) for s in info.stored]
     try:

@@ -6,8 +6,11 @@ import torch
 import torch.nn.functional as F
 
 import autofuse
+from autofuse.gemm import gemm_configs
+from autofuse.partition import Partitioner
+from autofuse.runtime import build_plan, execute
 
-from .helpers import assert_close, check_partitions
+from .helpers import assert_close, check_partitions, reference
 from .workloads import gemm_cases
 
 NAMES = list(gemm_cases())
@@ -72,3 +75,63 @@ def test_lone_matmul_runs_as_torch_mm():
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     opt = autofuse.optimize(mm, (a, b))
     assert not opt.plan.kernels and "cuBLAS" in opt.plan.fallbacks[0].reason
+
+
+def _greedy_gemm(fn, args):
+    graph = autofuse.capture(fn, args).graph
+    space = Partitioner(graph)
+    groups = space.greedy().groups
+    group = next(g for g in groups if space.check(g).kind == "gemm")
+    return graph, groups, group, space.check(group)
+
+
+@pytest.mark.parametrize("name", ["gemm_bias_gelu", "swiglu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tma_descriptor_loads(name, dtype):
+    """TMA configs read row-major operands through tensor descriptors made once per program;
+    rows and columns past the edges (40 rows, 48 columns) read as zero."""
+    fn = gemm_cases()[name][0]
+    g = torch.Generator().manual_seed(5)
+    x, w1, w2 = (torch.randn(*s, generator=g).to(dtype) for s in ((40, 64), (64, 48), (64, 48)))
+    args = (x, w1 * 0.2, torch.randn(48).to(dtype)) if name == "gemm_bias_gelu" else (x, w1, w2)
+    graph, groups, group, info = _greedy_gemm(fn, args)
+    picked = [c for c in gemm_configs(graph, info) if c.TMA]
+    assert picked, "the workload's operands are row-major inputs: TMA configs expected"
+    refs = reference(fn, args, dtype)
+    for cfg in picked[:3]:
+        plan = build_plan(graph, groups, [cfg if g == group else None for g in groups])
+        (k,) = plan.kernels
+        assert k.source.count("tl.make_tensor_descriptor(") == len(info.matmuls) + 1
+        assert "_desc.load([" in k.source
+        assert_close(execute(plan, list(args))[0], refs[0], dtype, f"{name} {cfg}")
+
+
+def test_no_tma_for_misaligned_transposed_or_prologue_operands():
+    def linear(x, w, b):  # w.t() is a view: the B operand is column-major
+        return F.relu(F.linear(x, w, b))
+
+    def scaled(x, s, w):  # A is computed while it is loaded
+        return (x * s).to(torch.bfloat16) @ w
+
+    cases = [
+        gemm_cases()["gemm_bias_gelu"],  # rows of 45 fp32: a pitch of 180 bytes, not 16-aligned
+        (linear, (torch.randn(17, 24), torch.randn(32, 24), torch.randn(32))),
+        (scaled, (torch.randn(33, 40), torch.rand(33, 1), torch.randn(40, 24).bfloat16())),
+    ]
+    for fn, args in cases:
+        graph, _, _, info = _greedy_gemm(fn, args)
+        assert not any(c.TMA for c in gemm_configs(graph, info)), fn.__name__
+
+
+def test_tma_kernel_on_a_misaligned_input_runs_in_eager():
+    fn = gemm_cases()["swiglu"][0]
+    g = torch.Generator().manual_seed(6)
+    x, w1, w2 = (torch.randn(*s, generator=g) for s in ((40, 64), (64, 48), (64, 48)))
+    graph, groups, group, info = _greedy_gemm(fn, (x, w1, w2))
+    cfg = next(c for c in gemm_configs(graph, info) if c.TMA)
+    plan = build_plan(graph, groups, [cfg if g == group else None for g in groups])
+    buf = torch.randn(40 * 64 + 1, generator=g)
+    shifted = buf[1:].view(40, 64)  # same strides, base 4 bytes off a 16-byte boundary
+    with pytest.warns(RuntimeWarning, match="16-byte aligned"):
+        out = execute(plan, [shifted, w1, w2])[0]
+    assert_close(out, fn(shifted, w1, w2), torch.float32)
