@@ -819,20 +819,23 @@ def _prefetches(graph: Graph, info: GroupInfo, cfg: RowGemmConfig) -> bool:
 
 def gemm_row_default(graph: Graph, info: GroupInfo) -> RowGemmConfig:
     """Measured best on the H200 for attention scores (d=128): the A rows loaded once (BLOCK_K
-    = K), 64-column steps, 4 warps, 3 stages. Skipping constant tiles is left to the search: its
-    in-loop branch measured slower on the H200 (causal scores: 339 us best vs 238 us without)."""
+    = K), 64-column steps, 4 warps, 3 stages (causal scores with bounded column loops: 183 us,
+    results/h200/sweep_att_088186d.json). Skipping constant tiles by an in-loop branch (causal:
+    339 us best vs 238 us without) and prefetching the mask (masked: 357 us vs 335 us) measured
+    slower there: both are left to the search."""
     configs = gemm_row_configs(graph, info)
     mm = graph[info.matmuls[0]]
     k = min(128, _np2(graph[mm.inputs[0]].shape[-1]))
-    want = (64, 64, k, 4, 3)
+    want = (64, 64, k, 4)
     return min(
         configs,
         key=lambda c: (
-            c.SKIP,
+            c.SKIP or c.PREFETCH,
             sum(
                 abs(_log2(a) - _log2(b))
-                for a, b in zip((c.XBLOCK, c.RBLOCK, c.BLOCK_K, c.num_warps, c.num_stages), want)
-            ),
+                for a, b in zip((c.XBLOCK, c.RBLOCK, c.BLOCK_K, c.num_warps), want)
+            )
+            + abs(c.num_stages - 3),  # stages count linearly (3 and 2 are one bit long)
         ),
     )
 

@@ -140,6 +140,11 @@ def run_one(w, ceil, trials, budget, cache_dir, modes) -> dict:
         {"name": k.name, "config": config_label(k.config)} for k in greedy.plan.kernels
     ]
     rec["tuned_fallbacks"] = [s.reason for s in tuned.plan.fallbacks]
+    # the search kept the greedy plan: the two callables run the same kernels and configs, and
+    # their timings differ only by noise
+    rec["same_plan_as_greedy"] = [(k.source, k.config) for k in tuned.plan.kernels] == [
+        (k.source, k.config) for k in greedy.plan.kernels
+    ]
     rec["times_s"] = times
     rec["max_rel_err_vs_fp64"] = errs
     rec["fraction_of_floor"] = {k: floor / v for k, v in times.items()}
