@@ -875,13 +875,15 @@ class _Emitter:
                 out[s] = m
         return out
 
+    def loop_iter(self, start: str, end: str) -> str:
+        """The iterable of a column loop (subclasses ask Triton to pipeline it)."""
+        return f"range({start}, {end}, RBLOCK)"
+
     def _in_loop(self, body, start: str = "0", end: str = "rnumel", note: str = "") -> None:
         if self.persistent:
             body()
             return
-        self.line(
-            f"for roffset in range({start}, {end}, RBLOCK):" + (f"  # {note}" if note else "")
-        )
+        self.line(f"for roffset in {self.loop_iter(start, end)}:" + (f"  # {note}" if note else ""))
         self.depth += 1
         self.scopes.append(_Scope())
         self.line("rindex = roffset + rbase")

@@ -10,8 +10,7 @@ the epilogue may read bias, residual or masks broadcast or full-size.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from .codegen import (
     TL_DTYPE,
@@ -324,27 +323,19 @@ class RowGemmConfig:
     num_warps: int = 4
     num_stages: int = 2
     SKIP: bool = False  # tiles whose every lane a where() replaces by a constant skip the dot
-    # epilogue operands that vary along the row (a mask tensor, a bias) are loaded one column
-    # step ahead: Triton's pipeliner only prefetches the loads that feed tl.dot
-    PREFETCH: bool = False
+    # the column loops are pipelined by Triton num_stages deep for every load in them, not only
+    # the dot operands (the default): epilogue operands that vary along the row (a mask tensor,
+    # a norm's weight) then arrive through shared memory in the dot's layout, with no per-tile
+    # layout conversion
+    PIPELINE: bool = False
 
     def label(self) -> str:
         return (
             f"BLOCK_M={self.XBLOCK} BLOCK_N={self.RBLOCK} BLOCK_K={self.BLOCK_K} "
             f"num_warps={self.num_warps} num_stages={self.num_stages}"
             + (" SKIP" if self.SKIP else "")
-            + (" PREFETCH" if self.PREFETCH else "")
+            + (" PIPELINE" if self.PIPELINE else "")
         )
-
-
-@dataclass
-class _Prefetch:
-    """A column loop whose row-varying loads run one step ahead: its bounds, and the loads of
-    its first tile (emitted before the loop once the body has been generated)."""
-
-    start: str
-    end: str
-    first: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -538,8 +529,7 @@ class RowGemmEmitter(_Emitter):
         self.bound = None if select is None else column_bound(self, select)
         self.const_sel = select  # the where() a constant tile replaces by its constant
         self.const_tile = False  # emitting a loop where the select is its constant
-        self.prefetch: _Prefetch | None = None  # set while emitting a prefetching column loop
-        self.n_pf = 0
+        self.pipelined = False  # emitting a column loop that Triton pipelines for every load
 
     def value(self, i: int, index) -> _Val:
         if self.const_tile and i == self.const_sel.node:
@@ -570,10 +560,11 @@ class RowGemmEmitter(_Emitter):
         super()._in_loop(const, start, end, note + ": no product")
 
     def _live_loop(self, body, start: str, end: str) -> None:
-        if self.select is None and getattr(self.cfg, "PREFETCH", False):
-            return self._prefetching_loop(body, start, end)
         if self.select is None:
-            return super()._in_loop(body, start, end)
+            self.pipelined = getattr(self.cfg, "PIPELINE", False)
+            super()._in_loop(body, start, end)
+            self.pipelined = False
+            return
 
         def branched() -> None:
             sel, g = self.select, self.g
@@ -600,38 +591,10 @@ class RowGemmEmitter(_Emitter):
 
         super()._in_loop(branched, start, end)
 
-    def _prefetching_loop(self, body, start: str, end: str) -> None:
-        """The column loop with each row-varying epilogue load issued one step ahead: the
-        first tile's loads go before the loop, and each step loads the next tile's while the
-        current one is computed (the last step's loads are masked off)."""
-        at, depth = len(self.lines), self.depth
-        self.prefetch = _Prefetch(start, end)
-        super()._in_loop(body, start, end)
-        first = self.prefetch.first
-        self.prefetch = None
-        self.lines[at:at] = ["    " * depth + ln for ln in first]
-
-    def load(self, i: int, index) -> _Val:
-        pf = self.prefetch
-        off = self.load_offset(i, index)
-        if pf is None or self.cls_of(off) < 2:
-            return super().load(i, index)
-        node, cd = self.g[i], compute_dtype(self.g[i].dtype)
-        name = f"pf{self.n_pf}"
-        self.n_pf += 1
-
-        def at(cols: str) -> str:
-            o = re.sub(r"\brindex\b", cols, off.render())
-            bound = f"({cols} < {pf.end})"
-            if self.info.rnumel % self.cfg.RBLOCK:
-                bound += f" & ({cols} < rnumel)"
-            return f"tl.load({self.ptr[i]} + ({o}), xmask & {bound}, other=0)"
-
-        pf.first.append(f"{name} = {at(f'({pf.start} + rbase)')}  # {node.name}: first tile")
-        cast = f".to({TL_DTYPE[cd]})" if cd != node.dtype else ""
-        v = self.tmp(f"{name}{cast}", 2, cd, f"load {node.name} (prefetched)")
-        self.line(f"{name} = {at('(rindex + RBLOCK)')}  # {node.name}: next tile")
-        return v
+    def loop_iter(self, start: str, end: str) -> str:
+        if not self.pipelined:
+            return super().loop_iter(start, end)
+        return f"tl.range({start}, {end}, RBLOCK, num_stages={self.cfg.num_stages})"
 
     def single_k(self) -> bool:
         mm = self.g[self.info.matmuls[0]]
@@ -801,28 +764,25 @@ def gemm_row_configs(graph: Graph, info: GroupInfo) -> list[RowGemmConfig]:
     plain = list(out)
     if constant_select(graph, info) is not None:  # skipping constant tiles: the search decides
         out += [replace(c, SKIP=True) for c in plain if c.RBLOCK < n]
-    if plain and _prefetches(graph, info, plain[0]):  # loading the epilogue's operands ahead
-        out += [replace(c, PREFETCH=True) for c in plain if c.RBLOCK < n]
+    if row_loads(graph, info):  # pipelining the epilogue's loads too: the search decides
+        out += [replace(c, PIPELINE=True) for c in plain if c.RBLOCK < n]
     return out
 
 
-def _prefetches(graph: Graph, info: GroupInfo, cfg: RowGemmConfig) -> bool:
-    """Whether the looped kernel has epilogue loads that vary along the row (a mask tensor,
-    a bias): those a PREFETCH config loads one column step ahead."""
-    looped = replace(cfg, RBLOCK=min(cfg.RBLOCK, max(16, _np2(info.rnumel) // 2)), PREFETCH=True)
-    em = RowGemmEmitter(graph, info, looped)
-    if em.persistent:
-        return False
-    em.emit()
-    return em.n_pf > 0
+def row_loads(graph: Graph, info: GroupInfo) -> bool:
+    """Whether the epilogue loads operands that vary along the output row (a mask tensor, a
+    norm's weight or bias): those are what a PIPELINE config pipelines beside the dot's."""
+    operands = {graph.base_of(j) for j in graph[info.matmuls[0]].inputs}
+    n = info.domain[-1]
+    return any(i not in operands and graph[i].shape[-1:] == (n,) for i in info.loads)
 
 
 def gemm_row_default(graph: Graph, info: GroupInfo) -> RowGemmConfig:
     """Measured best on the H200 for attention scores (d=128): the A rows loaded once (BLOCK_K
     = K), 64-column steps, 4 warps, 3 stages (causal scores with bounded column loops: 183 us,
     results/h200/sweep_att_088186d.json). Skipping constant tiles by an in-loop branch (causal:
-    339 us best vs 238 us without) and prefetching the mask (masked: 357 us vs 335 us) measured
-    slower there: both are left to the search."""
+    339 us best vs 238 us without) measured slower there; it and PIPELINE are left to the
+    search."""
     configs = gemm_row_configs(graph, info)
     mm = graph[info.matmuls[0]]
     k = min(128, _np2(graph[mm.inputs[0]].shape[-1]))
@@ -830,7 +790,7 @@ def gemm_row_default(graph: Graph, info: GroupInfo) -> RowGemmConfig:
     return min(
         configs,
         key=lambda c: (
-            c.SKIP or c.PREFETCH,
+            c.SKIP or c.PIPELINE,
             sum(
                 abs(_log2(a) - _log2(b))
                 for a, b in zip((c.XBLOCK, c.RBLOCK, c.BLOCK_K, c.num_warps), want)

@@ -139,6 +139,26 @@ class Objective:
             params[group_param(g)] = config_label(cfg)
         return params
 
+    def flag_variants(self, partition: Partition) -> list[list[Any]]:
+        """The partition's default configs with one on/off option of one kernel flipped (TMA
+        loads, skipped tiles, pipelined epilogue loads), where the flipped config is in the
+        group's space: options whose worth depends on the machine are measured, not guessed."""
+        base: list[Any] = []
+        for g in partition.groups:
+            info = None if eager_group(self.graph, g) else self.space.check(g)
+            base.append(None if info is None else default_config(info, self.graph))
+        out = []
+        for k, (g, cfg) in enumerate(zip(partition.groups, base)):
+            if cfg is None or not dataclasses.is_dataclass(cfg):
+                continue
+            space = self.configs_for(self.space.check(g))
+            for f in dataclasses.fields(cfg):
+                value = getattr(cfg, f.name)
+                flipped = dataclasses.replace(cfg, **{f.name: not value})
+                if isinstance(value, bool) and flipped in space:
+                    out.append(base[:k] + [flipped] + base[k + 1 :])
+        return out
+
     def eager_node_cost(self, i: int) -> float:
         if i not in self._eager_memo:
             self._eager_memo[i] = _node_cost(self.graph, i, self.measurer)
@@ -199,6 +219,8 @@ def tune(
     greedy, unfused = space.greedy(), space.unfused()
     study.enqueue(objective.params_for(greedy))
     study.enqueue(objective.params_for(unfused))
+    for configs in objective.flag_variants(greedy):  # each option measured at least once
+        study.enqueue(objective.params_for(greedy, configs))
     budget = search.Budget(trials=trials, seconds=time_budget)
     bar = search.progress_bar(trials, "autofuse tuning") if progress else None
     try:

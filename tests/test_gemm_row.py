@@ -171,17 +171,17 @@ def test_mask_tensor_gets_no_column_bound():
 @pytest.mark.parametrize(
     "name", ["masked_scores", "padded_scores", "masked_rows", "gemm_layernorm"]
 )
-def test_prefetched_epilogue_loads(name):
-    """PREFETCH configs load the row-varying epilogue operands (a mask, the layernorm weight and
-    bias) one column step ahead; the last step's loads fall outside the row and are masked off,
-    also when RBLOCK does not divide the row."""
+def test_pipelined_epilogue_loads(name):
+    """PIPELINE configs hand the column loops to Triton's pipeliner (tl.range with num_stages),
+    so the row-varying epilogue operands (a mask, the layernorm weight and bias) are prefetched
+    like the dot's; same values, also when RBLOCK does not divide the row."""
     fn, args = _cases()[name]
     graph = capture(fn, args).graph
     space = Partitioner(graph)
     groups = space.greedy().groups
     group = max(groups, key=len)
     info = space.check(group)
-    picked = [c for c in gemm_row_configs(graph, info) if c.PREFETCH and c.XBLOCK == 16]
+    picked = [c for c in gemm_row_configs(graph, info) if c.PIPELINE and c.XBLOCK == 16]
     widths = {c.RBLOCK for c in picked}
     assert widths and min(widths) < info.rnumel, widths
     refs = reference(fn, args, torch.float32)
@@ -189,14 +189,14 @@ def test_prefetched_epilogue_loads(name):
     for cfg in [next(c for c in picked if c.RBLOCK == w) for w in sorted(widths)]:
         plan = build_plan(graph, groups, [cfg if g == group else None for g in groups])
         src = next(k.source for k in plan.kernels if k.name.startswith("autofuse_mm"))
-        assert "next tile" in src and "first tile" in src, src
+        assert f"RBLOCK, num_stages={cfg.num_stages}):" in src, src
         for k, (o, r) in enumerate(zip(execute(plan, flat), refs)):
             assert_close(o, r, torch.float32, f"{name} {cfg.label()} out {k}")
 
 
-def test_no_prefetch_configs_without_row_loads():
+def test_no_pipeline_configs_without_row_loads():
     fn, args = _cases()["causal_scores"]  # the mask is computed from indices: nothing to load
     graph = capture(fn, args).graph
     space = Partitioner(graph)
     info = space.check(max(space.greedy().groups, key=len))
-    assert not any(c.PREFETCH for c in gemm_row_configs(graph, info))
+    assert not any(c.PIPELINE for c in gemm_row_configs(graph, info))

@@ -172,3 +172,24 @@ def test_killed_study_resumes_and_finishes_its_budget(tmp_path):
     after = search.Study.open("killed", cache_dir=str(tmp_path)).trials
     assert len(after) == 30
     assert any(t.reason == "interrupted (process died)" for t in after)
+
+
+def test_on_off_options_of_the_greedy_configs_are_measured(tmp_path):
+    """The greedy plan is enqueued once more per on/off option of its kernels' default
+    configs (here the TMA loads of the SwiGLU GEMM pair), so each option is timed at least
+    once whatever the sampler does with the rest of the budget."""
+    from .workloads import gemm_cases
+
+    class Labels(HashCost):
+        def measure(self, cand):
+            self.labels = [*getattr(self, "labels", []), cand.config.label()]
+            return super().measure(cand)
+
+    fn = gemm_cases()["swiglu"][0]
+    args = (torch.randn(40, 64), torch.randn(64, 48), torch.randn(64, 48))
+    captured = capture(fn, args)
+    inner = Labels()
+    tune(captured, args, Partitioner(captured.graph), trials=3, cache_dir=str(tmp_path),
+         measurer=Memo(inner), progress=False)  # fmt: skip
+    tma = [label for label in inner.labels if label.endswith(" TMA")]
+    assert len(tma) == 1 and tma[0].removesuffix(" TMA") in inner.labels, inner.labels
