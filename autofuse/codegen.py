@@ -43,10 +43,15 @@ class KernelConfig:
     XBLOCK: int
     RBLOCK: int = 0
     num_warps: int = 4
+    # persistent reductions: issue every load at the top of the kernel, so the loads used only
+    # after a reduction (a norm's weight and bias) are in flight while it runs
+    HOIST: bool = False
 
     def label(self) -> str:
         r = f" RBLOCK={self.RBLOCK}" if self.RBLOCK else ""
-        return f"XBLOCK={self.XBLOCK}{r} num_warps={self.num_warps}"
+        return f"XBLOCK={self.XBLOCK}{r} num_warps={self.num_warps}" + (
+            " HOIST" if self.HOIST else ""
+        )
 
 
 def next_pow2(n: int) -> int:
@@ -749,6 +754,8 @@ class _Emitter:
         if self.persistent:
             self.line("rindex = tl.arange(0, RBLOCK)[None, :]")
             self.line(self.mask_line("r", "[1, RBLOCK]"))
+            if getattr(self.cfg, "HOIST", False):
+                self.hoist_loads()
         else:
             self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
         lv = self.levels()
@@ -786,6 +793,16 @@ class _Emitter:
                 lambda: [self.store(s, self.value(s, self.full), self.full, 2) for s in fulls]
             )
         return self.lines
+
+    def hoist_loads(self) -> None:
+        """Emit, before the first reduction, every load that ops over the whole domain read
+        directly (the cache then serves their later uses)."""
+        g, dom = self.g, self.info.domain
+        self.line("# loads hoisted above the reductions")
+        for i in self.info.loads:
+            users = [u for u in g.compute_users[i] if u in self.members]
+            if users and all(g[u].kind != "view" and g[u].shape == dom for u in users):
+                self.value(i, broadcast_index(g[i].shape, dom, self.full))
 
     def mask_line(self, axis: str, shape: str) -> str:
         """``xmask``/``rmask``: all-true constants when the block divides the extent (the
@@ -1031,8 +1048,13 @@ def config_space(info: GroupInfo, graph: Graph | None = None) -> list[Any]:
     for x in (1, 2, 4, 8, 16, 32, 64):
         if x > rows:
             break
-        if x * r <= 32768:  # persistent: a whole row per block
-            out += [KernelConfig(x, r, w) for w in (1, 2, 4, 8, 16) if 32 * w <= max(32, x * r)]
+        if x * r <= 32768:  # persistent: a whole row per block, loads in place or hoisted
+            out += [
+                KernelConfig(x, r, w, hoist)
+                for hoist in (False, True)
+                for w in (1, 2, 4, 8, 16)
+                if 32 * w <= max(32, x * r)
+            ]
         for rb in (4, 16, 64, 256, 1024, 2048, 4096):
             if rb < r and x * rb <= 16384 and x * rb >= 32:
                 out += [KernelConfig(x, rb, w) for w in (1, 2, 4, 8) if 32 * w <= x * rb]

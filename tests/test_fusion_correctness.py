@@ -52,3 +52,39 @@ def test_unsupported_op_runs_in_eager_while_neighbours_fuse():
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r)
     assert "cumsum" in autofuse.explain(fn, args).__str__()
+
+
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm_residual", "softmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hoisted_loads(name, dtype):
+    """HOIST configs issue every load before the first reduction (a norm's weight and bias
+    are in flight while the row is reduced); the values are the same."""
+    from autofuse.codegen import config_space
+    from autofuse.runtime import build_plan, execute
+
+    from .helpers import assert_close, reference
+
+    fn, args = cases(dtype, seed=2)[name]
+    graph = capture(fn, args).graph
+    space = Partitioner(graph)
+    groups = space.greedy().groups
+    infos = [space.check(g) for g in groups]
+    configs = []
+    for info in infos:
+        hoisted = [c for c in config_space(info, graph) if getattr(c, "HOIST", False)]
+        configs.append(hoisted[0] if hoisted else None)
+    assert any(configs), "a persistent reduction offers HOIST configs"
+    plan = build_plan(graph, groups, configs)
+    for k in plan.kernels:
+        if k.config.HOIST:
+            src = k.source
+            last_load = max(i for i, ln in enumerate(src.splitlines()) if "tl.load(" in ln)
+            first_sum = min(
+                i
+                for i, ln in enumerate(src.splitlines())
+                if "tl.sum(" in ln or "tl.max(" in ln or "tl.reduce(" in ln
+            )
+            assert last_load < first_sum, src
+    flat = [a for a in args if isinstance(a, torch.Tensor)]
+    for o, r in zip(execute(plan, flat), reference(fn, args, dtype)):
+        assert_close(o, r, dtype, f"{name} hoisted")
