@@ -113,6 +113,10 @@ class Objective:
             options = self.configs_for(info)
             labels = [config_label(c) for c in options]
             label = trial.categorical(group_param(group), labels)
+            if label not in labels:  # a resumed study's enqueued point from another code version
+                raise search.TrialFailed(
+                    f"group {sorted(group)}: config {label!r} is not in this group's space"
+                )
             cfg = options[labels.index(label)]
             try:
                 m: Measurement = self.measurer.measure(Candidate(self.graph, info, cfg))
