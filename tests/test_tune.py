@@ -193,3 +193,25 @@ def test_on_off_options_of_the_greedy_configs_are_measured(tmp_path):
          measurer=Memo(inner), progress=False)  # fmt: skip
     tma = [label for label in inner.labels if label.endswith(" TMA")]
     assert len(tma) == 1 and tma[0].removesuffix(" TMA") in inner.labels, inner.labels
+
+
+@pytest.mark.parametrize(
+    ("challenger", "want"),
+    [([0.995e-3, 0.99e-3, 1.0e-3], "greedy"),  # 1 % faster at best: inside the noise
+     ([0.90e-3, 0.91e-3, 0.90e-3], "challenger")],  # 10 % faster: a real win
+)  # fmt: skip
+def test_greedy_plan_stays_unless_beaten_beyond_the_noise(monkeypatch, challenger, want):
+    """The end-to-end re-timing keeps the greedy plan when another plan's win is smaller than
+    MIN_GAIN or than the spread of the greedy plan's own rounds."""
+    from types import SimpleNamespace
+
+    from autofuse import api, profiling
+    from autofuse import tune as tune_mod
+
+    rounds = {"challenger": iter(challenger), "greedy": iter([1.0e-3, 1.02e-3, 1.0e-3])}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(api, "OptimizedFunction", lambda captured, plan: plan)
+    monkeypatch.setattr(profiling, "time_callable", lambda run, args: next(rounds[run.label]))
+    plans = [(name, SimpleNamespace(label=name)) for name in ("challenger", "greedy")]
+    choice, _, e2e = tune_mod._pick(plans, (), None, incumbent=1)
+    assert choice == want and set(e2e) == {"challenger", "greedy"}
