@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .ir import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs
+from .ir import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -169,7 +169,7 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
     except Exception as e:  # noqa: BLE001 - re-raised with context
         raise CaptureError(f"could not trace {_fn_name(fn)}: {type(e).__name__}: {e}") from e
     gm.graph.eliminate_dead_code()
-    graph = fx_to_ir(gm)
+    graph = dedupe(fx_to_ir(gm))
     return Captured(
         graph=graph,
         in_spec=in_spec,

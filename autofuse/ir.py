@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -185,3 +185,36 @@ class Graph:
             )
         lines.append(f"return {', '.join(f'%{j}' for j in self.outputs)}")
         return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Passes
+# ---------------------------------------------------------------------------------------------
+
+_PURE = frozenset({"pointwise", "reduction", "view", "matmul"})
+
+
+def dedupe(graph: Graph) -> Graph:
+    """Common-subexpression elimination: a pure node equal to an earlier one (same op, inputs,
+    shape, dtype, strides and attributes) is replaced by it, e.g. the two means of x that a
+    decomposed layer_norm computes. Inputs, opaque ops, constants and aranges are never merged,
+    and a graph output keeps its own node (two outputs never alias)."""
+    remap: dict[int, int] = {}
+    seen: dict[str, int] = {}
+    nodes: list[Node] = []
+    outputs = set(graph.outputs)
+    for i, node in enumerate(graph.nodes):
+        node = replace(node, inputs=tuple(remap[j] for j in node.inputs))
+        # constants and aranges cost nothing per use: each stays with its users' subgraph
+        pure = node.kind in _PURE and node.op not in ("const", "iota")
+        key = node.signature() if pure else None
+        if key is not None and key in seen and i not in outputs:
+            remap[i] = seen[key]
+            continue
+        nodes.append(node)
+        remap[i] = len(nodes) - 1
+        if key is not None:
+            seen.setdefault(key, remap[i])
+    return Graph(
+        tuple(nodes), tuple(remap[i] for i in graph.inputs), tuple(remap[o] for o in graph.outputs)
+    )

@@ -177,3 +177,35 @@ def test_output_code_log(tmp_path):
                        cwd=os.path.dirname(os.path.dirname(__file__)), timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "def autofuse_poi_fused_add_mul_sigmoid_0(" in r.stderr
+
+
+def test_dedupe_merges_repeated_pure_nodes():
+    """The decomposed layer_norm computes mean(x) and x - mean(x) twice; capture keeps one of
+    each. Outputs keep their own nodes (no aliasing) and opaque ops are never merged."""
+    fn, args = cases()["layernorm"]
+    ops = [n.op for n in capture(fn, args).graph.nodes]
+    assert ops.count("mean") == 1 and ops.count("sub") == 1, ops
+
+    def twice(x):
+        return x + 1, x + 1, torch.cumsum(x, 0) + torch.cumsum(x, 0)
+
+    x = torch.randn(4, 5)
+    g = capture(twice, (x,)).graph
+    a, b, _ = g.outputs
+    assert a != b and g[a].op == g[b].op == "add"
+    assert [n.op for n in g.nodes].count("opaque") == 2
+    opt = autofuse.optimize(twice, (x,))
+    for got, want in zip(opt(x), twice(x)):
+        torch.testing.assert_close(got, want)
+    assert opt(x)[0] is not opt(x)[1]
+
+
+def test_dedupe_is_a_graph_pass():
+    from autofuse.ir import dedupe
+
+    x = Node("input", (), (4,), "float32", (1,))
+    e1 = Node("exp", (0,), (4,), "float32", (1,))
+    e2 = Node("exp", (0,), (4,), "float32", (1,), name="again")
+    add = Node("add", (1, 2), (4,), "float32", (1,))
+    g = dedupe(Graph((x, e1, e2, add), (0,), (3,)))
+    assert [n.op for n in g.nodes] == ["input", "exp", "add"] and g[2].inputs == (1, 1)
