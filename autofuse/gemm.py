@@ -304,7 +304,20 @@ def gemm_configs(graph: Graph, info: GroupInfo) -> list[GemmConfig]:
     out = prune_configs(default_configs(dt, m, n, k), dt, m, n, k, n_b=len(info.matmuls))
     if tma_eligible(graph, info):  # descriptor loads, for the search to weigh against pointers
         out += [replace(c, TMA=True) for c in out if c.BLOCK_K * dt >= 32]
+    if batch == 1:  # big tiles on one program per multiprocessor, looping over the tiles
+        sms = sm_count()
+        out += [replace(c, PERSISTENT=sms) for c in out if c.BLOCK_M * c.BLOCK_N >= 128 * 128]
     return out
+
+
+def sm_count() -> int:
+    """Programs of a PERSISTENT GEMM: the GPU's multiprocessors (an H100/H200's 132 where
+    there is no GPU: the interpreter and the cost model)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 132
 
 
 # ---------------------------------------------------------------------------------------------

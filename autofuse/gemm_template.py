@@ -115,6 +115,9 @@ class GemmConfig:
     # engine, out-of-bounds rows zero-filled) instead of pointer arithmetic; the emitter
     # decides which operands qualify
     TMA: bool = False
+    # a grid of PERSISTENT programs (the SM count), each looping over output tiles; 0: one
+    # program per tile
+    PERSISTENT: int = 0
 
     def smem_bytes(self, dtype_bytes: int, n_b: int = 1) -> int:
         """Shared memory of the pipelined operand buffers."""
@@ -140,6 +143,7 @@ class GemmConfig:
             f"BLOCK_M={self.BLOCK_M} BLOCK_N={self.BLOCK_N} BLOCK_K={self.BLOCK_K} "
             f"GROUP_M={self.GROUP_M} num_warps={self.num_warps} num_stages={self.num_stages}"
             + (" TMA" if self.TMA else "")
+            + (f" PERSISTENT={self.PERSISTENT}" if self.PERSISTENT else "")
         )
 
 
@@ -289,9 +293,9 @@ def _validate(spec: GemmSpec) -> None:
 def render(spec: GemmSpec, cfg: GemmConfig | None = None) -> str:
     """Full Python source of one ``@triton.jit`` kernel (importable on its own).
 
-    Block sizes are constexpr *arguments*, so one source serves every config; ``cfg``
-    (optional) is only recorded in the header comment. Render without it to share one
-    cached module across configs.
+    Block sizes are constexpr *arguments*, so one source serves every config of a shape;
+    ``cfg`` (optional) is recorded in the header comment, and its ``PERSISTENT`` count, when
+    set, makes the kernel a loop over output tiles on that many programs.
     """
     _validate(spec)
     two = spec.n_b == 2
@@ -331,14 +335,14 @@ def render(spec: GemmSpec, cfg: GemmConfig | None = None) -> str:
     params = _standard_params(spec) + list(spec.extra_params)
     params += [f"{c}: tl.constexpr" for c in _CONSTEXPRS]
 
-    body: list[str] = []
-    body += [
-        "# ---- program id -> (pid_m, pid_n): grouped ordering for L2 reuse",
-        "pid = tl.program_id(0)",
-    ]
+    persistent = cfg.PERSISTENT if cfg is not None else 0
+    if persistent and spec.batched:
+        raise ValueError("PERSISTENT configs are for 2-D GEMMs (a batched grid has a batch axis)")
+    ids = ["# ---- program id -> (pid_m, pid_n): grouped ordering for L2 reuse"]
+    ids.append("pid = tile" if persistent else "pid = tl.program_id(0)")
     if spec.batched:
-        body.append("pid_b = tl.program_id(1)")
-    body += [
+        ids.append("pid_b = tl.program_id(1)")
+    ids += [
         "num_pid_m = tl.cdiv(M, BLOCK_M)",
         "num_pid_n = tl.cdiv(N, BLOCK_N)",
         "num_pid_in_group = GROUP_M * num_pid_n",
@@ -357,21 +361,23 @@ def render(spec: GemmSpec, cfg: GemmConfig | None = None) -> str:
         "mask_n = offs_n < N",
         "mask = (rm < M) & (rn < N)",
         "",
-        "# ---- operand base pointers" + (" (advanced to batch pid_b)" if spec.batched else ""),
+    ]
+    bases = [
+        "# ---- operand base pointers" + (" (advanced to batch pid_b)" if spec.batched else "")
     ]
     if spec.batched:
-        body.append("a_base = a_ptr + pid_b.to(tl.int64) * stride_ab")
+        bases.append("a_base = a_ptr + pid_b.to(tl.int64) * stride_ab")
         for _, ptr, _, _, sb, base, _ in b_vars:
-            body.append(f"{base} = {ptr} + pid_b.to(tl.int64) * {sb}")
+            bases.append(f"{base} = {ptr} + pid_b.to(tl.int64) * {sb}")
     else:
-        body.append("a_base = a_ptr")
+        bases.append("a_base = a_ptr")
         for _, ptr, _, _, _, base, _ in b_vars:
-            body.append(f"{base} = {ptr}")
-    body += [""]
+            bases.append(f"{base} = {ptr}")
+    bases += [""]
     if spec.setup is not None:
-        body += ["# ---- setup (hook)"] + _hook_lines(spec.setup, "setup") + [""]
-    body += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
-    body += [
+        bases += ["# ---- setup (hook)"] + _hook_lines(spec.setup, "setup") + [""]
+    tile: list[str] = [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
+    tile += [
         "",
         "# ---- main loop over K",
         "for k_iter in range(0, tl.cdiv(K, BLOCK_K)):",
@@ -411,12 +417,22 @@ def render(spec: GemmSpec, cfg: GemmConfig | None = None) -> str:
     loop.append("# fp32 accumulation; operands go to tl.dot as loaded")
     for acc, (var, *_rest) in zip(accs, b_vars):
         loop.append(f"{acc} = tl.dot(a, {var}, {acc}{prec})")
-    body += [_INDENT + x if x else x for x in loop]
-    body += [
+    tile += [_INDENT + x if x else x for x in loop]
+    tile += [
         "",
         f"# ---- epilogue (hook): {', '.join(accs)} fp32 [BLOCK_M, BLOCK_N] -> stores",
     ]
-    body += _hook_lines(spec.epilogue, "epilogue")
+    tile += _hook_lines(spec.epilogue, "epilogue")
+    if persistent:
+        body = bases + [
+            f"# ---- persistent: {persistent} programs, each walks the output tiles",
+            f"# program_id, program_id + {persistent}, ... (setup is done once per program)",
+            "num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)",
+            f"for tile in tl.range(tl.program_id(0), num_tiles, {persistent}, flatten=True):",
+        ]
+        body += [_INDENT + x if x else x for x in ids + tile]
+    else:
+        body = ids + bases + tile
 
     src = ["import triton", "import triton.language as tl", "", ""]
     src += head
@@ -444,6 +460,8 @@ def _cdiv(a: int, b: int) -> int:
 def grid(spec: GemmSpec, cfg: GemmConfig, M: int, N: int, batch: int = 1) -> tuple[int, ...]:
     """Launch grid: ``(cdiv(M, BM) * cdiv(N, BN),)``, plus ``batch`` on axis 1 if batched."""
     tiles = _cdiv(M, cfg.BLOCK_M) * _cdiv(N, cfg.BLOCK_N)
+    if cfg.PERSISTENT and not spec.batched and batch == 1:
+        return (min(tiles, cfg.PERSISTENT),)
     if spec.batched:
         if batch > 65535:
             raise ValueError(f"batch {batch} exceeds the grid's axis-1 limit (65535)")
@@ -591,7 +609,7 @@ def _fit_to_problem(c: GemmConfig, M: int, N: int, K: int) -> GemmConfig:
     stages = min(c.num_stages, max(2, _cdiv(K, bk) + 1))
     # a single tile row or column: the swizzle is the identity, canonicalise it
     group = 1 if _cdiv(M, bm) == 1 or _cdiv(N, bn) == 1 else c.GROUP_M
-    return GemmConfig(bm, bn, bk, group, warps, stages, c.TMA)
+    return GemmConfig(bm, bn, bk, group, warps, stages, c.TMA, c.PERSISTENT)
 
 
 def prune_configs(

@@ -144,9 +144,10 @@ class Objective:
         return params
 
     def flag_variants(self, partition: Partition) -> list[list[Any]]:
-        """The partition's default configs with one on/off option of one kernel flipped (TMA
-        loads, skipped tiles, pipelined epilogue loads), where the flipped config is in the
-        group's space: options whose worth depends on the machine are measured, not guessed."""
+        """The partition's default configs with one option of one kernel switched (TMA loads,
+        a persistent grid, skipped tiles, pipelined epilogue loads, hoisted loads), where such
+        a config is in the group's space: options whose worth depends on the machine are
+        measured, not guessed."""
         base: list[Any] = []
         for g in partition.groups:
             info = None if eager_group(self.graph, g) else self.space.check(g)
@@ -155,18 +156,31 @@ class Objective:
         for k, (g, cfg) in enumerate(zip(partition.groups, base)):
             if cfg is None or not dataclasses.is_dataclass(cfg):
                 continue
-            space = self.configs_for(self.space.check(g))
-            for f in dataclasses.fields(cfg):
-                value = getattr(cfg, f.name)
-                flipped = dataclasses.replace(cfg, **{f.name: not value})
-                if isinstance(value, bool) and flipped in space:
-                    out.append(base[:k] + [flipped] + base[k + 1 :])
+            for other in _option_switches(cfg, self.configs_for(self.space.check(g))):
+                out.append(base[:k] + [other] + base[k + 1 :])
         return out
 
     def eager_node_cost(self, i: int) -> float:
         if i not in self._eager_memo:
             self._eager_memo[i] = _node_cost(self.graph, i, self.measurer)
         return self._eager_memo[i]
+
+
+OPTIONS = ("TMA", "PERSISTENT", "SKIP", "PIPELINE", "HOIST")  # config fields that switch a feature
+
+
+def _option_switches(cfg: Any, space: Sequence[Any]) -> list[Any]:
+    """For each option field, the first config of ``space`` that differs from ``cfg`` in that
+    field alone."""
+    names = [f.name for f in dataclasses.fields(cfg)]
+    found: dict[str, Any] = {}
+    for c in space:
+        if type(c) is not type(cfg):
+            continue
+        diff = [n for n in names if getattr(c, n) != getattr(cfg, n)]
+        if len(diff) == 1 and diff[0] in OPTIONS:
+            found.setdefault(diff[0], c)
+    return list(found.values())
 
 
 def _node_cost(graph, i: int, measurer) -> float:

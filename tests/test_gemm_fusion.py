@@ -135,3 +135,37 @@ def test_tma_kernel_on_a_misaligned_input_runs_in_eager():
     with pytest.warns(RuntimeWarning, match="16-byte aligned"):
         out = execute(plan, [shifted, w1, w2])[0]
     assert_close(out, fn(shifted, w1, w2), torch.float32)
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("name", ["gemm_bias_gelu", "swiglu"])
+def test_persistent_grid_walks_every_tile(name, tma):
+    """A PERSISTENT config launches that many programs, each looping over output tiles
+    (here 2 programs for 6 tiles, and more programs than tiles), with or without TMA loads."""
+    from dataclasses import replace
+
+    fn = gemm_cases()[name][0]
+    g = torch.Generator().manual_seed(7)
+    x, w1, w2 = (torch.randn(*s, generator=g) for s in ((40, 64), (64, 48), (64, 48)))
+    args = (x, w1 * 0.2, torch.randn(48, generator=g)) if name == "gemm_bias_gelu" else (x, w1, w2)
+    graph, groups, group, info = _greedy_gemm(fn, args)
+    base = next(c for c in gemm_configs(graph, info) if c.TMA == tma)
+    base = replace(base, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, GROUP_M=2)  # 3 x 3 tiles
+    ref = reference(fn, args, torch.float32)[0]
+    for programs in (2, 64):
+        cfg = replace(base, PERSISTENT=programs)
+        plan = build_plan(graph, groups, [cfg if g == group else None for g in groups])
+        (k,) = plan.kernels
+        assert k.grid == (min(programs, 9),)
+        assert f"for tile in tl.range(tl.program_id(0), num_tiles, {programs}" in k.source
+        assert_close(execute(plan, list(args))[0], ref, torch.float32, f"{name} {cfg}")
+
+
+def test_persistent_configs_only_for_2d_gemms():
+    fn, args = gemm_cases()["gemm_bias_gelu"]
+    big = (torch.randn(256, 256), torch.randn(256, 256), torch.randn(256))
+    graph, _, _, info = _greedy_gemm(fn, big)
+    assert any(c.PERSISTENT for c in gemm_configs(graph, info))
+    q, k = torch.randn(2, 256, 64), torch.randn(2, 256, 64)
+    graph, _, _, info = _greedy_gemm(lambda q, k: torch.relu(q @ k.transpose(1, 2)), (q, k))
+    assert not any(c.PERSISTENT for c in gemm_configs(graph, info))
