@@ -595,15 +595,10 @@ class _Emitter:
             self.scopes[-1].cache[key] = r
         return f"{_cast(a, cd)} * {r.code}"
 
-    def load_offset(self, i: int, index: tuple[Expr, ...]) -> Expr:
-        """Element offset of ``index`` in the buffer of the loaded node ``i``."""
-        node = self.g[i]
-        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
-        return linearize(index, strides, node.shape)
-
     def load(self, i: int, index: tuple[Expr, ...]) -> _Val:
         node = self.g[i]
-        off = self.load_offset(i, index)
+        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        off = linearize(index, strides, node.shape)
         cls = self.cls_of(off)
         mask = self.mask_for(cls)
         cd = compute_dtype(node.dtype)

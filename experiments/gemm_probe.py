@@ -34,6 +34,28 @@ def _tile_epilogue(acc, bias_ptr, out_ptr, pid_m, pid_n, N, BM: tl.constexpr, BN
 
 
 @triton.jit
+def _tile_coords(tile, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile number -> (pid_m, pid_n), GROUP_M rows of tiles at a time (L2 reuse)."""
+    num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (tile // group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (tile % group) % size_m, (tile % group) // size_m
+
+
+@triton.jit
+def _tma_tile(
+    a_desc, b_desc, pid_m, pid_n, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        a = a_desc.load([pid_m * BM, k * BK])
+        b = b_desc.load([k * BK, pid_n * BN])
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def gemm_gelu_tma(
     a_ptr,
     b_ptr,
@@ -49,18 +71,8 @@ def gemm_gelu_tma(
 ):
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
-    pid = tl.program_id(0)
-    num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BK)):
-        a = a_desc.load([pid_m * BM, k * BK])
-        b = b_desc.load([k * BK, pid_n * BN])
-        acc = tl.dot(a, b, acc)
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    acc = _tma_tile(a_desc, b_desc, pid_m, pid_n, K, BM, BN, BK)
     _tile_epilogue(acc, bias_ptr, out_ptr, pid_m, pid_n, N, BM, BN)
 
 
@@ -81,19 +93,10 @@ def gemm_gelu_tma_persistent(
 ):
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
-    num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    tiles = num_m * num_n
-    group = GROUP_M * num_n
+    tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
     for tile in tl.range(tl.program_id(0), tiles, NUM_SMS, flatten=True):
-        first_m = (tile // group) * GROUP_M
-        size_m = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % group) % size_m
-        pid_n = (tile % group) // size_m
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BK)):
-            a = a_desc.load([pid_m * BM, k * BK])
-            b = b_desc.load([k * BK, pid_n * BN])
-            acc = tl.dot(a, b, acc)
+        pid_m, pid_n = _tile_coords(tile, M, N, BM, BN, GROUP_M)
+        acc = _tma_tile(a_desc, b_desc, pid_m, pid_n, K, BM, BN, BK)
         _tile_epilogue(acc, bias_ptr, out_ptr, pid_m, pid_n, N, BM, BN)
 
 
@@ -111,13 +114,7 @@ def gemm_gelu_ptr(
     BK: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BM, BN, GROUP_M)
     rm = (pid_m * BM + tl.arange(0, BM))[:, None]
     rn = (pid_n * BN + tl.arange(0, BN))[None, :]
     rk = tl.arange(0, BK)
