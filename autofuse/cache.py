@@ -600,6 +600,7 @@ def store(
                 "source",
                 "greedy_value",
                 "unfused_value",
+                "library_value",
                 "eager_value",
                 "trials",
                 "failed",

@@ -171,6 +171,20 @@ class Partitioner:
         """Every legal fusion taken (edges in topological order of their consumer)."""
         return self.from_decisions({e.name: True for e in self.edges})
 
+    def library_gemms(self, partition: Partition) -> Partition | None:
+        """``partition`` with every matmul split out of its group, to run as torch's own GEMM
+        (cuBLAS) while the rest of the group stays fused (the epilogue as one kernel); None
+        where ``partition`` has no fused matmul."""
+        mms = {n for n in self.nodes if self.graph[n].kind == "matmul"}
+        fused = [g for g in partition.groups if len(g) > 1 and g & mms]
+        if not fused:
+            return None
+        fuse = self.decisions_of(partition)
+        for e in self.edges:
+            if e.a in mms or e.b in mms:
+                fuse[e.name] = False
+        return self.from_decisions(fuse)
+
     def unfused(self) -> Partition:
         return Partition(tuple(frozenset({n}) for n in self.nodes))
 

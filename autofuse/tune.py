@@ -4,9 +4,10 @@ A trial chooses a fuse / don't-fuse value for every edge of the partitioner's sp
 launch config for each group that exists under those choices (a conditional parameter). Its cost
 is the sum of its kernels' measured times plus its eager ops' times. Each (group, config) is
 measured once per study (``profiling.Memo``); a config that fails to compile, runs out of
-resources or gives wrong values scores as failed and the search goes on. The greedy and the
-unfused plans are enqueued first, and the best few plans are re-timed end to end before the
-winner is chosen, so the result is never worse than either.
+resources or gives wrong values scores as failed and the search goes on. The greedy plan, the
+unfused plan and the greedy plan with its matmuls run by torch (cuBLAS + fused epilogue kernels)
+are enqueued first, and the best few plans are re-timed end to end before the winner is chosen,
+so the result is never worse than the greedy or the unfused plan.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class TuneResult:
     kernel_times: dict[str, tuple[float, str]] = field(default_factory=dict)
     study_name: str = ""
     end_to_end: dict[str, float] = field(default_factory=dict)
+    library_value: float | None = None  # matmuls by torch (cuBLAS), their epilogues fused
 
     def summary(self) -> str:
         unit = "modeled" if self.source == "modeled" else "measured"
@@ -62,6 +64,9 @@ class TuneResult:
         if self.greedy_value:
             lines.append(f"  vs greedy plan: {self.greedy_value * 1e6:.2f} us "
                          f"({self.greedy_value / self.value:.2f}x, {unit})")  # fmt: skip
+        if self.library_value:
+            lines.append(f"  vs cuBLAS + fused epilogues: {self.library_value * 1e6:.2f} us "
+                         f"({self.library_value / self.value:.2f}x, {unit})")  # fmt: skip
         if self.unfused_value:
             lines.append(f"  vs unfused plan: {self.unfused_value * 1e6:.2f} us "
                          f"({self.unfused_value / self.value:.2f}x, {unit})")  # fmt: skip
@@ -237,6 +242,9 @@ def tune(
     greedy, unfused = space.greedy(), space.unfused()
     study.enqueue(objective.params_for(greedy))
     study.enqueue(objective.params_for(unfused))
+    library = space.library_gemms(greedy)  # cuBLAS + fused epilogue: always a candidate
+    if library is not None:
+        study.enqueue(objective.params_for(library))
     for configs in objective.flag_variants(greedy):  # each option measured at least once
         study.enqueue(objective.params_for(greedy, configs))
     budget = search.Budget(trials=trials, seconds=time_budget)
@@ -262,6 +270,7 @@ def tune(
     best_choice, best_plan, e2e = _pick(plans, example_inputs, captured, incumbent)
     greedy_v = _value_of(objective, greedy, done)
     unfused_v = _value_of(objective, unfused, done)
+    library_v = _value_of(objective, library, done) if library is not None else None
     best_plan = dataclasses.replace(best_plan, label="tuned")
     times = _kernel_times(best_plan, graph, memo)
     result = TuneResult(
@@ -277,6 +286,7 @@ def tune(
         kernel_times=times,
         study_name=name,
         end_to_end=e2e,
+        library_value=library_v,
     )
     logs.log.info(result.summary())
     return result

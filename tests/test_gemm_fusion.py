@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import autofuse
 from autofuse.gemm import gemm_configs
 from autofuse.partition import Partitioner
-from autofuse.runtime import build_plan, execute
+from autofuse.runtime import build_plan, eager_group, execute
 
 from .helpers import assert_close, check_partitions, reference
 from .workloads import gemm_cases
@@ -75,6 +75,27 @@ def test_lone_matmul_runs_as_torch_mm():
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     opt = autofuse.optimize(mm, (a, b))
     assert not opt.plan.kernels and "cuBLAS" in opt.plan.fallbacks[0].reason
+
+
+@pytest.mark.parametrize(
+    ("name", "epilogues"), [("gemm_bias_gelu", 1), ("swiglu", 1), ("mlp_block", 3)]
+)
+def test_library_gemm_plan_keeps_each_epilogue_fused(name, epilogues):
+    """The cuBLAS + fused epilogue candidate: every matmul alone (torch.mm), the ops around it
+    still fused, and the plan matches eager."""
+    fn, args = gemm_cases()[name]
+    graph = autofuse.capture(fn, args).graph
+    space = Partitioner(graph)
+    lib = space.library_gemms(space.greedy())
+    mms = [g for g in lib.groups if eager_group(graph, g)]
+    fused = [g for g in lib.groups if not eager_group(graph, g)]
+    assert len(mms) == sum(graph[n].kind == "matmul" for n in space.nodes) > 0
+    assert len(fused) == epilogues and all(len(g) > 1 for g in fused), lib.groups
+    assert all(space.check(g).kind != "gemm" for g in fused)
+    (out,) = execute(build_plan(graph, lib.groups), args)
+    assert_close(out, fn(*args), torch.float32)
+    assert space.library_gemms(lib) is None  # nothing fused with a matmul is left
+    assert space.library_gemms(space.greedy()) == lib
 
 
 def _greedy_gemm(fn, args):

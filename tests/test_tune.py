@@ -189,10 +189,26 @@ def test_on_off_options_of_the_greedy_configs_are_measured(tmp_path):
     args = (torch.randn(40, 64), torch.randn(64, 48), torch.randn(64, 48))
     captured = capture(fn, args)
     inner = Labels()
-    tune(captured, args, Partitioner(captured.graph), trials=3, cache_dir=str(tmp_path),
+    tune(captured, args, Partitioner(captured.graph), trials=4, cache_dir=str(tmp_path),
          measurer=Memo(inner), progress=False)  # fmt: skip
     tma = [label for label in inner.labels if label.endswith(" TMA")]
     assert len(tma) == 1 and tma[0].removesuffix(" TMA") in inner.labels, inner.labels
+
+
+def test_cublas_plus_fused_epilogue_is_always_a_candidate(tmp_path):
+    """Whatever the sampler picks, one trial runs the matmul as torch.mm with the bias and GELU
+    fused in one kernel after it."""
+    from .workloads import gemm_cases
+
+    fn, args = gemm_cases()["gemm_bias_gelu"]
+    captured = capture(fn, args)
+    space = Partitioner(captured.graph)
+    want = space.library_gemms(space.greedy()).key
+    tune(captured, args, space, trials=3, cache_dir=str(tmp_path), study_name="lib",
+         measurer=Memo(HashCost()), progress=False, sampler="random")  # fmt: skip
+    study = search.Study.open("lib", cache_dir=str(tmp_path))
+    seen = [space.from_decisions(r.params).key for r in study.trials]
+    assert want in seen and len(want) == 2, (want, seen)
 
 
 @pytest.mark.parametrize(
