@@ -119,7 +119,8 @@ def optimize(
     With ``trials=`` and/or ``time_budget=`` (seconds) the search picks the partition and its
     configs by measurement (GPU) or by the cost model (CPU, labelled "modeled"); further
     options: ``cache_dir``, ``storage``, ``sampler`` ("tpe" | "random" | "exhaustive"),
-    ``verify``, ``isolate``, ``progress``, ``retune``. The winner is cached under
+    ``verify``, ``isolate``, ``progress``, ``retune``, ``polish`` (configs timed per kernel of
+    the best plan by hill climbing after the search, default 16; 0 turns it off). The winner is cached under
     ``cache_dir`` and reused by later calls (and by ``autofuse.load`` in production).
     """
     captured = capture(fn, example_inputs)

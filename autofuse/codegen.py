@@ -296,6 +296,14 @@ def _cast(v: _Val, dtype: str) -> str:
     return f"{v.code}.to({TL_DTYPE[dtype]})"
 
 
+LOG2E = 1.4426950408889634
+
+
+def exp_minus(x: str, m: str) -> str:
+    """``exp(x - m)`` for a per-row ``m``: one fused multiply-add per element and an exp2."""
+    return f"tl.exp2(tl.fma({x}, {LOG2E!r}, -({m} * {LOG2E!r})))"
+
+
 _UNARY_FMT = {
     "neg": "-{a}", "abs": "tl.abs({a})", "exp": "tl.exp({a})", "exp2": "tl.exp2({a})",
     "log": "tl.log({a})", "log2": "tl.log2({a})", "log1p": "_af_log1p({a})",
@@ -560,6 +568,8 @@ class _Emitter:
             v = self.load(i, index)
         elif node.kind in ("reduction", "matmul"):
             v = self.reduced(i, index)
+        elif (shifted := self.shifted_exp(node, index)) is not None:
+            v = self.tmp(shifted[0], shifted[1], compute_dtype(node.dtype), node.name)
         else:
             args = [
                 self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
@@ -570,6 +580,28 @@ class _Emitter:
             v = self.tmp(expr, cls, compute_dtype(node.dtype), node.name)
         self.scopes[-1].cache[key] = v
         return v
+
+    def shifted_exp(self, node, index: tuple[Expr, ...]) -> tuple[str, int] | None:
+        """``exp(a - b)`` with ``b`` one value per row (softmax's max) as
+        ``exp2(fma(a, log2 e, -b log2 e))``: the subtraction and tl.exp's own multiply by
+        log2 e become one fused multiply-add per element."""
+        j = node.inputs[0] if node.op == "exp" else None
+        if j is None or j not in self.members or self.g[j].op != "sub":
+            return None
+        cd = compute_dtype(node.dtype)
+        if (
+            not _is_float(cd)
+            or self.g[j].shape != node.shape
+            or compute_dtype(self.g[j].dtype) != cd
+        ):
+            return None
+        a, b = (
+            self.value(k, broadcast_index(self.g[k].shape, node.shape, index))
+            for k in self.g[j].inputs
+        )
+        if b.cls >= a.cls:
+            return None
+        return exp_minus(_cast(a, cd), _cast(b, cd)), a.cls
 
     def divide(self, node, args: list[_Val]) -> str | None:
         """A float division by a constant or by a row value, as a multiply by its reciprocal

@@ -27,6 +27,7 @@ from .codegen import (
     _Val,
     broadcast_index,
     compute_dtype,
+    exp_minus,
     kernel_name,
     loaded_nodes,
     stored_nodes,
@@ -721,7 +722,7 @@ class RowGemmEmitter(_Emitter):
                 tile_sum = f"{self._count()} * tl.exp({self._row_value(src, dt)} - {m_new.code})"
             else:
                 tile_sum = (
-                    f"tl.sum(tl.where(xmask & rmask, tl.exp({_cast(src, dt)} - {m_new.code}), "
+                    f"tl.sum(tl.where(xmask & rmask, {exp_minus(_cast(src, dt), m_new.code)}, "
                     "0.0), 1)[:, None]"
                 )
             self.line(

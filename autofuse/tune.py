@@ -13,6 +13,7 @@ so the result is never worse than the greedy or the unfused plan.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -123,10 +124,7 @@ class Objective:
                     f"group {sorted(group)}: config {label!r} is not in this group's space"
                 )
             cfg = options[labels.index(label)]
-            try:
-                m: Measurement = self.measurer.measure(Candidate(self.graph, info, cfg))
-            except Exception as e:  # noqa: BLE001 - a measurer's own bug fails the trial only
-                m = Measurement.failed(f"measurer raised {describe_error(e)}", "measured")
+            m = self.measure(info, cfg)
             if not m.ok:
                 raise search.TrialFailed(f"group {sorted(group)} with {label}: {m.failure}")
             total += m.seconds
@@ -137,6 +135,12 @@ class Objective:
         trial.set_note("source", source)
         self.choices[trial.number] = PlanChoice(partition, tuple(configs), total, source)
         return total
+
+    def measure(self, info: GroupInfo, cfg: Any) -> Measurement:
+        try:
+            return self.measurer.measure(Candidate(self.graph, info, cfg))
+        except Exception as e:  # noqa: BLE001 - a measurer's own bug fails that config only
+            return Measurement.failed(f"measurer raised {describe_error(e)}", "measured")
 
     def params_for(self, partition: Partition, configs: Sequence[Any] | None = None):
         params: dict[str, Any] = dict(self.space.decisions_of(partition))
@@ -225,6 +229,7 @@ def tune(
     top_k: int = 3,
     progress: bool = True,
     study_name: str | None = None,
+    polish: int = 16,
 ) -> TuneResult:
     """Search partitions x configs; return the best plan, re-timed end to end on the GPU."""
     t0 = time.perf_counter()
@@ -260,6 +265,10 @@ def tune(
         reasons = "; ".join(sorted({r.reason or "?" for r in records})[:5])
         raise RuntimeError(f"no candidate plan passed: every trial failed ({reasons})")
     ranked = _distinct_best(done, objective, top_k)
+    if polish:
+        polished = _polish(objective, ranked[0][1], polish)
+        if polished is not None:
+            ranked.insert(0, (-3, polished))
     ranked += _baselines(objective, greedy, unfused, ranked)  # re-timed too: never worse
     plans = [
         (c, build_plan(graph, c.partition.groups, c.configs, label=f"trial {n}")) for n, c in ranked
@@ -290,6 +299,62 @@ def tune(
     )
     logs.log.info(result.summary())
     return result
+
+
+def _polish(objective: Objective, best: PlanChoice, budget: int) -> PlanChoice | None:
+    """The best plan's partition with each kernel's config improved by hill climbing over its
+    config space: from the config the search chose, move to the first measured neighbour (one
+    field changed) that is faster, until none is or ``budget`` configs per kernel are timed.
+    The sampler spends its trials across partitions and may have timed only a default config
+    of the winner's kernels; the plan's cost is a sum over kernels, so each climbs alone.
+    None where nothing got faster."""
+    configs, value = list(best.configs), best.value
+    for k, group in enumerate(best.partition.groups):
+        if configs[k] is None:  # a lone matmul run by torch
+            continue
+        info = objective.space.check(group)
+        space = objective.configs_for(info)
+        now = objective.measure(info, configs[k])
+        if not now.ok:
+            continue
+        tried = {configs[k]}
+        moved = True
+        while moved and len(tried) < budget:
+            moved = False
+            for cfg in neighbours(configs[k], space):
+                if cfg in tried or len(tried) >= budget:
+                    continue
+                tried.add(cfg)
+                m = objective.measure(info, cfg)
+                if m.ok and m.seconds < now.seconds:
+                    value -= now.seconds - m.seconds
+                    configs[k], now, moved = cfg, m, True
+                    break
+    if tuple(configs) == best.configs:
+        return None
+    return PlanChoice(best.partition, tuple(configs), value, best.source)
+
+
+def neighbours(cfg: Any, space: Sequence[Any]) -> list[Any]:
+    """Configs of ``space`` that differ from ``cfg`` in one field, field by field (on/off options
+    first), the nearest values first."""
+    if not dataclasses.is_dataclass(cfg):
+        return []
+    names = [f.name for f in dataclasses.fields(cfg)]
+    names.sort(key=lambda n: n not in OPTIONS)
+
+    def distance(c: Any, n: str) -> float:
+        a, b = getattr(cfg, n), getattr(c, n)
+        if isinstance(a, bool) or not isinstance(a, int) or a <= 0 or b <= 0:
+            return 0.0
+        return abs(math.log2(b / a))
+
+    out = []
+    for n in names:
+        same = [c for c in space if type(c) is type(cfg) and getattr(c, n) != getattr(cfg, n)]
+        same = [c for c in same if all(getattr(c, o) == getattr(cfg, o) for o in names if o != n)]
+        out += sorted(same, key=lambda c: distance(c, n))
+    return out
 
 
 def _distinct_best(done, objective: Objective, k: int) -> list[tuple[int, PlanChoice]]:

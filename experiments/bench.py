@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import time
 import traceback
@@ -89,7 +90,7 @@ def _own_code(fn, tag: str):
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
-def run_one(w, ceil, trials, budget, cache_dir, modes) -> dict:
+def run_one(w, ceil, trials, budget, cache_dir, modes, n_rounds: int = 4) -> dict:
     inputs = w.inputs()
     ref_inputs = [t.double() if t.is_floating_point() else t for t in inputs]
     ref = w.fn(*ref_inputs)
@@ -134,12 +135,13 @@ def run_one(w, ceil, trials, budget, cache_dir, modes) -> dict:
     # alternates between rounds, so no variant is always timed hottest
     order = [("eager", w.fn), *compiled, ("autofuse greedy", greedy), ("autofuse tuned", tuned)]
     rounds: dict = {name: [] for name, _ in order}
-    for r in range(4):
+    for r in range(n_rounds):
         for name, f in order if r % 2 == 0 else order[::-1]:
             rounds[name].append(seconds(f, inputs, rep_ms=100))
     for name, ts in rounds.items():
         times[name] = min(ts)  # every variant gets the same number of samples
     rec["interleaved_rounds_s"] = rounds
+    rec["median_times_s"] = {name: statistics.median(ts) for name, ts in rounds.items()}
     tr = tuned.tuning
     rec["trials"] = tr.trials
     rec["failed_trials"] = tr.failed
@@ -199,6 +201,7 @@ def main() -> None:
     p.add_argument("--modes", default="default,max-autotune-no-cudagraphs")
     p.add_argument("--cache-dir", default="/tmp/autofuse_cache")
     p.add_argument("--tag", default="bench")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +214,7 @@ def main() -> None:
     for name in a.workloads.split(","):
         w = BY_NAME[name]
         try:
-            rec = run_one(w, ceil, a.trials, a.budget, a.cache_dir, modes)
+            rec = run_one(w, ceil, a.trials, a.budget, a.cache_dir, modes, a.rounds)
         except Exception as e:  # noqa: BLE001 - one failing workload must not lose the others
             rec = {"workload": name, "error": f"{type(e).__name__}: {e}",
                    "traceback": traceback.format_exc(), **stamp()}  # fmt: skip

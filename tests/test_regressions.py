@@ -99,7 +99,7 @@ def test_kernel_that_cannot_be_built_falls_back_to_eager_with_one_warning():
     fn, args = cases()["softmax"]
     plan = autofuse.optimize(fn, args).plan
     k = plan.kernels[0]
-    bad = dataclasses.replace(k, source=k.source.replace("tl.exp(", "tl.no_such_op("))
+    bad = dataclasses.replace(k, source=k.source.replace("tl.load(", "tl.no_such_op(", 1))
     broken = dataclasses.replace(plan, steps=(KernelStep(bad),))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", KernelBuildWarning)

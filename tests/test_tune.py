@@ -14,7 +14,7 @@ from autofuse.capture import capture
 from autofuse.codegen import config_space
 from autofuse.partition import Partitioner
 from autofuse.profiling import CostModel, Measurement, Memo
-from autofuse.tune import tune
+from autofuse.tune import neighbours, tune
 
 from .workloads import cases, pointwise_example, softmax
 
@@ -140,7 +140,7 @@ KILLED = textwrap.dedent(
     from autofuse.capture import capture
     from autofuse.partition import Partitioner
     from autofuse.profiling import Measurement, Memo
-    from autofuse.tune import tune
+    from autofuse.tune import neighbours, tune
     from tests.workloads import softmax
 
     class Killer:
@@ -190,9 +190,38 @@ def test_on_off_options_of_the_greedy_configs_are_measured(tmp_path):
     captured = capture(fn, args)
     inner = Labels()
     tune(captured, args, Partitioner(captured.graph), trials=4, cache_dir=str(tmp_path),
-         measurer=Memo(inner), progress=False)  # fmt: skip
+         measurer=Memo(inner), progress=False, polish=0)  # fmt: skip
     tma = [label for label in inner.labels if label.endswith(" TMA")]
     assert len(tma) == 1 and tma[0].removesuffix(" TMA") in inner.labels, inner.labels
+
+
+def test_polish_climbs_each_kernel_of_the_winner_to_a_local_optimum(tmp_path):
+    """After the sampler's budget (here one trial), each kernel of the best plan climbs its
+    config space one field at a time while a neighbour is faster."""
+    from autofuse.codegen import default_config
+    from autofuse.profiling import Candidate
+
+    class DefaultsSlow(HashCost):  # a default config is never the fastest of its space
+        def measure(self, cand):
+            m = super().measure(cand)
+            slow = cand.config == default_config(cand.info, cand.graph)
+            return Measurement(m.seconds * (3.0 if slow else 1.0), None, "modeled")
+
+    fn, args = cases()["softmax"]
+    captured = capture(fn, args)
+    space = Partitioner(captured.graph)
+    inner = DefaultsSlow()
+    result = tune(captured, args, space, trials=1, cache_dir=str(tmp_path), polish=10**6,
+                  measurer=Memo(inner), progress=False)  # fmt: skip
+    for k in result.plan.kernels:  # a local optimum: no config one field away is faster
+        info = space.check(frozenset(k.info.nodes))
+        near = neighbours(k.config, config_space(info, captured.graph))
+        t = inner.measure(Candidate(captured.graph, info, k.config)).seconds
+        assert near and all(inner.measure(Candidate(captured.graph, info, c)).seconds >= t
+                            for c in near), k.config  # fmt: skip
+    unpolished = tune(captured, args, space, trials=1, cache_dir=str(tmp_path / "b"), polish=0,
+                      measurer=Memo(DefaultsSlow()), progress=False)  # fmt: skip
+    assert result.value < unpolished.value
 
 
 def test_cublas_plus_fused_epilogue_is_always_a_candidate(tmp_path):
