@@ -266,7 +266,9 @@ def tune(
         raise RuntimeError(f"no candidate plan passed: every trial failed ({reasons})")
     ranked = _distinct_best(done, objective, top_k)
     if polish:
-        polished = _polish(objective, ranked[0][1], polish)
+        # the polish may take as long again as the search's time budget
+        deadline = t0 + 2 * time_budget if time_budget else None
+        polished = _polish(objective, ranked[0][1], polish, deadline)
         if polished is not None:
             ranked.insert(0, (-3, polished))
     ranked += _baselines(objective, greedy, unfused, ranked)  # re-timed too: never worse
@@ -301,13 +303,15 @@ def tune(
     return result
 
 
-def _polish(objective: Objective, best: PlanChoice, budget: int) -> PlanChoice | None:
+def _polish(
+    objective: Objective, best: PlanChoice, budget: int, deadline: float | None = None
+) -> PlanChoice | None:
     """The best plan's partition with each kernel's config improved by hill climbing over its
     config space: from the config the search chose, move to the first measured neighbour (one
     field changed) that is faster, until none is or ``budget`` configs per kernel are timed.
     The sampler spends its trials across partitions and may have timed only a default config
     of the winner's kernels; the plan's cost is a sum over kernels, so each climbs alone.
-    None where nothing got faster."""
+    Stops at ``deadline`` (a perf_counter time). None where nothing got faster."""
     configs, value = list(best.configs), best.value
     for k, group in enumerate(best.partition.groups):
         if configs[k] is None:  # a lone matmul run by torch
@@ -322,6 +326,8 @@ def _polish(objective: Objective, best: PlanChoice, budget: int) -> PlanChoice |
         while moved and len(tried) < budget:
             moved = False
             for cfg in neighbours(configs[k], space):
+                if deadline is not None and time.perf_counter() > deadline:
+                    break
                 if cfg in tried or len(tried) >= budget:
                     continue
                 tried.add(cfg)
