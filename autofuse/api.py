@@ -120,8 +120,9 @@ def optimize(
     configs by measurement (GPU) or by the cost model (CPU, labelled "modeled"); further
     options: ``cache_dir``, ``storage``, ``sampler`` ("tpe" | "random" | "exhaustive"),
     ``verify``, ``isolate``, ``progress``, ``retune``, ``polish`` (configs timed per kernel of
-    the best plan by hill climbing after the search, default 16; 0 turns it off). The winner is cached under
-    ``cache_dir`` and reused by later calls (and by ``autofuse.load`` in production).
+    the best plan by hill climbing after the search, default 16; 0 turns it off). The winner
+    is cached under ``cache_dir`` and reused by later calls (and by ``autofuse.load`` in
+    production).
     """
     captured = capture(fn, example_inputs)
     graph = captured.graph

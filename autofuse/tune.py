@@ -307,38 +307,43 @@ def _polish(
     objective: Objective, best: PlanChoice, budget: int, deadline: float | None = None
 ) -> PlanChoice | None:
     """The best plan's partition with each kernel's config improved by hill climbing over its
-    config space: from the config the search chose, move to the first measured neighbour (one
-    field changed) that is faster, until none is or ``budget`` configs per kernel are timed.
-    The sampler spends its trials across partitions and may have timed only a default config
-    of the winner's kernels; the plan's cost is a sum over kernels, so each climbs alone.
-    Stops at ``deadline`` (a perf_counter time). None where nothing got faster."""
+    config space (``_climb``). The sampler spends its trials across partitions and may have
+    timed only a default config of the winner's kernels; the plan's cost is a sum over kernels,
+    so each climbs alone. None where nothing got faster."""
     configs, value = list(best.configs), best.value
     for k, group in enumerate(best.partition.groups):
         if configs[k] is None:  # a lone matmul run by torch
             continue
         info = objective.space.check(group)
-        space = objective.configs_for(info)
-        now = objective.measure(info, configs[k])
-        if not now.ok:
-            continue
-        tried = {configs[k]}
-        moved = True
-        while moved and len(tried) < budget:
-            moved = False
-            for cfg in neighbours(configs[k], space):
-                if deadline is not None and time.perf_counter() > deadline:
-                    break
-                if cfg in tried or len(tried) >= budget:
-                    continue
-                tried.add(cfg)
-                m = objective.measure(info, cfg)
-                if m.ok and m.seconds < now.seconds:
-                    value -= now.seconds - m.seconds
-                    configs[k], now, moved = cfg, m, True
-                    break
+        start = objective.measure(info, configs[k])
+        if start.ok:
+            configs[k], end = _climb(objective, info, configs[k], start, budget, deadline)
+            value -= start.seconds - end.seconds
     if tuple(configs) == best.configs:
         return None
     return PlanChoice(best.partition, tuple(configs), value, best.source)
+
+
+def _climb(objective: Objective, info: GroupInfo, cfg: Any, now: Measurement, budget: int,
+           deadline: float | None) -> tuple[Any, Measurement]:  # fmt: skip
+    """From ``cfg`` (timed ``now``), move to the first neighbour (one field changed) that times
+    faster, until none does, ``budget`` configs are timed or ``deadline`` (perf_counter) passes."""
+    space = objective.configs_for(info)
+    tried = {cfg}
+    moved = True
+    while moved and len(tried) < budget:
+        moved = False
+        for other in neighbours(cfg, space):
+            if len(tried) >= budget or (deadline is not None and time.perf_counter() > deadline):
+                break
+            if other in tried:
+                continue
+            tried.add(other)
+            m = objective.measure(info, other)
+            if m.ok and m.seconds < now.seconds:
+                cfg, now, moved = other, m, True
+                break
+    return cfg, now
 
 
 def neighbours(cfg: Any, space: Sequence[Any]) -> list[Any]:
