@@ -30,14 +30,23 @@ from autofuse.codegen import config_label
 from experiments.workloads import BY_NAME, SUITE, min_bytes
 
 
+def _git_commit() -> str:
+    """HEAD, marked ``-dirty`` when tracked files differ from it (a copied working tree, as on
+    the lent GPU machine, can carry an older .git: set AUTOFUSE_COMMIT there)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except Exception:  # noqa: BLE001 - no git, or not a checkout
+        return "unknown"
+
+
 def stamp() -> dict:
-    commit = os.environ.get("AUTOFUSE_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                    check=True).stdout.strip()  # fmt: skip
-        except Exception:  # noqa: BLE001
-            commit = "unknown"
+    commit = os.environ.get("AUTOFUSE_COMMIT") or _git_commit()
     return {
         "commit": commit,
         "gpu": torch.cuda.get_device_name(0),
