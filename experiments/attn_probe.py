@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from experiments.bench import stamp
+from experiments.bench import write_probe
 
 LOG2E = 1.4426950408889634
 
@@ -72,62 +70,73 @@ def _scores(q, k_ptr, mask_ptr, offs_m, n0, S, D: tl.constexpr, BM: tl.constexpr
 
 
 @triton.jit
-def two_pass(q_ptr, k_ptr, mask_ptr, out_ptr, S, qk_scale, D: tl.constexpr, BM: tl.constexpr,
-             BN: tl.constexpr, STAGES: tl.constexpr, MASK: tl.constexpr):  # fmt: skip
+def _row_block(q_ptr, S, D: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr):
+    """This program's batch, its rows, their q tile, and the end of their live columns."""
     per_b = S // BM
     b = tl.program_id(0) // per_b
-    offs_m = (tl.program_id(0) % per_b) * BM + tl.arange(0, BM)
+    m0 = (tl.program_id(0) % per_b) * BM
+    offs_m = m0 + tl.arange(0, BM)
     q = tl.load(q_ptr + b * S * D + offs_m[:, None] * D + tl.arange(0, D)[None, :])
-    k_ptr += b * S * D
     end = S
-    if MASK == 1:
-        end = (tl.program_id(0) % per_b) * BM + BM
+    if MASK == 1:  # causal: no live column past the block's last row
+        end = m0 + BM
+    return b, offs_m, q, end
+
+
+@triton.jit
+def _online(m, lsum, s):
+    """Tile ``s`` into the running row max ``m`` and sum of exp2(s - max) ``lsum``; also the
+    max the tile's exps were taken against, and those exps."""
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    return m_new, lsum * tl.exp2(m - m_safe) + tl.sum(p, 1), m_safe, p
+
+
+@triton.jit
+def _zero_tail(out_ptr, offs_m, end, S, BM: tl.constexpr, BN: tl.constexpr):
+    """Zeros in the columns from ``end`` on (past the diagonal of a causal mask)."""
+    zero = tl.zeros([BM, BN], out_ptr.dtype.element_ty)
+    for n0 in range(end, S, BN):
+        offs_n = n0 + tl.arange(0, BN)
+        tl.store(out_ptr + offs_m[:, None] * S + offs_n[None, :], zero)
+
+
+@triton.jit
+def two_pass(q_ptr, k_ptr, mask_ptr, out_ptr, S, qk_scale, D: tl.constexpr, BM: tl.constexpr,
+             BN: tl.constexpr, STAGES: tl.constexpr, MASK: tl.constexpr):  # fmt: skip
+    b, offs_m, q, end = _row_block(q_ptr, S, D, BM, MASK)
+    k_ptr += b * S * D
+    out_ptr += b * S * S
     m = tl.full([BM], float("-inf"), tl.float32)
     lsum = tl.zeros([BM], tl.float32)
     for n0 in tl.range(0, end, BN, num_stages=STAGES):
         s = _scores(q, k_ptr, mask_ptr, offs_m, n0, S, D, BM, BN, qk_scale, MASK)
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        lsum = lsum * tl.exp2(m - m_safe) + tl.sum(tl.exp2(s - m_safe[:, None]), 1)
-        m = m_new
+        m, lsum, _, _ = _online(m, lsum, s)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     inv = 1.0 / lsum
-    out_ptr += b * S * S
     for n0 in tl.range(0, end, BN, num_stages=STAGES):
         s = _scores(q, k_ptr, mask_ptr, offs_m, n0, S, D, BM, BN, qk_scale, MASK)
         p = tl.exp2(s - m_safe[:, None]) * inv[:, None]
         offs_n = n0 + tl.arange(0, BN)
         tl.store(out_ptr + offs_m[:, None] * S + offs_n[None, :], p.to(out_ptr.dtype.element_ty))
     if MASK == 1:
-        zero = tl.zeros([BM, BN], out_ptr.dtype.element_ty)
-        for n0 in range(end, S, BN):
-            offs_n = n0 + tl.arange(0, BN)
-            tl.store(out_ptr + offs_m[:, None] * S + offs_n[None, :], zero)
+        _zero_tail(out_ptr, offs_m, end, S, BM, BN)
 
 
 @triton.jit
 def one_pass(q_ptr, k_ptr, mask_ptr, out_ptr, S, qk_scale, D: tl.constexpr, BM: tl.constexpr,
              BN: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr, MASK: tl.constexpr):  # fmt: skip
-    per_b = S // BM
-    b = tl.program_id(0) // per_b
-    offs_m = (tl.program_id(0) % per_b) * BM + tl.arange(0, BM)
-    q = tl.load(q_ptr + b * S * D + offs_m[:, None] * D + tl.arange(0, D)[None, :])
+    b, offs_m, q, end = _row_block(q_ptr, S, D, BM, MASK)
     k_ptr += b * S * D
     out_ptr += b * S * S
-    end = S
-    if MASK == 1:
-        end = (tl.program_id(0) % per_b) * BM + BM
     tiles = tl.arange(0, NT)[None, :]
     hist = tl.zeros([BM, NT], tl.float32)  # the running max each tile's exps were taken against
     m = tl.full([BM], float("-inf"), tl.float32)
     lsum = tl.zeros([BM], tl.float32)
     for n0 in tl.range(0, end, BN, num_stages=STAGES):
         s = _scores(q, k_ptr, mask_ptr, offs_m, n0, S, D, BM, BN, qk_scale, MASK)
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        lsum = lsum * tl.exp2(m - m_safe) + tl.sum(p, 1)
-        m = m_new
+        m, lsum, m_safe, p = _online(m, lsum, s)
         hist = tl.where(tiles == n0 // BN, m_safe[:, None], hist)
         offs_n = n0 + tl.arange(0, BN)
         tl.store(out_ptr + offs_m[:, None] * S + offs_n[None, :], p.to(out_ptr.dtype.element_ty))
@@ -141,10 +150,7 @@ def one_pass(q_ptr, k_ptr, mask_ptr, out_ptr, S, qk_scale, D: tl.constexpr, BM: 
         p = tl.load(ptrs).to(tl.float32) * f[:, None]
         tl.store(ptrs, p.to(out_ptr.dtype.element_ty))
     if MASK == 1:
-        zero = tl.zeros([BM, BN], out_ptr.dtype.element_ty)
-        for n0 in range(end, S, BN):
-            offs_n = n0 + tl.arange(0, BN)
-            tl.store(out_ptr + offs_m[:, None] * S + offs_n[None, :], zero)
+        _zero_tail(out_ptr, offs_m, end, S, BM, BN)
 
 
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:
@@ -223,10 +229,7 @@ def main() -> None:
                 t = row.get("time_s")
                 print(f"{name:55s} {t * 1e6 if t else float('nan'):8.1f} us  "
                       f"{row.get('failure', '')}", flush=True)  # fmt: skip
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    path = Path(args.out) / f"attn_probe_{stamp()['commit']}.json"
-    path.write_text(json.dumps({"stamp": stamp(), "rows": rows}, indent=1))
-    print("wrote", path)
+    print("wrote", write_probe(args.out, "attn_probe", {"rows": rows}))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,15 @@ def seconds(fn, args, rep_ms=200) -> float:
     return do_bench(lambda: fn(*args), warmup=25, rep=rep_ms, return_mode="median") * 1e-3
 
 
+def write_probe(out: str | Path, name: str, doc: dict) -> Path:
+    """``doc`` with the run's stamp as ``<out>/<name>_<commit>.json``."""
+    st = stamp()
+    path = Path(out) / f"{name}_{st['commit']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"stamp": st, **doc}, indent=1))
+    return path
+
+
 def ceilings() -> dict:
     n = 2**30  # 1 GiB of bf16 per buffer (2 GiB each)
     a = torch.randn(n, device="cuda", dtype=torch.bfloat16)

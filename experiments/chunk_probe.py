@@ -9,15 +9,13 @@ measurement, not part of the compiler; its answer decides whether plans grow bat
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from experiments.bench import stamp
+from experiments.bench import write_probe
 
 LOG2E = 1.4426950408889634
 
@@ -77,10 +75,7 @@ def main() -> None:
     t_sm = triton.testing.do_bench(lambda: softmax_launch(scratch, mask, out), rep=200)
     rows.append({"bmm_alone_s": t_bmm * 1e-3, "softmax_alone_s": t_sm * 1e-3})
     print(f"bmm alone {t_bmm * 1e3:.1f} us, softmax kernel alone {t_sm * 1e3:.1f} us")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    path = Path(args.out) / f"chunk_probe_{stamp()['commit']}.json"
-    path.write_text(json.dumps({"stamp": stamp(), "rows": rows}, indent=1))
-    print("wrote", path)
+    print("wrote", write_probe(args.out, "chunk_probe", {"rows": rows}))
 
 
 if __name__ == "__main__":
