@@ -178,18 +178,25 @@ class Objective:
 OPTIONS = ("TMA", "PERSISTENT", "SKIP", "PIPELINE", "HOIST")  # config fields that switch a feature
 
 
-def _option_switches(cfg: Any, space: Sequence[Any]) -> list[Any]:
-    """For each option field, the first config of ``space`` that differs from ``cfg`` in that
-    field alone."""
+def _one_field_changes(cfg: Any, space: Sequence[Any]) -> dict[str, list[Any]]:
+    """The configs of ``space`` that differ from ``cfg`` in exactly one field, by that field
+    (fields in declaration order, configs in ``space`` order)."""
     names = [f.name for f in dataclasses.fields(cfg)]
-    found: dict[str, Any] = {}
+    out: dict[str, list[Any]] = {n: [] for n in names}
     for c in space:
         if type(c) is not type(cfg):
             continue
         diff = [n for n in names if getattr(c, n) != getattr(cfg, n)]
-        if len(diff) == 1 and diff[0] in OPTIONS:
-            found.setdefault(diff[0], c)
-    return list(found.values())
+        if len(diff) == 1:
+            out[diff[0]].append(c)
+    return out
+
+
+def _option_switches(cfg: Any, space: Sequence[Any]) -> list[Any]:
+    """For each option field, the first config of ``space`` that differs from ``cfg`` in that
+    field alone (in ``space`` order)."""
+    firsts = [cs[0] for n, cs in _one_field_changes(cfg, space).items() if n in OPTIONS and cs]
+    return sorted(firsts, key=list(space).index)
 
 
 def _node_cost(graph, i: int, measurer) -> float:
@@ -351,8 +358,6 @@ def neighbours(cfg: Any, space: Sequence[Any]) -> list[Any]:
     first), the nearest values first."""
     if not dataclasses.is_dataclass(cfg):
         return []
-    names = [f.name for f in dataclasses.fields(cfg)]
-    names.sort(key=lambda n: n not in OPTIONS)
 
     def distance(c: Any, n: str) -> float:
         a, b = getattr(cfg, n), getattr(c, n)
@@ -360,11 +365,10 @@ def neighbours(cfg: Any, space: Sequence[Any]) -> list[Any]:
             return 0.0
         return abs(math.log2(b / a))
 
+    changes = _one_field_changes(cfg, space)
     out = []
-    for n in names:
-        same = [c for c in space if type(c) is type(cfg) and getattr(c, n) != getattr(cfg, n)]
-        same = [c for c in same if all(getattr(c, o) == getattr(cfg, o) for o in names if o != n)]
-        out += sorted(same, key=lambda c: distance(c, n))
+    for n in sorted(changes, key=lambda n: n not in OPTIONS):
+        out += sorted(changes[n], key=lambda c: distance(c, n))
     return out
 
 
