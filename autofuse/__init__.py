@@ -1,10 +1,10 @@
 """autofuse: a profiler-driven autotuning fusion explorer for PyTorch on NVIDIA GPUs."""
 
 from .api import OptimizedFunction, explain, optimize
-from .cache import CacheMiss, load
-from .capture import CaptureError, capture
-from .codegen import FusionRefused, KernelConfig
-from .runtime import InputError, Plan
+from .cache.store import CacheMiss, load
+from .capture.trace import CaptureError, capture
+from .kernels.codegen import FusionRefused, KernelConfig
+from .plan.runtime import InputError, Plan
 
 __all__ = [
     "CacheMiss",

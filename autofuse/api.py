@@ -17,10 +17,10 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .capture import Captured, capture
-from .partition import Partition, Partitioner
-from .report import Explanation, format_summary, summarize
-from .runtime import InputError, Plan, build_plan, execute
+from autofuse.capture.trace import Captured, capture
+from autofuse.partition.partitioner import Partition, Partitioner
+from autofuse.plan.runtime import InputError, Plan, build_plan, execute
+from autofuse.report import Explanation, format_summary, summarize
 
 
 def _describe_refusals(graph, partition: Partition) -> tuple[str, ...]:
@@ -135,8 +135,8 @@ def optimize(
 
 def _tuned(fn, captured, example_inputs, space, *, retune: bool = False, **options: Any):
     """Tune (or load the plan an earlier tuning run cached) and cache the winner."""
-    from . import cache
-    from .tune import tune
+    from autofuse.cache import store as cache
+    from autofuse.tune.tuner import tune
 
     cache_dir = options.setdefault("cache_dir", ".autofuse_cache")
     key = cache.key_for(captured, example_inputs)

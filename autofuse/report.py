@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .codegen import INLINE_OPS, config_label
-from .ir import Graph, numel
-from .runtime import EagerStep, KernelStep, Plan
+from autofuse.ir.graph import Graph, numel
+from autofuse.kernels.codegen import INLINE_OPS, config_label
+from autofuse.plan.runtime import EagerStep, KernelStep, Plan
 
 _ITEMSIZE = {
     "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,

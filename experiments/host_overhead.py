@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import autofuse
-from autofuse.runtime import KernelStep
+from autofuse.plan.runtime import KernelStep
 from experiments.bench import stamp
 
 

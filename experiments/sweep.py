@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import autofuse
-from autofuse.codegen import config_label, config_space, default_config
-from autofuse.partition import Partitioner
-from autofuse.profiling import Candidate, GPUTimer
+from autofuse.kernels.codegen import config_label, config_space, default_config
+from autofuse.measure.profiling import Candidate, GPUTimer
+from autofuse.partition.partitioner import Partitioner
 from experiments.bench import stamp
 from experiments.workloads import BY_NAME
 

@@ -4,10 +4,10 @@ import random
 
 import torch
 
-from autofuse.capture import capture
-from autofuse.codegen import config_space, default_config
-from autofuse.partition import Partitioner
-from autofuse.runtime import build_plan, execute
+from autofuse.capture.trace import capture
+from autofuse.kernels.codegen import config_space, default_config
+from autofuse.partition.partitioner import Partitioner
+from autofuse.plan.runtime import build_plan, execute
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 

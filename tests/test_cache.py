@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from autofuse import cache
-from autofuse.capture import capture
-from autofuse.ir import Graph, Node, contiguous_strides, make_attrs
-from autofuse.partition import Partitioner
-from autofuse.runtime import EagerStep, InputError, KernelStep, Plan, build_plan, execute
+from autofuse.cache import store as cache
+from autofuse.capture.trace import capture
+from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs
+from autofuse.partition.partitioner import Partitioner
+from autofuse.plan.runtime import EagerStep, InputError, KernelStep, Plan, build_plan, execute
 
 from .helpers import assert_close
 from .workloads import cases as cpu_cases
@@ -392,7 +392,7 @@ def _crash(*a, **k):
 
 
 def _configs(graph, groups):
-    from autofuse.codegen import analyze_group, config_space
+    from autofuse.kernels.codegen import analyze_group, config_space
 
     return config_space(analyze_group(graph, groups[0]), graph)
 
@@ -404,7 +404,7 @@ def test_concurrent_writers(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        from autofuse import cache
+        from autofuse.cache import store as cache
         plan = cache.load_plan({str(tmp_path)!r}, "k")
         for i in range(15):
             cache.save_plan({str(tmp_path)!r}, "k", plan, {{"writer": sys.argv[1], "i": i}})
@@ -493,7 +493,7 @@ def test_load_hit_in_a_fresh_process_imports_no_optuna(tmp_path):
         import sys, warnings
         warnings.simplefilter("error")
         import torch
-        from autofuse import cache
+        from autofuse.cache import store as cache
         from autofuse.api import OptimizedFunction
         from tests.workloads import pointwise_example
         args = torch.load({str(tmp_path / "inputs.pt")!r})
@@ -504,7 +504,7 @@ def test_load_hit_in_a_fresh_process_imports_no_optuna(tmp_path):
         assert err < 1e-5, err
         assert "optuna" not in sys.modules, "optuna was imported"
         assert "search" not in sys.modules, "the search was imported"
-        assert "autofuse.tune" not in sys.modules, "the tuner was imported"
+        assert "autofuse.tune.tuner" not in sys.modules, "the tuner was imported"
         print("OK", len(opt.plan.kernels))
         """
     )

@@ -4,8 +4,8 @@ eager through Triton's interpreter (fp32 tight, bf16 within bf16 tolerance)."""
 import pytest
 import torch
 
-from autofuse.capture import capture
-from autofuse.partition import Partitioner
+from autofuse.capture.trace import capture
+from autofuse.partition.partitioner import Partitioner
 
 from .helpers import check_partitions
 from .workloads import cases
@@ -59,8 +59,8 @@ def test_unsupported_op_runs_in_eager_while_neighbours_fuse():
 def test_hoisted_loads(name, dtype):
     """HOIST configs issue every load before the first reduction (a norm's weight and bias
     are in flight while the row is reduced); the values are the same."""
-    from autofuse.codegen import config_space
-    from autofuse.runtime import build_plan, execute
+    from autofuse.kernels.codegen import config_space
+    from autofuse.plan.runtime import build_plan, execute
 
     from .helpers import assert_close, reference
 

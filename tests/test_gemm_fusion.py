@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 import autofuse
-from autofuse.gemm import gemm_configs
-from autofuse.partition import Partitioner
-from autofuse.runtime import build_plan, eager_group, execute
+from autofuse.kernels.gemm import gemm_configs
+from autofuse.partition.partitioner import Partitioner
+from autofuse.plan.runtime import build_plan, eager_group, execute
 
 from .helpers import assert_close, check_partitions, reference
 from .workloads import gemm_cases

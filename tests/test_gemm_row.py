@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autofuse.capture import capture
-from autofuse.gemm import gemm_row_configs
-from autofuse.partition import Partitioner
-from autofuse.runtime import build_plan, execute
+from autofuse.capture.trace import capture
+from autofuse.kernels.gemm import gemm_row_configs
+from autofuse.partition.partitioner import Partitioner
+from autofuse.plan.runtime import build_plan, execute
 from experiments.workloads import attention_scores, attention_scores_causal
 
 from .helpers import assert_close, check_partitions, reference

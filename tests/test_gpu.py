@@ -47,7 +47,7 @@ def test_tuned_plan_on_gpu(tmp_path):
 
 
 def test_lean_launch_reuses_the_binary_and_respects_alignment():
-    from autofuse import launcher
+    from autofuse.plan import launcher
 
     def f(x, w):
         return torch.sigmoid(x * w + 1.0)
@@ -71,9 +71,9 @@ def test_lean_launch_reuses_the_binary_and_respects_alignment():
 def test_gemm_row_configs_on_gpu(name):
     """Every kind of row-GEMM config (row loop or whole row, one K step or a K loop) compiles
     and matches eager on the GPU."""
-    from autofuse.gemm import gemm_row_configs
-    from autofuse.partition import Partitioner
-    from autofuse.profiling import Candidate, verify_candidate
+    from autofuse.kernels.gemm import gemm_row_configs
+    from autofuse.measure.profiling import Candidate, verify_candidate
+    from autofuse.partition.partitioner import Partitioner
     from experiments.workloads import attention_scores, attention_scores_causal
 
     q, k = (torch.randn(4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))

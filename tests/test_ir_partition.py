@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import autofuse
-from autofuse.capture import CaptureError, capture
-from autofuse.codegen import FusionRefused, KernelConfig, analyze_group, generate
-from autofuse.ir import Graph, Node
-from autofuse.partition import Partitioner
-from autofuse.runtime import InputError
+from autofuse.capture.trace import CaptureError, capture
+from autofuse.ir.graph import Graph, Node
+from autofuse.kernels.codegen import FusionRefused, KernelConfig, analyze_group, generate
+from autofuse.partition.partitioner import Partitioner
+from autofuse.plan.runtime import InputError
 
 from .workloads import cases, pointwise_example, reduction_example, sin_cos, softmax
 
@@ -139,7 +139,7 @@ def test_plan_input_errors():
     with pytest.raises(InputError, match=r"input 0 .*float32\[4, 8\], got float32\[4, 9\]"):
         opt(torch.randn(4, 9), w, b)
     with pytest.raises(InputError, match="expected a torch.Tensor"):
-        opt.plan and autofuse.runtime.execute(opt.plan, [1.0, w, b])
+        opt.plan and autofuse.plan.runtime.execute(opt.plan, [1.0, w, b])
 
 
 def test_scalar_inputs_are_specialized():
@@ -201,7 +201,7 @@ def test_dedupe_merges_repeated_pure_nodes():
 
 
 def test_dedupe_is_a_graph_pass():
-    from autofuse.ir import dedupe
+    from autofuse.ir.graph import dedupe
 
     x = Node("input", (), (4,), "float32", (1,))
     e1 = Node("exp", (0,), (4,), "float32", (1,))

@@ -3,8 +3,8 @@ only on CUDA; tests/test_gpu.py checks it there)."""
 
 import torch
 
-from autofuse import launcher
-from autofuse.launcher import Launcher
+from autofuse.plan import launcher
+from autofuse.plan.launcher import Launcher
 
 
 class _Binary:

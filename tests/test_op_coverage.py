@@ -4,8 +4,8 @@ reduction over single dims, sets of dims and with keepdim, in fp32, bf16 and fp1
 import pytest
 import torch
 
-from autofuse.capture import capture
-from autofuse.partition import Partitioner
+from autofuse.capture.trace import capture
+from autofuse.partition.partitioner import Partitioner
 
 from .helpers import check_partitions
 

@@ -17,10 +17,9 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 
-from autofuse.capture import capture  # noqa: E402
-from autofuse.codegen import KernelConfig, analyze_group, config_space, generate  # noqa: E402
-from autofuse.partition import Partitioner  # noqa: E402
-from autofuse.profiling import (  # noqa: E402
+from autofuse.capture.trace import capture  # noqa: E402
+from autofuse.kernels.codegen import KernelConfig, analyze_group, config_space, generate  # noqa: E402
+from autofuse.measure.profiling import (  # noqa: E402
     Candidate,
     CostModel,
     GPUTimer,
@@ -33,6 +32,7 @@ from autofuse.profiling import (  # noqa: E402
     time_callable,
     verify_candidate,
 )
+from autofuse.partition.partitioner import Partitioner  # noqa: E402
 
 from .workloads import layernorm, pointwise_example, softmax  # noqa: E402
 

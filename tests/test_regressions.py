@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import autofuse
-from autofuse.capture import capture
-from autofuse.codegen import KernelConfig
-from autofuse.partition import Partitioner
-from autofuse.runtime import build_plan, execute
+from autofuse.capture.trace import capture
+from autofuse.kernels.codegen import KernelConfig
+from autofuse.partition.partitioner import Partitioner
+from autofuse.plan.runtime import build_plan, execute
 
 NAN = float("nan")
 
@@ -92,7 +92,7 @@ def test_kernel_that_cannot_be_built_falls_back_to_eager_with_one_warning():
     import dataclasses
     import warnings
 
-    from autofuse.runtime import KernelBuildWarning, KernelStep
+    from autofuse.plan.runtime import KernelBuildWarning, KernelStep
 
     from .workloads import cases
 

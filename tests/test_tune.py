@@ -10,11 +10,11 @@ import torch
 
 import autofuse
 import search
-from autofuse.capture import capture
-from autofuse.codegen import config_space
-from autofuse.partition import Partitioner
-from autofuse.profiling import CostModel, Measurement, Memo
-from autofuse.tune import neighbours, tune
+from autofuse.capture.trace import capture
+from autofuse.kernels.codegen import config_space
+from autofuse.measure.profiling import CostModel, Measurement, Memo
+from autofuse.partition.partitioner import Partitioner
+from autofuse.tune.tuner import neighbours, tune
 
 from .workloads import cases, pointwise_example, softmax
 
@@ -38,7 +38,7 @@ class HashCost:
 
 def exhaustive_best(graph, measurer):
     space = Partitioner(graph)
-    from autofuse.profiling import Candidate
+    from autofuse.measure.profiling import Candidate
 
     best = None
     for p in space.enumerate():
@@ -127,7 +127,7 @@ def test_cost_model_verifies_candidates():
     captured = capture(fn, args)
     space = Partitioner(captured.graph)
     model = CostModel(verify=True)
-    from autofuse.profiling import Candidate
+    from autofuse.measure.profiling import Candidate
 
     info = space.check(space.greedy().groups[0])
     m = model.measure(Candidate(captured.graph, info, config_space(info)[0]))
@@ -137,10 +137,10 @@ def test_cost_model_verifies_candidates():
 KILLED = textwrap.dedent(
     """
     import os, sys, torch
-    from autofuse.capture import capture
-    from autofuse.partition import Partitioner
-    from autofuse.profiling import Measurement, Memo
-    from autofuse.tune import neighbours, tune
+    from autofuse.capture.trace import capture
+    from autofuse.partition.partitioner import Partitioner
+    from autofuse.measure.profiling import Measurement, Memo
+    from autofuse.tune.tuner import neighbours, tune
     from tests.workloads import softmax
 
     class Killer:
@@ -198,8 +198,8 @@ def test_on_off_options_of_the_greedy_configs_are_measured(tmp_path):
 def test_polish_climbs_each_kernel_of_the_winner_to_a_local_optimum(tmp_path):
     """After the sampler's budget (here one trial), each kernel of the best plan climbs its
     config space one field at a time while a neighbour is faster."""
-    from autofuse.codegen import default_config
-    from autofuse.profiling import Candidate
+    from autofuse.kernels.codegen import default_config
+    from autofuse.measure.profiling import Candidate
 
     class DefaultsSlow(HashCost):  # a default config is never the fastest of its space
         def measure(self, cand):
@@ -250,8 +250,9 @@ def test_greedy_plan_stays_unless_beaten_beyond_the_noise(monkeypatch, challenge
     MIN_GAIN or than the spread of the greedy plan's own rounds."""
     from types import SimpleNamespace
 
-    from autofuse import api, profiling
-    from autofuse import tune as tune_mod
+    from autofuse import api
+    from autofuse.measure import profiling
+    from autofuse.tune import tuner as tune_mod
 
     rounds = {"challenger": iter(challenger), "greedy": iter([1.0e-3, 1.02e-3, 1.0e-3])}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

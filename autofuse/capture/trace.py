@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .ir import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
 
 aten = torch.ops.aten
 prims = torch.ops.prims

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .interpreter import interpreting
+from autofuse.interpreter import interpreting
 
 _STATS = {"lean": 0, "regular": 0}
 

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from .codegen import INLINE_OPS, FusionRefused, GroupInfo, analyze_group
-from .ir import Graph
-from .runtime import fusible, unlowerable
+from autofuse.ir.graph import Graph
+from autofuse.kernels.codegen import INLINE_OPS, FusionRefused, GroupInfo, analyze_group
+from autofuse.plan.runtime import fusible, unlowerable
 
 
 @dataclass(frozen=True, order=True)

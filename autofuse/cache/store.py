@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from .capture import Captured
-from .codegen import GroupInfo, Kernel
-from .ir import Graph, Node
-from .runtime import EagerStep, KernelStep, Plan
+from autofuse.capture.trace import Captured
+from autofuse.ir.graph import Graph, Node
+from autofuse.kernels.codegen import GroupInfo, Kernel
+from autofuse.plan.runtime import EagerStep, KernelStep, Plan
 
 CACHE_FORMAT = 1
 PLANS = "plans"
@@ -280,9 +280,9 @@ def _decode_graph(d: dict) -> Graph:
 
 
 def _config_classes() -> dict[str, type]:
-    from .codegen import KernelConfig
-    from .gemm import RowGemmConfig
-    from .gemm_template import GemmConfig
+    from autofuse.kernels.codegen import KernelConfig
+    from autofuse.kernels.gemm import RowGemmConfig
+    from autofuse.kernels.gemm_template import GemmConfig
 
     return {c.__name__: c for c in (KernelConfig, GemmConfig, RowGemmConfig)}
 
@@ -834,8 +834,8 @@ def load(
     On a miss (or an unusable entry) it returns ``fn`` itself, run in eager, after one warning
     per key; with ``strict=True`` it raises :class:`CacheMiss` instead.
     """
-    from .api import OptimizedFunction
-    from .capture import capture
+    from autofuse.api import OptimizedFunction
+    from autofuse.capture.trace import capture
 
     captured = capture(fn, example_inputs)
     key = key_for(captured, example_inputs, options)

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .indexing import Expr, linearize
-from .ir import FLOAT_DTYPES, Graph, contiguous_strides, numel
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, contiguous_strides, numel
+from autofuse.ir.indexing import Expr, linearize
 
 
 class FusionRefused(Exception):
@@ -119,7 +119,7 @@ def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
                 f"{_describe(graph, m)} is an unsupported op ({target}) and runs in eager"
             )
     if any(graph[m].kind == "matmul" for m in members):
-        from .gemm import analyze_gemm_group, analyze_gemm_row_group
+        from autofuse.kernels.gemm import analyze_gemm_group, analyze_gemm_row_group
 
         if any(graph[m].kind == "reduction" for m in members):
             return analyze_gemm_row_group(graph, members)
@@ -986,12 +986,12 @@ class Kernel:
 def generate(graph: Graph, info: GroupInfo, config: KernelConfig, index: int = 0) -> Kernel:
     """Render the Triton source of ``info``'s group under ``config``."""
     if info.kind == "gemm":
-        from .gemm import generate_gemm
+        from autofuse.kernels.gemm import generate_gemm
 
         return generate_gemm(graph, info, config, index)
     check_config(info, config)
     if info.kind == "gemm_row":
-        from .gemm import RowGemmEmitter
+        from autofuse.kernels.gemm import RowGemmEmitter
 
         em: _Emitter = RowGemmEmitter(graph, info, config)
     else:
@@ -1061,7 +1061,7 @@ def config_label(config: Any) -> str:
 def config_space(info: GroupInfo, graph: Graph | None = None) -> list[Any]:
     """The launch configs worth trying for this group (the search picks among them)."""
     if info.kind in ("gemm", "gemm_row"):
-        from .gemm import gemm_configs, gemm_row_configs
+        from autofuse.kernels.gemm import gemm_configs, gemm_row_configs
 
         assert graph is not None, "GEMM configs depend on the operand dtypes: pass the graph"
         return (gemm_configs if info.kind == "gemm" else gemm_row_configs)(graph, info)
@@ -1093,7 +1093,7 @@ def default_config(info: GroupInfo, graph: Graph | None = None) -> Any:
     if info.kind == "gemm":
         return config_space(info, graph)[0]
     if info.kind == "gemm_row":
-        from .gemm import gemm_row_default
+        from autofuse.kernels.gemm import gemm_row_default
 
         assert graph is not None, "GEMM configs depend on the operand dtypes: pass the graph"
         return gemm_row_default(graph, info)

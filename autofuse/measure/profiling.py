@@ -40,12 +40,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from . import logs
-from .codegen import INLINE_OPS, GroupInfo, Kernel, generate
-from .eager import eval_node
-from .interpreter import interpreting
-from .ir import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs, numel
-from .report import nbytes
+from autofuse import logs
+from autofuse.interpreter import interpreting
+from autofuse.ir.eager import eval_node
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs, numel
+from autofuse.kernels.codegen import INLINE_OPS, GroupInfo, Kernel, generate
+from autofuse.report import nbytes
 
 # ---------------------------------------------------------------------------------------------
 # Candidates and their structural key
@@ -287,7 +287,7 @@ def poisoned_outputs(
     """Output buffers filled with values a correct kernel overwrites: NaN for floats, an
     extreme value for ints, True for bools (False with ``flip``: a second run with the other
     poison catches unwritten bool elements)."""
-    from .runtime import allocate_outputs
+    from autofuse.plan.runtime import allocate_outputs
 
     outs = allocate_outputs(graph, info, torch.device(device))
     for t in outs:
@@ -394,7 +394,7 @@ def verify_candidate(candidate: Candidate, device: Any = "cpu", seed: int = 0) -
     device = torch.device(device)
     if device.type == "cpu" and not interpreting():
         return "cannot verify on CPU: set TRITON_INTERPRET=1 before triton is imported"
-    from .runtime import launch
+    from autofuse.plan.runtime import launch
 
     try:
         sub, info, kernel = build_kernel(candidate)
@@ -559,7 +559,7 @@ class CostModel:
         return max(t_mem, t_cmp) * spill + waves * self.program_cost + self.launch_overhead
 
     def _gemm_time(self, g: Graph, info: GroupInfo, kernel: Kernel) -> float | str:
-        from .gemm_template import HOPPER_SMEM_BYTES
+        from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
 
         cfg = kernel.config
         mm = g[info.matmuls[0]]
@@ -672,7 +672,7 @@ def time_plan(
     plan: Any, inputs: Sequence[torch.Tensor], warmup_ms: float = 25, rep_ms: float = 100
 ) -> float:
     """End-to-end seconds of ``runtime.execute(plan, inputs)`` (median), as time_callable."""
-    from .runtime import execute
+    from autofuse.plan.runtime import execute
 
     inputs = list(inputs)
     return time_callable(lambda: execute(plan, inputs), (), warmup_ms, rep_ms)
@@ -712,7 +712,7 @@ class GPUTimer:
             why = verify_candidate(candidate, device, self.seed)
             if why:
                 return Measurement.failed(why, "measured")
-        from .runtime import kernel_args, launcher_for
+        from autofuse.plan.runtime import kernel_args, launcher_for
 
         try:
             sub, info, kernel = build_kernel(candidate)
@@ -759,7 +759,7 @@ class GPUTimer:
             return CostModel().eager_time(graph, i)
 
     def eager_time_of(self, sub: Graph) -> float:
-        from .eager import run_graph
+        from autofuse.ir.eager import run_graph
 
         device = torch.device(self.device)
         ins = random_inputs(sub, device, self.seed)
@@ -831,7 +831,7 @@ class Isolated:
     """
 
     def __init__(self, inner_spec: Any, timeout_s: float = 60, start_timeout_s: float = 300):
-        from . import _worker
+        from autofuse.measure import worker as _worker
 
         _worker.check_spec(inner_spec)
         self.spec = inner_spec
@@ -858,7 +858,7 @@ class Isolated:
         if self._starts:
             self.restarts += 1
         self._starts += 1
-        from . import _worker
+        from autofuse.measure import worker as _worker
 
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)

@@ -22,13 +22,27 @@ from typing import Any
 import torch
 
 import search
-
-from . import logs
-from .capture import Captured
-from .codegen import INLINE_OPS, GroupInfo, KernelConfig, config_label, config_space, default_config
-from .partition import Partition, Partitioner
-from .profiling import Candidate, CostModel, GPUTimer, Isolated, Measurement, Memo, describe_error
-from .runtime import Plan, build_plan, eager_group
+from autofuse import logs
+from autofuse.capture.trace import Captured
+from autofuse.kernels.codegen import (
+    INLINE_OPS,
+    GroupInfo,
+    KernelConfig,
+    config_label,
+    config_space,
+    default_config,
+)
+from autofuse.measure.profiling import (
+    Candidate,
+    CostModel,
+    GPUTimer,
+    Isolated,
+    Measurement,
+    Memo,
+    describe_error,
+)
+from autofuse.partition.partitioner import Partition, Partitioner
+from autofuse.plan.runtime import Plan, build_plan, eager_group
 
 
 @dataclass(frozen=True)
@@ -211,7 +225,7 @@ def _node_cost(graph, i: int, measurer) -> float:
 
 def _eager_cost(graph, measurer) -> float:
     """The ops that run in eager in every partition (unsupported ops)."""
-    from .runtime import fusible
+    from autofuse.plan.runtime import fusible
 
     return sum(
         _node_cost(graph, i, measurer)
@@ -441,8 +455,8 @@ def _pick(plans, example_inputs, captured, incumbent: int | None = None):
     if not torch.cuda.is_available() or len(plans) == 1:
         c, p = plans[0]
         return c, p, e2e
-    from .api import OptimizedFunction
-    from .profiling import time_callable
+    from autofuse.api import OptimizedFunction
+    from autofuse.measure.profiling import time_callable
 
     rounds: dict[str, list[float]] = {}
     for r in range(3):  # alternate the order: none is always timed hottest

@@ -44,11 +44,11 @@ def build(spec: Any) -> Any:
         return spec
     name, kwargs = spec
     if name == "cost_model":
-        from .profiling import CostModel
+        from autofuse.measure.profiling import CostModel
 
         return CostModel(**kwargs)
     if name == "gpu":
-        from .profiling import GPUTimer
+        from autofuse.measure.profiling import GPUTimer
 
         return GPUTimer(**kwargs)
     mod, _, attr = name.partition(":")
@@ -60,7 +60,7 @@ def _warm_imports() -> None:
     import triton  # noqa: F401
     import triton.language  # noqa: F401
 
-    from . import codegen, runtime  # noqa: F401
+    from autofuse.plan import runtime  # noqa: F401
 
 
 def main(conn: Any, spec: Any, env: dict[str, str]) -> None:
@@ -71,7 +71,7 @@ def main(conn: Any, spec: Any, env: dict[str, str]) -> None:
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    from .profiling import CostModel, Measurement, describe_error, is_fatal
+    from autofuse.measure.profiling import CostModel, Measurement, describe_error, is_fatal
 
     source = getattr(measurer, "source", "measured")
     conn.send(("ready", os.getpid()))

@@ -22,8 +22,11 @@ from typing import Any
 
 import torch
 
-from . import logs
-from .codegen import (
+from autofuse import logs
+from autofuse.interpreter import apply_patches
+from autofuse.ir.eager import eval_node
+from autofuse.ir.graph import Graph
+from autofuse.kernels.codegen import (
     INLINE_OPS,
     FusionRefused,
     GroupInfo,
@@ -33,10 +36,7 @@ from .codegen import (
     default_config,
     generate,
 )
-from .eager import eval_node
-from .interpreter import apply_patches
-from .ir import Graph
-from .launcher import Launcher
+from autofuse.plan.launcher import Launcher
 
 # ---------------------------------------------------------------------------------------------
 # Loading generated source

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .codegen import (
+from autofuse.ir.graph import Graph, contiguous_strides
+from autofuse.ir.indexing import Expr, linearize
+from autofuse.kernels.codegen import (
     TL_DTYPE,
     FusionRefused,
     GroupInfo,
@@ -33,9 +35,14 @@ from .codegen import (
     stored_nodes,
     view_source_index,
 )
-from .gemm_template import GemmConfig, GemmSpec, default_configs, param_names, prune_configs, render
-from .indexing import Expr, linearize
-from .ir import Graph, contiguous_strides
+from autofuse.kernels.gemm_template import (
+    GemmConfig,
+    GemmSpec,
+    default_configs,
+    param_names,
+    prune_configs,
+    render,
+)
 
 _ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
@@ -286,7 +293,7 @@ def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int 
             layout.append(("out", int(p[7:])))
         else:
             raise ValueError(f"unexpected GEMM template parameter {p!r}")
-    from .gemm_template import grid
+    from autofuse.kernels.gemm_template import grid
 
     return Kernel(
         name=name,
@@ -487,7 +494,7 @@ def _only_through(graph: Graph, info: GroupInfo, mm: int, w: int) -> bool:
 def analyze_gemm_row_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
     """A matmul whose output rows are reduced in the same kernel (the output tile walks the
     row in RBLOCK steps: an online max/sum for softmax, one pass per phase otherwise)."""
-    from .codegen import _check_stored_shapes, _reduction_domain
+    from autofuse.kernels.codegen import _check_stored_shapes, _reduction_domain
 
     mms = [m for m in sorted(members) if graph[m].kind == "matmul"]
     if len(mms) != 1:

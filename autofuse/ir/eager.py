@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .ir import Graph, Node
+from autofuse.ir.graph import Graph, Node
 
 aten = torch.ops.aten
 
