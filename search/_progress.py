@@ -32,9 +32,15 @@ class ProgressBar:
     ) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, desc=desc, unit="trial", initial=initial, **tqdm_kwargs)
         self._failed = failed
-        self._show(best)
+        self._bar = tqdm(
+            total=total,
+            desc=desc,
+            unit="trial",
+            initial=initial,
+            postfix=self._postfix(best),
+            **tqdm_kwargs,
+        )
 
     def __call__(self, record: TrialRecord, best: TrialRecord | None) -> None:
         if record.state is TrialState.FAIL:
@@ -45,12 +51,15 @@ class ProgressBar:
             self.close()
 
     def _show(self, best: TrialRecord | None, last: TrialRecord | None = None) -> None:
+        self._bar.set_postfix(self._postfix(best, last), refresh=False)
+
+    def _postfix(self, best: TrialRecord | None, last: TrialRecord | None = None) -> dict:
         postfix = {"best": format_us(None if best is None else best.value)}
         if last is not None and last.value is not None:
             postfix["last"] = format_us(last.value)
         if self._failed:
             postfix["failed"] = str(self._failed)
-        self._bar.set_postfix(postfix, refresh=False)
+        return postfix
 
     @property
     def n(self) -> int:
