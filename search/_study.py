@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 
 from ._errors import TrialFailed, TrialPruned, time_problem
-from ._locks import StorageLock
+from ._locks import NoLock, StorageLock
 from ._open import create_or_load
 from ._owners import fail_dead_trials, owner_alive, this_owner
 from ._progress import ProgressBar
@@ -80,11 +80,11 @@ class Study:
         self,
         study: optuna.Study,
         spec: SamplerSpec | None,
-        lock: StorageLock,
+        lock: StorageLock | None = None,
         allow_negative: bool = False,
     ) -> None:
         self._study = study
-        self._lock = lock
+        self._lock: StorageLock = NoLock() if lock is None else lock
         self._allow_negative = allow_negative
         self.spec = spec  # None when the caller gave an Optuna sampler object
         self.name: str = study.study_name

@@ -123,6 +123,7 @@ def test_two_workers_share_one_postgres_study(server):
     assert sum(len(r["ran"]) for r in results) == 11
 
 
+@pytest.mark.slow
 def test_processes_create_one_new_postgres_study(server):
     urls = [server.create_database(f"race{r}") for r in range(3)]
     results = run_driver(CREATE_DRIVER, json.dumps(urls), "4")
