@@ -16,6 +16,8 @@ REASON_KEY = "autofuse.reason"
 DURATION_KEY = "autofuse.duration_s"
 OWNER_KEY = "autofuse.owner"
 INTERRUPTED_REASON = "interrupted (process died)"
+# A trial asked for after another worker took the budget's last slot; never run, not counted.
+BUDGET_SPENT_REASON = "budget spent by other workers"
 
 
 class TrialState(enum.Enum):
@@ -52,6 +54,33 @@ class TrialRecord:
     reason: str | None
     duration_s: float | None
     notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StudyCounts:
+    """How many trials of a study are in each state (trials released unrun because other
+    workers spent the budget are left out)."""
+
+    complete: int
+    failed: int
+    pruned: int
+    running: int
+
+    @property
+    def total(self) -> int:
+        """Every trial counted against ``Budget.trials``."""
+        return self.complete + self.failed + self.pruned + self.running
+
+
+def counts_of(records: Iterable[TrialRecord]) -> StudyCounts:
+    """Count ``records`` by state, leaving out trials released unrun."""
+    states = [r.state for r in records if r.reason != BUDGET_SPENT_REASON]
+    return StudyCounts(
+        complete=states.count(TrialState.COMPLETE),
+        failed=states.count(TrialState.FAIL),
+        pruned=states.count(TrialState.PRUNED),
+        running=states.count(TrialState.RUNNING),
+    )
 
 
 def notes_of(user_attrs: Mapping[str, Any]) -> dict[str, Any]:

@@ -43,13 +43,37 @@ class SamplerSpec:
             )
 
 
+SamplerSetting = str | SamplerSpec | optuna.samplers.BaseSampler
+
+
 def sampler_spec(name: str | SamplerSpec) -> SamplerSpec:
     """Turn ``"tpe"``, ``"random"`` or ``"exhaustive"`` into a :class:`SamplerSpec`."""
     if isinstance(name, SamplerSpec):
         return name
     if isinstance(name, str) and name.strip().lower() in SAMPLER_KINDS:
         return SamplerSpec(kind=name.strip().lower())  # type: ignore[arg-type]
-    raise ValueError(f"unknown sampler {name!r}: expected one of {list(SAMPLER_KINDS)}")
+    raise ValueError(
+        f"unknown sampler {name!r}: expected one of {list(SAMPLER_KINDS)}, a search.SamplerSpec "
+        "or an optuna.samplers.BaseSampler instance"
+    )
+
+
+def resolve_sampler(
+    sampler: SamplerSetting, seed_offset: int = 0
+) -> tuple[SamplerSpec | None, optuna.samplers.BaseSampler]:
+    """The spec (None for a caller's Optuna sampler) and the sampler to use."""
+    if not isinstance(sampler, optuna.samplers.BaseSampler):
+        spec = sampler_spec(sampler)
+        return spec, build_sampler(spec, seed_offset)
+    if isinstance(sampler, optuna.samplers.BruteForceSampler) and not isinstance(
+        sampler, ExhaustiveSampler
+    ):
+        raise ValueError(
+            "expected sampler='exhaustive' (or SamplerSpec(kind='exhaustive', seed=...)) for a "
+            "brute-force search, got an optuna.samplers.BruteForceSampler: it calls "
+            "optuna's Study.stop(), which fails outside optuna's own optimize loop"
+        )
+    return None, sampler
 
 
 class _StopProbe:

@@ -43,9 +43,19 @@ def pow2_choices(low: int, high: int) -> list[int]:
     return [1 << k for k in range(low.bit_length() - 1, high.bit_length())]
 
 
+MAX_NAME_LENGTH = 512  # Optuna's SQL storages keep parameter names in VARCHAR(512)
+
+
 def _check_name(name: object) -> None:
+    """Any readable non-empty str is a name (``fuse:layernorm→linear``, ``kernel3.XBLOCK``);
+    it is stored as is, so Optuna's dashboard shows it."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"expected a non-empty str parameter name, got {name!r}")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"expected a parameter name of at most {MAX_NAME_LENGTH} characters, got "
+            f"{len(name)}: {name[:40]!r}..."
+        )
 
 
 def _check_int(label: str, value: object) -> None:

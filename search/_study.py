@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-import socket
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,23 +13,29 @@ from typing import Any
 
 import optuna
 
-from ._errors import TrialFailed, TrialPruned
+from ._errors import TrialFailed, TrialPruned, time_problem
+from ._locks import NoLock, StorageLock
+from ._open import create_or_load
+from ._owners import fail_dead_trials, owner_alive, this_owner
+from ._progress import ProgressBar
 from ._records import (
+    BUDGET_SPENT_REASON,
     DURATION_KEY,
-    INTERRUPTED_REASON,
     OWNER_KEY,
     REASON_KEY,
     STORED_STATES,
     TO_OPTUNA,
+    StudyCounts,
     TrialRecord,
     TrialState,
     best_of,
+    counts_of,
     is_better,
     record_from_frozen,
 )
-from ._samplers import ExhaustiveSampler, SamplerSpec, build_sampler, sampler_spec
+from ._samplers import ExhaustiveSampler, SamplerSetting, SamplerSpec, resolve_sampler
 from ._space import OptunaTrial, Trial
-from ._storage import resolve_storage
+from ._storage import StorageSetting, storage_lock, storage_target
 
 Objective = Callable[[Trial], float]
 OnTrial = Callable[[TrialRecord, "TrialRecord | None"], None]
@@ -39,9 +45,9 @@ _OptunaState = optuna.trial.TrialState
 
 @dataclass(frozen=True)
 class Budget:
-    """When ``optimize`` stops: ``trials`` counts every trial of the study (earlier runs too, so
-    a resumed run finishes the budget); ``seconds`` is the wall time of one ``optimize`` call.
-    The first limit reached wins."""
+    """When ``optimize`` stops: ``trials`` counts every trial of the study (earlier runs and
+    other workers too, so a resumed run finishes the budget and workers sharing a study share
+    it); ``seconds`` is the wall time of one ``optimize`` call. The first limit reached wins."""
 
     trials: int | None = None
     seconds: float | None = None
@@ -67,11 +73,20 @@ class _Outcome:
 
 
 class Study:
-    """A minimizing study in persistent storage; open it again by name to resume."""
+    """A minimizing study of times (seconds) in persistent storage; open it again by name to
+    resume, or from several processes at once to share it."""
 
-    def __init__(self, study: optuna.Study, spec: SamplerSpec) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        spec: SamplerSpec | None,
+        lock: StorageLock | None = None,
+        allow_negative: bool = False,
+    ) -> None:
         self._study = study
-        self.spec = spec
+        self._lock: StorageLock = NoLock() if lock is None else lock
+        self._allow_negative = allow_negative
+        self.spec = spec  # None when the caller gave an Optuna sampler object
         self.name: str = study.study_name
 
     @classmethod
@@ -79,23 +94,32 @@ class Study:
         cls,
         name: str,
         *,
-        storage: str | None = None,
+        storage: StorageSetting = None,
         cache_dir: str | os.PathLike[str] = ".autofuse_cache",
-        sampler: str | SamplerSpec = "tpe",
+        sampler: SamplerSetting = "tpe",
+        allow_negative: bool = False,
     ) -> Study:
-        """Create the study ``name`` or resume it; trials left RUNNING by a dead process on
-        this host are recorded as FAIL with reason "interrupted (process died)"."""
+        """Create the study ``name`` or resume it. Safe when many processes open one new
+        study at once. A damaged SQLite or journal file is renamed ``*.corrupt-<timestamp>``
+        (with a :class:`DamagedStorageWarning`) and a fresh study starts. Trials left RUNNING
+        by a dead process on this host are recorded as FAIL "interrupted (process died)".
+
+        ``storage``: None (SQLite file in ``cache_dir``), a path, a URL, or an
+        ``optuna.storages.BaseStorage``. ``sampler``: "tpe", "random", "exhaustive", a
+        :class:`SamplerSpec` or an ``optuna.samplers.BaseSampler``. Objective values are times:
+        negative ones fail their trial unless ``allow_negative``."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"expected a non-empty str study name, got {name!r}")
-        spec = sampler_spec(sampler)
+        if not isinstance(sampler, optuna.samplers.BaseSampler):
+            resolve_sampler(sampler)  # a bad name fails before any storage is touched
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        resolved = resolve_storage(storage, cache_dir)
-        study = optuna.create_study(
-            study_name=name, storage=resolved, direction="minimize", load_if_exists=True
-        )
-        _fail_dead_trials(study)
-        study.sampler = build_sampler(spec, seed_offset=len(study.get_trials(deepcopy=False)))
-        return cls(study, spec)
+        target = storage_target(storage, cache_dir)
+        lock = storage_lock(target)
+        study = create_or_load(name, target, lock)
+        with lock.hold(_study_key(name)):
+            fail_dead_trials(study)
+        spec, study.sampler = resolve_sampler(sampler, len(study.get_trials(deepcopy=False)))
+        return cls(study, spec, lock, allow_negative)
 
     def enqueue(self, params: dict[str, Any]) -> None:
         """Evaluate ``params`` before any sampled point, unless an identical point is already
@@ -103,19 +127,28 @@ class Study:
         sampled."""
         if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
             raise TypeError(f"expected a dict with str keys, got {params!r}")
-        self._study.enqueue_trial(dict(params), skip_if_exists=True)
+        with self._lock.hold(_study_key(self.name)):  # two workers enqueue a point once
+            self._study.enqueue_trial(dict(params), skip_if_exists=True)
 
     def optimize(
         self, objective: Objective, budget: Budget, on_trial: OnTrial | None = None
     ) -> TrialRecord | None:
         """Run trials until ``budget`` is spent (or an exhaustive search has tried every
-        point); ``on_trial(record, best_so_far)`` runs after each. Returns the best record."""
+        point); ``on_trial(record, best_so_far)`` runs after each. Returns the best record.
+
+        With workers sharing the study, each trial slot of ``budget.trials`` is reserved
+        before its trial runs, so the workers together run exactly that many. A worker may run
+        none (others took every slot): its best is then None while their trials are RUNNING;
+        see :attr:`counts` and :meth:`wait_for_running`."""
         if not isinstance(budget, Budget):
             raise TypeError(f"expected a search.Budget, got {type(budget).__name__}")
         started = time.monotonic()
         best = self.best
-        while self._budget_left(budget, started) and not self._exhausted():
-            record = self._run_trial(objective)
+        while not self._out_of_time(budget, started) and not self._exhausted():
+            trial = self._reserve(budget)
+            if trial is None:
+                break
+            record = self._run_trial(objective, trial)
             if is_better(record, best):
                 best = record
             if on_trial is not None:
@@ -133,13 +166,70 @@ class Study:
         """The COMPLETE trial with the lowest value, or None."""
         return best_of(self.trials)
 
-    def _budget_left(self, budget: Budget, started: float) -> bool:
-        if budget.seconds is not None and time.monotonic() - started >= budget.seconds:
-            return False
-        if budget.trials is None:
-            return True
-        # RUNNING trials here belong to other processes sharing the study: count them too.
-        return len(self._study.get_trials(deepcopy=False, states=STORED_STATES)) < budget.trials
+    @property
+    def counts(self) -> StudyCounts:
+        """Trials by state, all workers together; ``counts.total`` is what ``Budget.trials``
+        is compared with."""
+        return counts_of(self.trials)
+
+    def wait_for_running(self, timeout_s: float | None = None, poll_s: float = 0.2) -> bool:
+        """Wait until no trial is RUNNING (other workers finished theirs; trials of processes
+        that died meanwhile are recorded as FAIL). False when ``timeout_s`` ran out first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            running = self._study.get_trials(deepcopy=False, states=(_RUNNING,))
+            if not running:
+                return True
+            if any(not owner_alive(t.user_attrs.get(OWNER_KEY)) for t in running):
+                with self._lock.hold(_study_key(self.name)):
+                    fail_dead_trials(self._study)
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+
+    def progress_bar(self, total: int | None, desc: str, **tqdm_kwargs: Any) -> ProgressBar:
+        """A :class:`ProgressBar` that starts from this study's trials so far (a resumed study
+        with 11 of 30 trials done starts at 11/30) and its best time."""
+        counts = self.counts
+        return ProgressBar(
+            total, desc, initial=counts.total, failed=counts.failed, best=self.best, **tqdm_kwargs
+        )
+
+    def _out_of_time(self, budget: Budget, started: float) -> bool:
+        return budget.seconds is not None and time.monotonic() - started >= budget.seconds
+
+    def _spent(self) -> int:
+        """Trials counted against ``Budget.trials``: every started trial (RUNNING ones of other
+        workers too) but those released unrun."""
+        frozen = self._study.get_trials(deepcopy=False, states=STORED_STATES)
+        return sum(t.user_attrs.get(REASON_KEY) != BUDGET_SPENT_REASON for t in frozen)
+
+    def _reserve(self, budget: Budget) -> optuna.trial.Trial | None:
+        """Ask for the next trial when ``budget`` has a slot left, else None.
+
+        Under an exact lock (files, PostgreSQL) counting and asking are one atomic step. Without
+        one, a trial found past the budget after asking is released unrun (FAIL, reason
+        "budget spent by other workers", its enqueued point put back): no overshoot either."""
+        while True:
+            with self._lock.hold(_study_key(self.name)):
+                if budget.trials is not None and self._spent() >= budget.trials:
+                    return None
+                trial = self._study.ask()
+                trial.set_user_attr(OWNER_KEY, this_owner())
+            if self._lock.exact or budget.trials is None or self._spent() <= budget.trials:
+                return trial
+            self._release(trial)
+            time.sleep(random.uniform(0.0, 0.05))
+
+    def _release(self, trial: optuna.trial.Trial) -> None:
+        frozen = self._study._storage.get_trial(trial._trial_id)
+        trial.set_user_attr(REASON_KEY, BUDGET_SPENT_REASON)
+        trial.set_user_attr(DURATION_KEY, None)
+        self._study.tell(trial, state=_OptunaState.FAIL)
+        fixed = frozen.system_attrs.get("fixed_params")
+        if fixed:
+            self._study.enqueue_trial(dict(fixed), skip_if_exists=False)
 
     def _exhausted(self) -> bool:
         sampler = self._study.sampler
@@ -153,13 +243,11 @@ class Study:
         # Exhausted by an earlier run: only enqueued points are left to evaluate.
         return not self._study.get_trials(deepcopy=False, states=(_OptunaState.WAITING,))
 
-    def _run_trial(self, objective: Objective) -> TrialRecord:
-        trial = self._study.ask()
-        trial.set_user_attr(OWNER_KEY, _owner())
+    def _run_trial(self, objective: Objective, trial: optuna.trial.Trial) -> TrialRecord:
         handle = OptunaTrial(trial)
         start = time.perf_counter()
         try:
-            outcome = _evaluate(objective, handle)
+            outcome = _evaluate(objective, handle, self._allow_negative)
         except BaseException as exc:  # KeyboardInterrupt, SystemExit: record, then re-raise
             self._finish(
                 trial, _Outcome(TrialState.FAIL, reason=f"interrupted ({type(exc).__name__})"), None
@@ -187,7 +275,14 @@ class Study:
             self._study.tell(trial, state=TO_OPTUNA[outcome.state])
 
 
-def _evaluate(objective: Objective, trial: OptunaTrial) -> _Outcome:
+_RUNNING = _OptunaState.RUNNING
+
+
+def _study_key(name: str) -> str:
+    return f"autofuse.search:study:{name}"
+
+
+def _evaluate(objective: Objective, trial: OptunaTrial, allow_negative: bool) -> _Outcome:
     """Run the objective; every Exception becomes a FAIL/PRUNED outcome with a reason."""
     try:
         value = objective(trial)
@@ -199,67 +294,13 @@ def _evaluate(objective: Objective, trial: OptunaTrial) -> _Outcome:
         return _Outcome(TrialState.PRUNED, reason=str(exc) or "pruned")
     except Exception as exc:
         return _Outcome(TrialState.FAIL, reason=f"{type(exc).__name__}: {exc}")
-    return _outcome_of_value(value)
+    return _outcome_of_value(value, allow_negative)
 
 
-def _outcome_of_value(value: object) -> _Outcome:
-    if not isinstance(value, Real) or isinstance(value, bool):
-        return _Outcome(
-            TrialState.FAIL,
-            reason=f"expected the objective to return a float, got {type(value).__name__}",
-        )
-    number = float(value)
-    if not math.isfinite(number):
-        return _Outcome(TrialState.FAIL, reason="non-finite value")
-    return _Outcome(TrialState.COMPLETE, value=number)
-
-
-def _owner() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
-
-
-def _owner_alive(owner: object) -> bool:
-    """Whether the process that started a RUNNING trial may still be running it.
-
-    A trial with no owner record, or owned by a dead process on this host, is dead. Owners on
-    other hosts cannot be checked and are assumed alive."""
-    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
-        return False
-    if owner.get("host") != socket.gethostname():
-        return True
-    return _pid_alive(owner["pid"])
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    if os.name != "posix":
-        return True  # no safe liveness probe; leave the trial alone
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            return stat.read().rsplit(")", 1)[-1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _fail_dead_trials(study: optuna.Study) -> None:
-    """Record trials left RUNNING by dead processes as FAIL "interrupted (process died)"."""
-    for frozen in study.get_trials(deepcopy=False, states=(_OptunaState.RUNNING,)):
-        if _owner_alive(frozen.user_attrs.get(OWNER_KEY)):
-            continue
-        try:
-            study._storage.set_trial_user_attr(frozen._trial_id, REASON_KEY, INTERRUPTED_REASON)
-            study._storage.set_trial_user_attr(frozen._trial_id, DURATION_KEY, None)
-            study.tell(frozen.number, state=_OptunaState.FAIL, skip_if_finished=True)
-        except RuntimeError:
-            continue  # finished by its owner meanwhile
+def _outcome_of_value(value: object, allow_negative: bool = False) -> _Outcome:
+    """COMPLETE with a finite time >= 0 (any finite number with ``allow_negative``), else FAIL
+    with the reason."""
+    problem = time_problem(value, "the objective's value", allow_negative)
+    if problem is not None:
+        return _Outcome(TrialState.FAIL, reason=problem)
+    return _Outcome(TrialState.COMPLETE, value=float(value))  # type: ignore[arg-type]

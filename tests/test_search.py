@@ -135,7 +135,7 @@ def test_same_seed_same_trials(tmp_path):
 
 def test_failures_are_recorded_and_search_goes_on(tmp_path):
     def objective(trial):
-        kind = trial.categorical("kind", ["ok", "failed", "error", "nan", "inf", "pruned", "none"])
+        kind = trial.categorical("kind", list(expected))
         trial.set_note("kind", kind)
         if kind == "failed":
             raise TrialFailed("compile error")
@@ -145,20 +145,23 @@ def test_failures_are_recorded_and_search_goes_on(tmp_path):
             raise TrialPruned("too slow")
         if kind == "none":
             return None
-        return {"ok": 1.5, "nan": math.nan, "inf": math.inf}[kind]
+        return {"ok": 1.5, "nan": math.nan, "inf": math.inf, "neg": -1.0, "str": "fast"}[kind]
 
-    seen = []
-    study = open_study(tmp_path, "exhaustive")
-    best = study.optimize(objective, Budget(trials=50), on_trial=lambda r, b: seen.append((r, b)))
+    value = "expected the objective's value to be"
     expected = {
         "ok": (TrialState.COMPLETE, None),
         "failed": (TrialState.FAIL, "compile error"),
         "error": (TrialState.FAIL, "ValueError: boom"),
-        "nan": (TrialState.FAIL, "non-finite value"),
-        "inf": (TrialState.FAIL, "non-finite value"),
+        "nan": (TrialState.FAIL, f"{value} finite, got nan"),
+        "inf": (TrialState.FAIL, f"{value} finite, got inf"),
+        "neg": (TrialState.FAIL, f"{value} >= 0 seconds, got -1.0"),
+        "str": (TrialState.FAIL, f"{value} a number of seconds, got str 'fast'"),
         "pruned": (TrialState.PRUNED, "too slow"),
-        "none": (TrialState.FAIL, "expected the objective to return a float, got NoneType"),
+        "none": (TrialState.FAIL, f"{value} a number of seconds, got NoneType None"),
     }
+    seen = []
+    study = open_study(tmp_path, "exhaustive")
+    best = study.optimize(objective, Budget(trials=50), on_trial=lambda r, b: seen.append((r, b)))
     for records in (study.trials, open_study(tmp_path, "exhaustive").trials):  # also on reopen
         got = {r.params["kind"]: (r.state, r.reason) for r in records}
         assert got == expected
