@@ -3,7 +3,7 @@
 from .api import OptimizedFunction, explain, optimize
 from .cache.store import CacheMiss, load
 from .capture.trace import CaptureError, capture
-from .kernels.codegen import FusionRefused, KernelConfig
+from .kernels import FusionRefused, KernelConfig
 from .plan.runtime import InputError, Plan
 
 __all__ = [

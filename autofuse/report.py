@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph, numel
-from autofuse.kernels.codegen import INLINE_OPS, config_label
+from autofuse.kernels import INLINE_OPS, config_label, kind_of
 from autofuse.plan.runtime import EagerStep, KernelStep, Plan
 
 _ITEMSIZE = {
@@ -64,7 +64,7 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
             k = step.kernel
             reads = list(k.info.loads)
             writes = list(k.info.stored)
-            kind = k.name.split("_")[1]
+            kind = kind_of(k.info).prefix(k.info, k.config)
             ops = tuple(g[i].op for i in k.info.nodes)
             name, cfg = k.name, config_label(k.config)
         else:

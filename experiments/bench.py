@@ -26,7 +26,7 @@ import triton
 from triton.testing import do_bench
 
 import autofuse
-from autofuse.kernels.codegen import config_label
+from autofuse.kernels import config_label
 from experiments.workloads import BY_NAME, SUITE, min_bytes
 
 

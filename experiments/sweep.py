@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import autofuse
-from autofuse.kernels.codegen import config_label, config_space, default_config
-from autofuse.measure.profiling import Candidate, GPUTimer
+from autofuse.kernels import config_label, config_space, default_config
+from autofuse.measure import Candidate, GPUTimer
 from autofuse.partition.partitioner import Partitioner
 from experiments.bench import stamp
 from experiments.workloads import BY_NAME

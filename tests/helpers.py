@@ -5,7 +5,7 @@ import random
 import torch
 
 from autofuse.capture.trace import capture
-from autofuse.kernels.codegen import config_space, default_config
+from autofuse.kernels import config_space, default_config
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 

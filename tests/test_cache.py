@@ -191,7 +191,7 @@ CORRUPTIONS = {
     "other_format": lambda e, k: (e / "plan.json").write_text(
         (e / "plan.json")
         .read_text()
-        .replace('"autofuse_plan_cache": 1', '"autofuse_plan_cache": 99')
+        .replace(f'"autofuse_plan_cache": {cache.CACHE_FORMAT}', '"autofuse_plan_cache": 99')
     ),
 }
 
@@ -392,7 +392,7 @@ def _crash(*a, **k):
 
 
 def _configs(graph, groups):
-    from autofuse.kernels.codegen import analyze_group, config_space
+    from autofuse.kernels import analyze_group, config_space
 
     return config_space(analyze_group(graph, groups[0]), graph)
 

@@ -59,7 +59,7 @@ def test_unsupported_op_runs_in_eager_while_neighbours_fuse():
 def test_hoisted_loads(name, dtype):
     """HOIST configs issue every load before the first reduction (a norm's weight and bias
     are in flight while the row is reduced); the values are the same."""
-    from autofuse.kernels.codegen import config_space
+    from autofuse.kernels import config_space
     from autofuse.plan.runtime import build_plan, execute
 
     from .helpers import assert_close, reference

@@ -71,8 +71,8 @@ def test_lean_launch_reuses_the_binary_and_respects_alignment():
 def test_gemm_row_configs_on_gpu(name):
     """Every kind of row-GEMM config (row loop or whole row, one K step or a K loop) compiles
     and matches eager on the GPU."""
-    from autofuse.kernels.gemm import gemm_row_configs
-    from autofuse.measure.profiling import Candidate, verify_candidate
+    from autofuse.kernels.gemm_row import gemm_row_configs
+    from autofuse.measure import Candidate, verify_candidate
     from autofuse.partition.partitioner import Partitioner
     from experiments.workloads import attention_scores, attention_scores_causal
 

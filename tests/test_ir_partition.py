@@ -10,7 +10,7 @@ import torch
 import autofuse
 from autofuse.capture.trace import CaptureError, capture
 from autofuse.ir.graph import Graph, Node
-from autofuse.kernels.codegen import FusionRefused, KernelConfig, analyze_group, generate
+from autofuse.kernels import FusionRefused, KernelConfig, analyze_group, generate
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import InputError
 

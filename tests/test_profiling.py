@@ -18,8 +18,8 @@ import time  # noqa: E402
 import pytest  # noqa: E402
 
 from autofuse.capture.trace import capture  # noqa: E402
-from autofuse.kernels.codegen import KernelConfig, analyze_group, config_space, generate  # noqa: E402
-from autofuse.measure.profiling import (  # noqa: E402
+from autofuse.kernels import KernelConfig, analyze_group, config_space, generate  # noqa: E402
+from autofuse.measure import (  # noqa: E402
     Candidate,
     CostModel,
     GPUTimer,
@@ -28,7 +28,6 @@ from autofuse.measure.profiling import (  # noqa: E402
     Memo,
     extract_group,
     extract_subgraph,
-    load_passes,
     time_callable,
     verify_candidate,
 )
@@ -242,12 +241,10 @@ def test_cost_model_counts_passes_of_looped_reductions():
                                          torch.randn(4096)))  # fmt: skip
     info = infos[0]
     persistent, looped = KernelConfig(1, 4096, 8), KernelConfig(1, 1024, 8)
-    src = generate(graph, info, looped).source
-    passes = load_passes(src, len(info.loads))
+    passes = generate(graph, info, looped).meta.load_passes
+    assert len(passes) == len(info.loads)
     assert max(passes) >= 2  # the row is read again for each phase and for the outputs
-    assert load_passes(generate(graph, info, persistent).source, len(info.loads)) == [1] * len(
-        info.loads
-    )
+    assert generate(graph, info, persistent).meta.load_passes == (1,) * len(info.loads)
     model = CostModel()
     t_p = model.measure(Candidate(graph, info, persistent)).seconds
     t_l = model.measure(Candidate(graph, info, looped)).seconds

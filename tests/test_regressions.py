@@ -5,7 +5,7 @@ import torch
 
 import autofuse
 from autofuse.capture.trace import capture
-from autofuse.kernels.codegen import KernelConfig
+from autofuse.kernels import KernelConfig
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 

@@ -11,8 +11,8 @@ import torch
 import autofuse
 import search
 from autofuse.capture.trace import capture
-from autofuse.kernels.codegen import config_space
-from autofuse.measure.profiling import CostModel, Measurement, Memo
+from autofuse.kernels import config_space
+from autofuse.measure import CostModel, Measurement, Memo
 from autofuse.partition.partitioner import Partitioner
 from autofuse.tune.tuner import neighbours, tune
 
@@ -38,7 +38,7 @@ class HashCost:
 
 def exhaustive_best(graph, measurer):
     space = Partitioner(graph)
-    from autofuse.measure.profiling import Candidate
+    from autofuse.measure import Candidate
 
     best = None
     for p in space.enumerate():
@@ -127,7 +127,7 @@ def test_cost_model_verifies_candidates():
     captured = capture(fn, args)
     space = Partitioner(captured.graph)
     model = CostModel(verify=True)
-    from autofuse.measure.profiling import Candidate
+    from autofuse.measure import Candidate
 
     info = space.check(space.greedy().groups[0])
     m = model.measure(Candidate(captured.graph, info, config_space(info)[0]))
@@ -139,7 +139,7 @@ KILLED = textwrap.dedent(
     import os, sys, torch
     from autofuse.capture.trace import capture
     from autofuse.partition.partitioner import Partitioner
-    from autofuse.measure.profiling import Measurement, Memo
+    from autofuse.measure import Measurement, Memo
     from autofuse.tune.tuner import neighbours, tune
     from tests.workloads import softmax
 
@@ -198,8 +198,8 @@ def test_on_off_options_of_the_greedy_configs_are_measured(tmp_path):
 def test_polish_climbs_each_kernel_of_the_winner_to_a_local_optimum(tmp_path):
     """After the sampler's budget (here one trial), each kernel of the best plan climbs its
     config space one field at a time while a neighbour is faster."""
-    from autofuse.kernels.codegen import default_config
-    from autofuse.measure.profiling import Candidate
+    from autofuse.kernels import default_config
+    from autofuse.measure import Candidate
 
     class DefaultsSlow(HashCost):  # a default config is never the fastest of its space
         def measure(self, cand):
@@ -251,13 +251,13 @@ def test_greedy_plan_stays_unless_beaten_beyond_the_noise(monkeypatch, challenge
     from types import SimpleNamespace
 
     from autofuse import api
-    from autofuse.measure import profiling
+    from autofuse.measure import timer
     from autofuse.tune import tuner as tune_mod
 
     rounds = {"challenger": iter(challenger), "greedy": iter([1.0e-3, 1.02e-3, 1.0e-3])}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(api, "OptimizedFunction", lambda captured, plan: plan)
-    monkeypatch.setattr(profiling, "time_callable", lambda run, args: next(rounds[run.label]))
+    monkeypatch.setattr(timer, "time_callable", lambda run, args: next(rounds[run.label]))
     plans = [(name, SimpleNamespace(label=name)) for name in ("challenger", "greedy")]
     choice, _, e2e = tune_mod._pick(plans, (), None, incumbent=1)
     assert choice == want and set(e2e) == {"challenger", "greedy"}

@@ -36,10 +36,10 @@ import torch
 
 from autofuse.capture.trace import Captured
 from autofuse.ir.graph import Graph, Node
-from autofuse.kernels.codegen import GroupInfo, Kernel
+from autofuse.kernels import GroupInfo, Kernel, KernelMeta
 from autofuse.plan.runtime import EagerStep, KernelStep, Plan
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: kernels carry their metadata
 PLANS = "plans"
 PLAN_FILE = "plan.json"
 
@@ -280,11 +280,9 @@ def _decode_graph(d: dict) -> Graph:
 
 
 def _config_classes() -> dict[str, type]:
-    from autofuse.kernels.codegen import KernelConfig
-    from autofuse.kernels.gemm import RowGemmConfig
-    from autofuse.kernels.gemm_template import GemmConfig
+    from autofuse.kernels import config_classes
 
-    return {c.__name__: c for c in (KernelConfig, GemmConfig, RowGemmConfig)}
+    return config_classes()
 
 
 def _encode_dataclass(obj: Any, what: str) -> dict:
@@ -307,7 +305,7 @@ def _decode_config(d: dict) -> Any:
     return cls(**{k: _dec(v) for k, v in d["fields"].items()})
 
 
-_KERNEL_SPECIAL = ("name", "source", "config", "info")
+_KERNEL_SPECIAL = ("name", "source", "config", "info", "meta")
 
 
 def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
@@ -322,6 +320,7 @@ def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
         "source_sha256": _sha(kernel.source.encode()),
         "config": _encode_config(kernel.config),
         "info": _encode_dataclass(kernel.info, f"kernel {kernel.name}.info"),
+        "meta": _encode_dataclass(kernel.meta, f"kernel {kernel.name}.meta"),
         "fields": extra,
     }
 
@@ -332,6 +331,7 @@ def _decode_kernel(d: dict, source: str) -> Kernel:
         source=source,
         config=_decode_config(d["config"]),
         info=GroupInfo(**{k: _dec(v) for k, v in d["info"].items()}),
+        meta=KernelMeta(**{k: _dec(v) for k, v in d["meta"].items()}),
         **{k: _dec(v) for k, v in d["fields"].items()},
     )
 

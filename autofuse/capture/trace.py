@@ -21,6 +21,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
+from autofuse.ir.ops import aten_table
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -253,20 +254,8 @@ def _scalar_dtype(value: Any, out_dtype: str) -> str:
     return out_dtype if out_dtype != "bool" else "int64"
 
 
-_UNARY_ATEN = {
-    "neg": "neg", "abs": "abs", "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2",
-    "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt",
-    "reciprocal": "reciprocal", "sigmoid": "sigmoid", "tanh": "tanh", "erf": "erf", "sin": "sin",
-    "cos": "cos", "relu": "relu", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "round",
-    "sign": "sign", "logical_not": "logical_not", "bitwise_not": "bitwise_not", "isnan": "isnan",
-    "clone": "copy",
-}  # fmt: skip
-_BINARY_ATEN = {
-    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
-    "minimum": "minimum", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
-    "logical_and": "logical_and", "logical_or": "logical_or", "logical_xor": "logical_xor",
-    "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or", "bitwise_xor": "bitwise_xor",
-}  # fmt: skip
+_UNARY_ATEN = aten_table(1)  # ATen packet -> IR op, from the op table
+_BINARY_ATEN = aten_table(2)
 _REDUCE_ATEN = {"sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin", "prod": "prod"}
 
 

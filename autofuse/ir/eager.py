@@ -12,27 +12,7 @@ from typing import Any
 import torch
 
 from autofuse.ir.graph import Graph, Node
-
-aten = torch.ops.aten
-
-_UNARY = {
-    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log,
-    "log2": torch.log2, "log1p": torch.log1p, "expm1": torch.expm1, "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh, "erf": torch.erf, "sin": torch.sin, "cos": torch.cos, "relu": torch.relu,
-    "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
-    "sign": torch.sign, "logical_not": torch.logical_not, "bitwise_not": torch.bitwise_not,
-    "isnan": torch.isnan, "copy": torch.clone,
-}  # fmt: skip
-_BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-    "maximum": torch.maximum, "minimum": torch.minimum, "eq": torch.eq, "ne": torch.ne,
-    "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
-    "logical_and": torch.logical_and, "logical_or": torch.logical_or,
-    "logical_xor": torch.logical_xor, "bitwise_and": torch.bitwise_and,
-    "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
-}  # fmt: skip
-_REDUCE = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "amin": torch.amin}
+from autofuse.ir.ops import op_def
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -40,55 +20,22 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def eval_node(node: Node, args: Sequence[Any], device: torch.device | str = "cpu") -> Any:
-    """Evaluate one node on tensors ``args`` (its inputs in order)."""
+    """Evaluate one node on tensors ``args`` (its inputs in order), by its op table entry."""
     op = node.op
-    out_dtype = _dtype(node.dtype)
-    if op in _UNARY:
-        return _UNARY[op](args[0]).to(out_dtype)
-    if op in _BINARY:
-        return _BINARY[op](args[0], args[1]).to(out_dtype)
     if op == "const":
-        return torch.full(node.shape, node.attr("value"), dtype=out_dtype, device=device)
+        return torch.full(node.shape, node.attr("value"), dtype=_dtype(node.dtype), device=device)
     if op == "iota":
         n, start, step = node.shape[0], node.attr("start"), node.attr("step")
-        return torch.arange(start, start + step * n, step, dtype=out_dtype, device=device)
-    if op == "where":
-        return torch.where(args[0], args[1], args[2]).to(out_dtype)
-    if op == "clamp":
-        return torch.clamp(args[0], node.attr("lo"), node.attr("hi")).to(out_dtype)
-    if op == "pow_scalar":
-        return torch.pow(args[0], node.attr("exponent")).to(out_dtype)
-    if op == "cast":
-        return args[0].to(out_dtype)
-    if op in _REDUCE:
-        return _REDUCE[op](args[0], dim=list(node.attr("dims")), keepdim=node.attr("keepdim"))
-    if op == "prod":
-        x = args[0]
-        for d in sorted(node.attr("dims"), reverse=True):
-            x = torch.prod(x, dim=d, keepdim=node.attr("keepdim"))
-        return x
-    if op == "reshape":
-        return args[0].reshape(node.attr("shape"))
-    if op == "permute":
-        return args[0].permute(node.attr("dims"))
-    if op == "expand":
-        return args[0].expand(node.attr("shape"))
-    if op == "unsqueeze":
-        return args[0].unsqueeze(node.attr("dim"))
-    if op == "slice":
-        dim, start, step = node.attr("dim"), node.attr("start"), node.attr("step")
-        return args[0].narrow(dim, 0, args[0].shape[dim])[
-            (slice(None),) * dim + (slice(start, start + step * node.shape[dim], step),)
-        ]
-    if op == "mm":
-        return torch.mm(args[0], args[1])
-    if op == "bmm":
-        return torch.bmm(args[0], args[1])
+        return torch.arange(start, start + step * n, step, dtype=_dtype(node.dtype), device=device)
     if op == "opaque":
         return call_opaque(node, args, device)
     if op == "getitem":
         return args[0][node.attr("index")]
-    raise ValueError(f"eager evaluation of IR op {op!r} is not implemented")
+    d = op_def(op)
+    if d.eager is None:
+        raise ValueError(f"eager evaluation of IR op {op!r} is not implemented")
+    out = d.eager(node, *args)
+    return out.to(_dtype(node.dtype)) if d.kind == "pointwise" else out
 
 
 def resolve_target(target: str) -> Any:

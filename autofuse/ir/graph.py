@@ -14,43 +14,14 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-# ---------------------------------------------------------------------------------------------
-# Op classes
-# ---------------------------------------------------------------------------------------------
+from autofuse.ir.ops import FLOAT_DTYPES, op_def
 
-UNARY = frozenset(
-    "neg abs exp exp2 log log2 log1p expm1 sqrt rsqrt reciprocal sigmoid tanh erf sin cos relu "
-    "floor ceil round trunc sign logical_not bitwise_not isnan copy".split()
-)
-BINARY = frozenset(
-    "add sub mul div maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor "
-    "bitwise_and bitwise_or bitwise_xor".split()
-)
-POINTWISE = UNARY | BINARY | frozenset({"where", "clamp", "pow_scalar", "cast", "const", "iota"})
-REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "prod"})
-VIEWS = frozenset({"permute", "expand", "reshape", "slice", "unsqueeze", "squeeze"})
-MATMULS = frozenset({"mm", "bmm"})
-SOURCES = frozenset({"input"})
-OPAQUE = "opaque"
-
-FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+__all__ = ["FLOAT_DTYPES", "Graph", "Node", "contiguous_strides", "dedupe", "make_attrs", "numel"]
 
 
 def op_class(op: str) -> str:
-    """One of 'input', 'pointwise', 'reduction', 'view', 'matmul', 'opaque'."""
-    if op in SOURCES:
-        return "input"
-    if op in POINTWISE:
-        return "pointwise"
-    if op in REDUCTIONS:
-        return "reduction"
-    if op in VIEWS:
-        return "view"
-    if op in MATMULS:
-        return "matmul"
-    if op in (OPAQUE, "getitem"):
-        return "opaque"
-    raise ValueError(f"unknown IR op {op!r}")
+    """One of 'input', 'pointwise', 'reduction', 'view', 'matmul', 'opaque' (the op table's)."""
+    return op_def(op).kind
 
 
 def contiguous_strides(shape: Iterable[int]) -> tuple[int, ...]:

@@ -1,1 +1,110 @@
-"""kernels."""
+"""Kernel kinds: one fusion group + one launch config -> one Triton kernel with its metadata.
+
+Each kind is a plugin (``base.KernelKind``) in its own module and owns its config class:
+``pointwise``, ``reduction``, ``gemm``, ``gemm_row``. This registry is the one place that
+chooses a kind: ``analyze_group`` asks the kinds in order which one claims a set of nodes, and
+every other call finds the plugin by the kind named in the group's ``GroupInfo``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofuse.ir.graph import Graph
+from autofuse.kernels.base import (
+    INLINE_OPS,
+    FusionRefused,
+    GroupInfo,
+    Kernel,
+    KernelKind,
+    KernelMeta,
+    describe,
+    next_pow2,
+)
+from autofuse.kernels.gemm import GemmKind
+from autofuse.kernels.gemm_row import GemmRowKind, RowGemmConfig
+from autofuse.kernels.gemm_template import GemmConfig
+from autofuse.kernels.pointwise import KernelConfig, PointwiseKind
+from autofuse.kernels.reduction import ReductionKind
+
+__all__ = [
+    "INLINE_OPS",
+    "KINDS",
+    "FusionRefused",
+    "GemmConfig",
+    "GroupInfo",
+    "Kernel",
+    "KernelConfig",
+    "KernelKind",
+    "KernelMeta",
+    "RowGemmConfig",
+    "analyze_group",
+    "check_config",
+    "config_classes",
+    "config_label",
+    "config_space",
+    "default_config",
+    "generate",
+    "kind_of",
+    "next_pow2",
+]
+
+KINDS: tuple[KernelKind, ...] = (GemmRowKind(), GemmKind(), ReductionKind(), PointwiseKind())
+_BY_NAME = {k.name: k for k in KINDS}
+_LOWERED = frozenset({"pointwise", "reduction", "matmul"})
+
+
+def kind_of(info: GroupInfo) -> KernelKind:
+    """The plugin that analyzed ``info``'s group."""
+    try:
+        return _BY_NAME[info.kind]
+    except KeyError:
+        raise ValueError(
+            f"unknown kernel kind {info.kind!r}: expected one of {sorted(_BY_NAME)}"
+        ) from None
+
+
+def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
+    """Check that ``group`` can be one kernel; raise FusionRefused naming the reason if not."""
+    members = frozenset(group)
+    for m in sorted(members):
+        if graph[m].kind not in _LOWERED:
+            target = graph[m].attr("target", graph[m].op)
+            raise FusionRefused(
+                f"{describe(graph, m)} is an unsupported op ({target}) and runs in eager"
+            )
+    for kind in KINDS:
+        if kind.claims(graph, members):
+            return kind.analyze(graph, members)
+    raise FusionRefused(f"no kernel kind takes the group {sorted(members)}")
+
+
+def generate(graph: Graph, info: GroupInfo, config: Any, index: int = 0) -> Kernel:
+    """Render the Triton source of ``info``'s group under ``config``."""
+    kind = kind_of(info)
+    kind.check_config(info, config)
+    return kind.generate(graph, info, config, index)
+
+
+def check_config(info: GroupInfo, config: Any) -> None:
+    kind_of(info).check_config(info, config)
+
+
+def config_space(info: GroupInfo, graph: Graph | None = None) -> list[Any]:
+    """The launch configs worth trying for this group (the search picks among them). GEMM
+    kinds need the graph (their configs depend on the operand dtypes)."""
+    return kind_of(info).config_space(graph, info)
+
+
+def default_config(info: GroupInfo, graph: Graph | None = None) -> Any:
+    """A heuristic config, used by the greedy plan before any tuning."""
+    return kind_of(info).default_config(graph, info)
+
+
+def config_label(config: Any) -> str:
+    return config.label() if hasattr(config, "label") else str(config)
+
+
+def config_classes() -> dict[str, type]:
+    """Config class name -> class, for every kind (the cache decodes configs by name)."""
+    return {k.config_class.__name__: k.config_class for k in KINDS}

@@ -1,4 +1,4 @@
-"""The measurement worker process behind :class:`autofuse.profiling.Isolated`.
+"""The measurement worker process behind :class:`autofuse.measure.Isolated`.
 
 Protocol on one duplex pipe: the worker sends ``("ready", pid)`` once its measurer is built (or
 ``("error", reason)``); then for each job ``(kind, id, payload)`` it answers ``("started", id)``
@@ -44,11 +44,11 @@ def build(spec: Any) -> Any:
         return spec
     name, kwargs = spec
     if name == "cost_model":
-        from autofuse.measure.profiling import CostModel
+        from autofuse.measure import CostModel
 
         return CostModel(**kwargs)
     if name == "gpu":
-        from autofuse.measure.profiling import GPUTimer
+        from autofuse.measure import GPUTimer
 
         return GPUTimer(**kwargs)
     mod, _, attr = name.partition(":")
@@ -71,7 +71,7 @@ def main(conn: Any, spec: Any, env: dict[str, str]) -> None:
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    from autofuse.measure.profiling import CostModel, Measurement, describe_error, is_fatal
+    from autofuse.measure import CostModel, Measurement, describe_error, is_fatal
 
     source = getattr(measurer, "source", "measured")
     conn.send(("ready", os.getpid()))

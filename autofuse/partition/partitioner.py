@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.codegen import INLINE_OPS, FusionRefused, GroupInfo, analyze_group
+from autofuse.kernels import INLINE_OPS, FusionRefused, GroupInfo, analyze_group
 from autofuse.plan.runtime import fusible, unlowerable
 
 

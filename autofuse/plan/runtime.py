@@ -26,7 +26,7 @@ from autofuse import logs
 from autofuse.interpreter import apply_patches
 from autofuse.ir.eager import eval_node
 from autofuse.ir.graph import Graph
-from autofuse.kernels.codegen import (
+from autofuse.kernels import (
     INLINE_OPS,
     FusionRefused,
     GroupInfo,
@@ -286,7 +286,7 @@ def launcher_for(kernel: Kernel) -> Launcher:
     hit = _LAUNCHERS.get(key)
     if hit is None:
         fn = load_kernel(kernel.source, kernel.name)
-        scratch = "make_tensor_descriptor" in kernel.source
+        scratch = kernel.meta.needs_allocator
         hit = _LAUNCHERS[key] = Launcher(fn, kernel.grid, dict(kernel.launch_kw), scratch)
     return hit
 

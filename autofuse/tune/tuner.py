@@ -3,7 +3,7 @@
 A trial chooses a fuse / don't-fuse value for every edge of the partitioner's space, then one
 launch config for each group that exists under those choices (a conditional parameter). Its cost
 is the sum of its kernels' measured times plus its eager ops' times. Each (group, config) is
-measured once per study (``profiling.Memo``); a config that fails to compile, runs out of
+measured once per study (``measure.Memo``); a config that fails to compile, runs out of
 resources or gives wrong values scores as failed and the search goes on. The greedy plan, the
 unfused plan and the greedy plan with its matmuls run by torch (cuBLAS + fused epilogue kernels)
 are enqueued first, and the best few plans are re-timed end to end before the winner is chosen,
@@ -24,7 +24,7 @@ import torch
 import search
 from autofuse import logs
 from autofuse.capture.trace import Captured
-from autofuse.kernels.codegen import (
+from autofuse.kernels import (
     INLINE_OPS,
     GroupInfo,
     KernelConfig,
@@ -32,7 +32,7 @@ from autofuse.kernels.codegen import (
     config_space,
     default_config,
 )
-from autofuse.measure.profiling import (
+from autofuse.measure import (
     Candidate,
     CostModel,
     GPUTimer,
@@ -456,13 +456,15 @@ def _pick(plans, example_inputs, captured, incumbent: int | None = None):
         c, p = plans[0]
         return c, p, e2e
     from autofuse.api import OptimizedFunction
-    from autofuse.measure.profiling import time_callable
+    from autofuse.measure import timer
 
     rounds: dict[str, list[float]] = {}
     for r in range(3):  # alternate the order: none is always timed hottest
         for _choice, plan in plans if r % 2 == 0 else plans[::-1]:
             runner = OptimizedFunction(captured, plan)
-            rounds.setdefault(plan.label, []).append(time_callable(runner, tuple(example_inputs)))
+            rounds.setdefault(plan.label, []).append(
+                timer.time_callable(runner, tuple(example_inputs))
+            )
     e2e = {label: min(ts) for label, ts in rounds.items()}
     k = min(range(len(plans)), key=lambda i: e2e[plans[i][1].label])
     if incumbent is not None and k != incumbent:

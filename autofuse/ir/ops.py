@@ -1,0 +1,401 @@
+"""The op table: one frozen entry per IR op.
+
+An entry holds everything about its op in one place: its IR kind, the ATen packets it is
+captured from, its eager (torch) semantics, its Triton rendering (and the helper function that
+rendering calls, if any), and its weight in the analytical cost model. Capture, eager evaluation,
+codegen and the cost model all read this table; adding a pointwise op is one entry here plus its
+test.
+
+Rendering: ``triton`` is a format string over the operand codes (``{a}``, ``{b}``, ``{c}``, each
+already cast as ``operands`` says) or a function ``(node, codes, dtype) -> str`` for ops whose
+code depends on attributes or dtypes. ``operands`` names the cast rule: ``"compute"`` (the
+node's compute dtype), ``"common"`` (torch's promotion of the operands, for comparisons),
+``"bool"`` (logical ops), ``"where"`` (a bool condition, then compute-dtype values), ``"raw"``
+(no cast).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+KINDS = ("input", "pointwise", "reduction", "view", "matmul", "opaque")
+
+
+@dataclass(frozen=True)
+class Helper:
+    """A ``@triton.jit`` function a rendering calls; emitted once per kernel that needs it."""
+
+    name: str
+    source: str
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One IR op: kind, ATen origin, eager semantics, Triton rendering, cost weight."""
+
+    name: str
+    kind: str
+    arity: int = 1
+    aten: tuple[str, ...] = ()  # ATen packets captured 1:1 as this op (pointwise ops)
+    eager: Callable[..., Any] | None = None  # (node, *input tensors) -> tensor
+    triton: str | Callable[[Any, list[str], str], str] | None = None
+    operands: str = "compute"
+    helper: Helper | None = None
+    cost: float = 1.0  # modeled operations per element (transcendentals and divisions: 4)
+    integral_identity: bool = False  # floor/ceil/round/trunc: an integer input is returned as is
+    # reductions: identity value ("0", "1", "-inf", "inf") and the combine of two partials
+    identity: str | None = None
+    combine: str | None = None  # "+", "*", "max", "min"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"op {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers (Triton functions some renderings call)
+# ---------------------------------------------------------------------------------------------
+
+TANH = Helper(
+    "_af_tanh",
+    """@triton.jit
+def _af_tanh(x):
+    # tanh from exp of a non-positive argument: no overflow, full relative precision
+    t = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -y, y)
+""",
+)
+ROUND = Helper(
+    "_af_round",
+    """@triton.jit
+def _af_round(x):
+    # round half to even, as torch.round
+    r = tl.floor(x + 0.5)
+    r = tl.where((r - x == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
+    return tl.where(tl.abs(x) >= 8388608.0, x, r)  # from 2**23 on every float is an integer
+""",
+)
+LOG1P = Helper(
+    "_af_log1p",
+    """@triton.jit
+def _af_log1p(x):
+    # log(1 + x) without cancellation for small x: log(u) * x / (u - 1), u = 1 + x
+    u = 1.0 + x
+    small = tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
+    return tl.where(tl.abs(x) < 0.5, small, tl.log(u))
+""",
+)
+EXPM1 = Helper(
+    "_af_expm1",
+    """@triton.jit
+def _af_expm1(x):
+    # exp(x) - 1 without cancellation for small x: (u - 1) * x / log(u), u = exp(x)
+    u = tl.exp(x)
+    small = tl.where(u == 1.0, x, (u - 1.0) * (x / tl.log(u)))
+    return tl.where(tl.abs(x) < 0.5, small, u - 1.0)
+""",
+)
+HYPOT = Helper(
+    "_af_hypot",
+    """@triton.jit
+def _af_hypot(a, b):
+    # sqrt(a^2 + b^2) without overflow or underflow: hi * sqrt(1 + (lo / hi)^2); an infinite
+    # operand gives inf even beside a NaN, as C's hypot and torch.hypot
+    x = tl.abs(a)
+    y = tl.abs(b)
+    hi = tl.maximum(x, y, propagate_nan=tl.PropagateNan.ALL)
+    lo = tl.minimum(x, y, propagate_nan=tl.PropagateNan.ALL)
+    r = lo / tl.where(hi == 0.0, 1.0, hi)
+    h = hi * tl.sqrt(1.0 + r * r)
+    return tl.where((x == float("inf")) | (y == float("inf")), float("inf"), h)
+""",
+)
+PROD = Helper("_af_prod", "@triton.jit\ndef _af_prod(a, b):\n    return a * b\n")
+MAX = Helper(
+    "_af_max",
+    "@triton.jit\ndef _af_max(a, b):\n"
+    "    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)\n",
+)
+MIN = Helper(
+    "_af_min",
+    "@triton.jit\ndef _af_min(a, b):\n"
+    "    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)\n",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Renderings that depend on attributes or dtypes
+# ---------------------------------------------------------------------------------------------
+
+TL_DTYPE = {
+    "float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
+    "float64": "tl.float64", "int64": "tl.int64", "int32": "tl.int32", "int16": "tl.int16",
+    "int8": "tl.int8", "uint8": "tl.uint8", "bool": "tl.int1",
+}  # fmt: skip
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+def literal(value: Any, dtype: str) -> str:
+    """A Python literal of ``value`` for Triton source, in ``dtype``'s family."""
+    if isinstance(value, bool) or dtype == "bool":
+        return "1" if value else "0"
+    if is_float(dtype):
+        v = float(value)
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        if math.isnan(v):
+            return 'float("nan")'
+        return repr(v)
+    return str(int(value))
+
+
+def minmax(op: str, a: str, b: str, dtype: str) -> str:
+    """tl.maximum / tl.minimum; for floats a NaN wins, as in torch."""
+    nan = ", propagate_nan=tl.PropagateNan.ALL" if is_float(dtype) else ""
+    return f"tl.{op}({a}, {b}{nan})"
+
+
+def _relu(node: Any, c: list[str], dt: str) -> str:
+    return minmax("maximum", c[0], "0.0" if is_float(dt) else "0", dt)
+
+
+def _sign(node: Any, c: list[str], dt: str) -> str:
+    return f"({c[0]} > 0).to({TL_DTYPE[dt]}) - ({c[0]} < 0).to({TL_DTYPE[dt]})"
+
+
+def _clamp(node: Any, c: list[str], dt: str) -> str:
+    out = c[0]
+    if node.attr("lo") is not None:
+        out = minmax("maximum", out, literal(node.attr("lo"), dt), dt)
+    if node.attr("hi") is not None:
+        out = minmax("minimum", out, literal(node.attr("hi"), dt), dt)
+    return out
+
+
+class NoLowering(Exception):
+    """An op (or this use of it) has no Triton rendering; codegen refuses the group."""
+
+
+def _pow(node: Any, c: list[str], dt: str) -> str:
+    a, e = c[0], node.attr("exponent")
+    if not is_float(dt) and not (e == int(e) and 0 <= e <= 8):
+        raise NoLowering(f"pow of an integer tensor by {e}: no Triton lowering")
+    if e == 0.5:
+        return f"tl.sqrt({a})"
+    if e == -0.5:
+        return f"tl.rsqrt({a})"
+    if e == int(e) and abs(e) <= 8:
+        n = int(abs(e))
+        if n == 0:
+            return f"({a} * 0.0 + 1.0)"
+        prod = " * ".join([a] * n)
+        return f"({prod})" if e > 0 else f"(1.0 / ({prod}))"
+    if e == int(e):
+        mag = f"tl.exp2({e!r} * tl.log2(tl.abs({a})))"
+        return f"tl.where(({a} < 0) & ({int(e) % 2} == 1), -{mag}, {mag})"
+    return f"tl.exp2({e!r} * tl.log2({a}))"
+
+
+def _cast(node: Any, c: list[str], dt: str) -> str:
+    # the operand arrives in float32 for 16-bit targets: round through the storage type, as
+    # eager does; other targets arrive already cast to the compute dtype
+    target = node.attr("dtype")
+    if target in ("float16", "bfloat16"):
+        return f"{c[0]}.to({TL_DTYPE[target]}).to(tl.float32)"
+    return c[0]
+
+
+def _cast_operands(node: Any) -> str:
+    return "float32" if node.attr("dtype") in ("float16", "bfloat16") else "compute"
+
+
+# ---------------------------------------------------------------------------------------------
+# Eager semantics that are not one torch function
+# ---------------------------------------------------------------------------------------------
+
+
+def _eager_clamp(node: Any, x: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(x, node.attr("lo"), node.attr("hi"))
+
+
+def _eager_pow(node: Any, x: torch.Tensor) -> torch.Tensor:
+    return torch.pow(x, node.attr("exponent"))
+
+
+def _eager_prod(node: Any, x: torch.Tensor) -> torch.Tensor:
+    for d in sorted(node.attr("dims"), reverse=True):
+        x = torch.prod(x, dim=d, keepdim=node.attr("keepdim"))
+    return x
+
+
+def _plain(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """An eager function of the tensors alone (the node's attributes do not matter)."""
+
+    def run(node: Any, *args: torch.Tensor) -> torch.Tensor:
+        return fn(*args)
+
+    run.__name__ = getattr(fn, "__name__", "op")
+    return run
+
+
+def _view(method: str, attr: str) -> Callable[..., torch.Tensor]:
+    def run(node: Any, x: torch.Tensor) -> torch.Tensor:
+        return getattr(x, method)(node.attr(attr))
+
+    return run
+
+
+def _eager_slice(node: Any, x: torch.Tensor) -> torch.Tensor:
+    dim, start, step = node.attr("dim"), node.attr("start"), node.attr("step")
+    return x[(slice(None),) * dim + (slice(start, start + step * node.shape[dim], step),)]
+
+
+def _reduce(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(node: Any, x: torch.Tensor) -> torch.Tensor:
+        return fn(x, dim=list(node.attr("dims")), keepdim=node.attr("keepdim"))
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------
+
+
+def _unary(name, triton, eager, *, aten=None, cost=1.0, helper=None, **kw) -> OpDef:
+    aten = (name,) if aten is None else aten
+    return OpDef(name, "pointwise", 1, aten, _plain(eager), triton, helper=helper, cost=cost, **kw)
+
+
+def _binary(name, triton, eager, *, aten=None, operands="compute", cost=1.0, helper=None):
+    aten = (name,) if aten is None else aten
+    return OpDef(name, "pointwise", 2, aten, _plain(eager), triton, operands, helper, cost)
+
+
+def _compare(name: str, sym: str, fn: Callable) -> OpDef:
+    return _binary(name, "{a} " + sym + " {b}", fn, operands="common")
+
+
+def _logical(name: str, sym: str, fn: Callable) -> OpDef:
+    return _binary(name, "{a} " + sym + " {b}", fn, operands="bool")
+
+
+SFU = 4.0  # modeled cost of a transcendental or a division, in simple-op units
+
+_ENTRIES: tuple[OpDef, ...] = (
+    OpDef("input", "input", 0),
+    # unary pointwise
+    _unary("neg", "-{a}", torch.neg),
+    _unary("abs", "tl.abs({a})", torch.abs),
+    _unary("exp", "tl.exp({a})", torch.exp, cost=SFU),
+    _unary("exp2", "tl.exp2({a})", torch.exp2, cost=SFU),
+    _unary("log", "tl.log({a})", torch.log, cost=SFU),
+    _unary("log2", "tl.log2({a})", torch.log2, cost=SFU),
+    _unary("log1p", "_af_log1p({a})", torch.log1p, cost=SFU, helper=LOG1P),
+    _unary("expm1", "_af_expm1({a})", torch.expm1, cost=SFU, helper=EXPM1),
+    _unary("sqrt", "tl.sqrt({a})", torch.sqrt, cost=SFU),
+    _unary("rsqrt", "tl.rsqrt({a})", torch.rsqrt, cost=SFU),
+    _unary("reciprocal", "(1.0 / {a})", torch.reciprocal, cost=SFU),
+    _unary("sigmoid", "tl.sigmoid({a})", torch.sigmoid, cost=SFU),
+    _unary("tanh", "_af_tanh({a})", torch.tanh, cost=SFU, helper=TANH),
+    _unary("erf", "tl.erf({a})", torch.erf, cost=SFU),
+    _unary("sin", "tl.sin({a})", torch.sin, cost=SFU),
+    _unary("cos", "tl.cos({a})", torch.cos, cost=SFU),
+    _unary("relu", _relu, torch.relu),
+    _unary("floor", "tl.floor({a})", torch.floor, integral_identity=True),
+    _unary("ceil", "tl.ceil({a})", torch.ceil, integral_identity=True),
+    _unary("round", "_af_round({a})", torch.round, helper=ROUND, integral_identity=True),
+    _unary(
+        "trunc",
+        "tl.where({a} < 0, tl.ceil({a}), tl.floor({a}))",
+        torch.trunc,
+        integral_identity=True,
+    ),
+    _unary("sign", _sign, torch.sign),
+    _unary("logical_not", "{a} == 0", torch.logical_not, operands="bool"),
+    _unary("bitwise_not", "~{a}", torch.bitwise_not),
+    _unary("isnan", "{a} != {a}", torch.isnan, operands="raw"),
+    _unary("copy", "{a}", torch.clone, aten=("clone",)),
+    # binary pointwise
+    _binary("add", "{a} + {b}", torch.add),
+    _binary("sub", "{a} - {b}", torch.sub),
+    _binary("mul", "{a} * {b}", torch.mul),
+    _binary("div", "{a} / {b}", torch.div, cost=SFU),
+    _binary("maximum", lambda n, c, dt: minmax("maximum", c[0], c[1], dt), torch.maximum),
+    _binary("minimum", lambda n, c, dt: minmax("minimum", c[0], c[1], dt), torch.minimum),
+    _binary("hypot", "_af_hypot({a}, {b})", torch.hypot, cost=2 * SFU, helper=HYPOT),
+    _compare("eq", "==", torch.eq),
+    _compare("ne", "!=", torch.ne),
+    _compare("lt", "<", torch.lt),
+    _compare("le", "<=", torch.le),
+    _compare("gt", ">", torch.gt),
+    _compare("ge", ">=", torch.ge),
+    _logical("logical_and", "&", torch.logical_and),
+    _logical("logical_or", "|", torch.logical_or),
+    _logical("logical_xor", "^", torch.logical_xor),
+    _binary("bitwise_and", "{a} & {b}", torch.bitwise_and),
+    _binary("bitwise_or", "{a} | {b}", torch.bitwise_or),
+    _binary("bitwise_xor", "{a} ^ {b}", torch.bitwise_xor),
+    # pointwise ops with attributes (captured by their own rules in capture/)
+    OpDef("where", "pointwise", 3, (), _plain(torch.where), "tl.where({a}, {b}, {c})", "where"),
+    OpDef("clamp", "pointwise", 1, (), _eager_clamp, _clamp),
+    OpDef("pow_scalar", "pointwise", 1, (), _eager_pow, _pow, cost=SFU),
+    OpDef("cast", "pointwise", 1, (), _plain(lambda x: x), _cast, "cast"),
+    OpDef("const", "pointwise", 0),
+    OpDef("iota", "pointwise", 0),
+    # reductions
+    OpDef("sum", "reduction", 1, (), _reduce(torch.sum), identity="0", combine="+"),
+    OpDef("mean", "reduction", 1, (), _reduce(torch.mean), identity="0", combine="+"),
+    OpDef("amax", "reduction", 1, (), _reduce(torch.amax), identity="-inf", combine="max"),
+    OpDef("amin", "reduction", 1, (), _reduce(torch.amin), identity="inf", combine="min"),
+    OpDef("prod", "reduction", 1, (), _eager_prod, identity="1", combine="*"),
+    # views
+    OpDef("permute", "view", 1, (), _view("permute", "dims")),
+    OpDef("expand", "view", 1, (), _view("expand", "shape")),
+    OpDef("reshape", "view", 1, (), _view("reshape", "shape")),
+    OpDef("unsqueeze", "view", 1, (), _view("unsqueeze", "dim")),
+    OpDef("squeeze", "view", 1, (), _view("reshape", "shape")),
+    OpDef("slice", "view", 1, (), _eager_slice),
+    # matmuls
+    OpDef("mm", "matmul", 2, (), _plain(torch.mm)),
+    OpDef("bmm", "matmul", 2, (), _plain(torch.bmm)),
+    # ops that run as their eager ATen call
+    OpDef("opaque", "opaque"),
+    OpDef("getitem", "opaque"),
+)
+
+OPS: Mapping[str, OpDef] = {d.name: d for d in _ENTRIES}
+
+
+def op_def(op: str) -> OpDef:
+    d = OPS.get(op)
+    if d is None:
+        raise ValueError(f"unknown IR op {op!r}")
+    return d
+
+
+def ops_of_kind(kind: str) -> frozenset[str]:
+    return frozenset(d.name for d in _ENTRIES if d.kind == kind)
+
+
+def aten_table(arity: int) -> dict[str, str]:
+    """ATen packet -> IR op, for the pointwise ops of ``arity`` that are captured 1:1."""
+    return {
+        a: d.name for d in _ENTRIES if d.arity == arity and d.kind == "pointwise" for a in d.aten
+    }
+
+
+def cast_rule(node: Any) -> str:
+    """How a node's operands are cast before its rendering (``OpDef.operands``)."""
+    d = op_def(node.op)
+    return _cast_operands(node) if d.operands == "cast" else d.operands

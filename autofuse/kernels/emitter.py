@@ -1,0 +1,562 @@
+"""The loop-kernel emitter: every node of a group is a function of an index.
+
+A kernel iterates over its domain (the output shape of a pointwise group; rows x reduced
+elements for a reduction group) and evaluates each stored node at the domain index: a node read
+from memory is a ``tl.load`` whose offset is the index pushed back through any view ops, a
+pointwise node applies its op (rendered from the op table) to its inputs' values, and a reduction
+node is the result of an earlier phase of the kernel. Reductions run in phases by dependency
+level (softmax: max, then sum); a *persistent* kernel holds a whole row in one block, a *looped*
+one walks the row in RBLOCK chunks and recomputes what each phase needs from its loads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, contiguous_strides, numel
+from autofuse.ir.indexing import Expr, linearize
+from autofuse.ir.ops import Helper
+from autofuse.kernels.base import FusionRefused, GroupInfo, Kernel, KernelMeta, describe
+from autofuse.kernels.render import (
+    TL_DTYPE,
+    Val,
+    cast,
+    combine,
+    compute_dtype,
+    exp_minus,
+    identity,
+    is_float,
+    literal,
+    minmax,
+    render_op,
+    row_reduce,
+)
+from autofuse.kernels.views import broadcast_index, domain_index, view_source_index
+
+
+@dataclass
+class Scope:
+    cache: dict = field(default_factory=dict)
+
+
+class Emitter:
+    """Renders a loop kernel's body: the pointwise kernels', the reductions' and (through its
+    subclass) the row-GEMM's. It records, as it emits, what the kernel's metadata says: which
+    loop reads each loaded buffer, the dots, the helpers."""
+
+    def __init__(self, graph: Graph, info: GroupInfo, config: Any) -> None:
+        self.g, self.info, self.cfg = graph, info, config
+        self.members = frozenset(info.nodes)
+        self.red = info.reduces
+        self.persistent = self.red and config.RBLOCK >= info.rnumel
+        self.lines: list[str] = []
+        self.depth = 1
+        self.scopes = [Scope()]
+        self.n_tmp = 0
+        self.ptr: dict[int, str] = {i: f"in_ptr{k}" for k, i in enumerate(info.loads)}
+        self.out_ptr: dict[int, str] = {i: f"out_ptr{k}" for k, i in enumerate(info.stored)}
+        self.red_val: dict[int, Val] = {}
+        self.helpers: set[Helper] = set()
+        self.regions: list[set[int]] = [set()]  # loaded nodes read outside / in each loop
+        self.region = 0
+        self.dots = 0
+        self.int64 = self._needs_int64()
+        dom, rd = info.domain, info.reduce_dims
+        if self.red:
+            kept = tuple(s for i, s in enumerate(dom) if i not in rd)
+            reduced = tuple(dom[i] for i in rd)
+            xi, ri = iter(domain_index(kept, "xindex")), iter(domain_index(reduced, "rindex"))
+            self.full = tuple(next(ri) if i in rd else next(xi) for i in range(len(dom)))
+        else:
+            self.full = domain_index(dom, "xindex")
+
+    # -- output helpers ----------------------------------------------------------------------
+    def line(self, s: str) -> None:
+        self.lines.append("    " * self.depth + s)
+
+    def tmp(self, expr: str, cls: int, dtype: str, comment: str = "") -> Val:
+        name = f"tmp{self.n_tmp}"
+        self.n_tmp += 1
+        self.line(f"{name} = {expr}" + (f"  # {comment}" if comment else ""))
+        return Val(name, cls, dtype)
+
+    def _needs_int64(self) -> bool:
+        sizes = [numel(self.info.domain)]
+        sizes += [self._extent(i) for i in self.info.loads]
+        return max(sizes) >= 2**31 - 1
+
+    def _extent(self, i: int) -> int:
+        n = self.g[i]
+        return 1 + sum((s - 1) * abs(st) for s, st in zip(n.shape, n.strides))
+
+    def lookup(self, key):
+        for sc in reversed(self.scopes):
+            if key in sc.cache:
+                return sc.cache[key]
+        return None
+
+    # -- values ------------------------------------------------------------------------------
+    def cls_of(self, e: Expr) -> int:
+        vs = e.vars
+        if not vs:
+            return 0
+        if not self.red or "rindex" in vs:
+            return 2
+        return 1
+
+    def mask_for(self, cls: int) -> str | None:
+        if cls == 0:
+            return None
+        if cls == 2 and self.red:
+            return "xmask & rmask"
+        return "xmask"
+
+    def value(self, i: int, index: tuple[Expr, ...]) -> Val:
+        node = self.g[i]
+        if node.kind == "view":
+            return self.value(node.inputs[0], view_source_index(self.g, i, index))
+        if node.op == "const":
+            return Val(literal(node.attr("value"), node.dtype), 0, compute_dtype(node.dtype), True)
+        if node.op == "iota":  # arange: its value is the index itself, computed in the kernel
+            e = index[0].scale(node.attr("step")).shift(node.attr("start"))
+            cd = compute_dtype(node.dtype)
+            if not e.vars:
+                return Val(str(e.const), 0, cd, True)
+            return self.tmp(f"({e.render()}).to({TL_DTYPE[cd]})", self.cls_of(e), cd, node.name)
+        key = (i, index)
+        hit = self.lookup(key)
+        if hit is not None:
+            return hit
+        if i not in self.members:
+            v = self.load(i, index)
+        elif node.kind in ("reduction", "matmul"):
+            v = self.reduced(i, index)
+        elif (shifted := self.shifted_exp(node, index)) is not None:
+            v = self.tmp(shifted[0], shifted[1], compute_dtype(node.dtype), node.name)
+        else:
+            args = [
+                self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
+                for j in node.inputs
+            ]
+            expr = self.divide(node, args) or render_op(node.op, node, args, self.helpers)
+            cls = max((a.cls for a in args), default=0)
+            v = self.tmp(expr, cls, compute_dtype(node.dtype), node.name)
+        self.scopes[-1].cache[key] = v
+        return v
+
+    def shifted_exp(self, node, index: tuple[Expr, ...]) -> tuple[str, int] | None:
+        """``exp(a - b)`` with ``b`` one value per row (softmax's max) as
+        ``exp2(fma(a, log2 e, -b log2 e))``: the subtraction and tl.exp's own multiply by
+        log2 e become one fused multiply-add per element."""
+        j = node.inputs[0] if node.op == "exp" else None
+        if j is None or j not in self.members or self.g[j].op != "sub":
+            return None
+        cd = compute_dtype(node.dtype)
+        if (
+            not is_float(cd)
+            or self.g[j].shape != node.shape
+            or compute_dtype(self.g[j].dtype) != cd
+        ):
+            return None
+        a, b = (
+            self.value(k, broadcast_index(self.g[k].shape, node.shape, index))
+            for k in self.g[j].inputs
+        )
+        if b.cls >= a.cls:
+            return None
+        return exp_minus(cast(a, cd), cast(b, cd)), a.cls
+
+    def divide(self, node, args: list[Val]) -> str | None:
+        """A float division by a constant or by a row value, as a multiply by its reciprocal
+        (one division per row instead of per element; within an ulp of the quotient)."""
+        cd = compute_dtype(node.dtype)
+        if node.op != "div" or not is_float(cd):
+            return None
+        a, b = args
+        if b.literal:
+            try:
+                c = float(b.code)
+            except ValueError:
+                return None
+            if c == 0 or not math.isfinite(c) or not math.isfinite(1.0 / c):
+                return None
+            return f"{cast(a, cd)} * {1.0 / c!r}"
+        if b.cls >= a.cls:
+            return None
+        key = ("reciprocal", b.code)
+        r = self.lookup(key)
+        if r is None:
+            r = self.tmp(f"1.0 / {cast(b, cd)}", b.cls, cd, "reciprocal")
+            self.scopes[-1].cache[key] = r
+        return f"{cast(a, cd)} * {r.code}"
+
+    def load(self, i: int, index: tuple[Expr, ...]) -> Val:
+        node = self.g[i]
+        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        off = linearize(index, strides, node.shape)
+        cls = self.cls_of(off)
+        mask = self.mask_for(cls)
+        cd = compute_dtype(node.dtype)
+        ptr = f"{self.ptr[i]} + ({off.render()})"
+        self.note_load(i)
+        if mask is None:
+            code = f"tl.load({ptr})"
+        else:
+            code = f"tl.load({ptr}, {mask}, other=0)"
+        if cd != node.dtype:
+            code += f".to({TL_DTYPE[cd]})"
+        return self.tmp(code, cls, cd, f"load {node.name}")
+
+    def row_key(self, i: int, index: tuple[Expr, ...]) -> tuple[Expr, ...]:
+        rd = self.info.reduce_dims
+        if len(self.g[i].shape) == len(self.info.domain):
+            return tuple(e for j, e in enumerate(index) if j not in rd)
+        return index
+
+    def reduced(self, i: int, index: tuple[Expr, ...]) -> Val:
+        want = tuple(e for j, e in enumerate(self.full) if j not in self.info.reduce_dims)
+        got = self.row_key(i, index)
+        if got != want:
+            raise FusionRefused(
+                f"{describe(self.g, i)} is read at index ({', '.join(map(str, got))}) which is not "
+                f"its own row ({', '.join(map(str, want))}): the reduced value would come from "
+                "another program"
+            )
+        if i not in self.red_val:
+            raise FusionRefused(f"{describe(self.g, i)} is read before it is computed")
+        return self.red_val[i]
+
+    # -- kernel structure --------------------------------------------------------------------
+    def levels(self) -> dict[int, int]:
+        lv: dict[int, int] = {}
+        for i in self.info.nodes:
+            node = self.g[i]
+            deps = [self.g.base_of(j) for j in node.inputs]
+            base = max((lv.get(j, 0) for j in deps if j in self.members), default=0)
+            lv[i] = base + 1 if node.kind == "reduction" else base
+        return lv
+
+    def acc_dtype(self, r: int) -> str:
+        """Accumulator dtype of reduction ``r``: fp32 for floats, int64 for integer sums."""
+        node = self.g[r]
+        acc = compute_dtype(self.g[node.inputs[0]].dtype)
+        if node.op in ("sum", "mean", "prod") and not is_float(acc):
+            acc = compute_dtype(node.dtype) if is_float(node.dtype) else "int64"
+        return acc
+
+    def reduction_phase(self, reds: list[int]) -> dict:
+        """Persistent kernels: the whole row is in the block; reduce it in one step."""
+        accs = {}
+        for r in reds:
+            _, val = self.masked_input(r)
+            accs[r] = (
+                self.tmp(val, 2, self.acc_dtype(r), f"{self.g[r].name} input"),
+                self.acc_dtype(r),
+            )
+        return accs
+
+    def masked_input(self, r: int) -> tuple[Val, str]:
+        """The reduction's input at the domain index, and that value with masked lanes set to
+        the reduction's identity."""
+        node = self.g[r]
+        src = self.value(node.inputs[0], self.full)
+        acc = self.acc_dtype(r)
+        return src, f"tl.where(xmask & rmask, {cast(src, acc)}, {identity(node.op, acc)})"
+
+    def _combine(self, op: str, acc: str, val: str, dtype: str) -> str:
+        return combine(op, acc, val, dtype)
+
+    def row_reduce(self, op: str, code: str, acc_dtype: str) -> str:
+        """``code`` ([XBLOCK, RBLOCK]) reduced along the row to [XBLOCK, 1]."""
+        return row_reduce(op, code, acc_dtype, self.helpers)
+
+    def finish_reduction(self, r: int, acc: Val, acc_dtype: str) -> None:
+        node = self.g[r]
+        self.set_reduced(r, self.row_reduce(node.op, acc.code, acc_dtype), acc_dtype)
+
+    def set_reduced(self, r: int, expr: str, acc_dtype: str) -> None:
+        """Bind reduction ``r``'s row value from ``expr`` (its row sum/max/... in acc_dtype)."""
+        node = self.g[r]
+        cd = compute_dtype(node.dtype)
+        if node.op == "mean":
+            v = self.tmp(expr, 1, acc_dtype, node.name + " (sum)")
+            expr = f"{cast(v, cd)} / {self.info.rnumel}.0"
+        elif acc_dtype != cd:
+            expr = f"({expr}).to({TL_DTYPE[cd]})"
+        self.red_val[r] = self.tmp(expr, 1, cd, node.name)
+
+    def store(self, i: int, v: Val, index: tuple[Expr, ...], cls: int) -> None:
+        node = self.g[i]
+        off = linearize(index, contiguous_strides(node.shape), node.shape)
+        code = v.code
+        if v.cls < cls:
+            shape = (
+                "[XBLOCK, RBLOCK]"
+                if cls == 2 and self.red
+                else "[XBLOCK, 1]"
+                if self.red
+                else "[XBLOCK]"
+            )
+            if v.literal:
+                code = f"tl.full({shape}, {v.code}, {TL_DTYPE[v.dtype]})"
+            else:
+                code = f"tl.broadcast_to({v.code}, {shape})"
+        if compute_dtype(node.dtype) != node.dtype or v.dtype != node.dtype:
+            code = f"{code}.to({TL_DTYPE[node.dtype]})"
+        mask = self.mask_for(cls) or "xmask"
+        where = off.render() if off.vars else f"{off.render()} + 0 * xindex"  # a block pointer
+        self.line(f"tl.store({self.out_ptr[i]} + ({where}), {code}, {mask})")
+
+    def stored_index(self, i: int) -> tuple[tuple[Expr, ...], int]:
+        shape = self.g[i].shape
+        if not self.red or shape == self.info.domain:
+            return self.full, 2
+        rd = self.info.reduce_dims
+        if len(shape) == len(self.info.domain):
+            idx = tuple(Expr.constant(0) if j in rd else e for j, e in enumerate(self.full))
+        else:
+            idx = tuple(e for j, e in enumerate(self.full) if j not in rd)
+        return idx, 1
+
+    def emit(self) -> list[str]:
+        idx_t = ".to(tl.int64)" if self.int64 else ""
+        if not self.red:
+            self.line(f"xoffset = tl.program_id(0){idx_t} * XBLOCK")
+            self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
+            self.line(self.mask_line("x", "[XBLOCK]"))
+            for s in self.info.stored:
+                self.store(s, self.value(s, self.full), self.full, 2)
+            return self.lines
+        self.line(f"xoffset = tl.program_id(0){idx_t} * XBLOCK")
+        self.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        self.line(self.mask_line("x", "[XBLOCK, 1]"))
+        self.preamble()
+        if self.persistent:
+            self.line("rindex = tl.arange(0, RBLOCK)[None, :]")
+            self.line(self.mask_line("r", "[1, RBLOCK]"))
+            if getattr(self.cfg, "HOIST", False):
+                self.hoist_loads()
+        else:
+            self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        lv = self.levels()
+        reds = [i for i in self.info.nodes if self.g[i].kind == "reduction"]
+        self.online = {} if self.persistent else self.find_online()
+        for level in sorted({lv[r] for r in reds}):
+            phase = [r for r in reds if lv[r] == level and r not in self.online]
+            if not phase:
+                continue
+            self.lines.append("")
+            self.line(
+                f"# phase {level}: {', '.join(self.g[r].name or self.g[r].op for r in phase)}"
+            )
+            if self.persistent:
+                accs = self.reduction_phase(phase)
+            else:
+                accs = self._looped_phase(phase)
+            for r in phase:
+                self.finish_reduction(r, *accs[r])
+            for s_, m_ in self.online.items():
+                if m_ in phase:
+                    self.finish_online(s_, m_, accs[s_][0], accs[m_][0])
+        rows = [s for s in self.info.stored if self.stored_index(s)[1] == 1]
+        fulls = [s for s in self.info.stored if self.stored_index(s)[1] == 2]
+        if rows:
+            self.lines.append("")
+            self.line("# row outputs")
+            for s in rows:
+                idx, cls = self.stored_index(s)
+                self.store(s, self.value(s, idx), idx, cls)
+        if fulls:
+            self.lines.append("")
+            self.line("# elementwise outputs")
+            self._in_loop(
+                lambda: [self.store(s, self.value(s, self.full), self.full, 2) for s in fulls]
+            )
+        return self.lines
+
+    def hoist_loads(self) -> None:
+        """Emit, before the first reduction, every load that ops over the whole domain read
+        directly (the cache then serves their later uses)."""
+        g, dom = self.g, self.info.domain
+        self.line("# loads hoisted above the reductions")
+        for i in self.info.loads:
+            users = [u for u in g.compute_users[i] if u in self.members]
+            if users and all(g[u].kind != "view" and g[u].shape == dom for u in users):
+                self.value(i, broadcast_index(g[i].shape, dom, self.full))
+
+    def mask_line(self, axis: str, shape: str) -> str:
+        """``xmask``/``rmask``: all-true constants when the block divides the extent (the
+        compiler then drops them from every load and store), else the bounds check."""
+        numel = self.info.xnumel if axis == "x" else self.info.rnumel
+        block = self.cfg.XBLOCK if axis == "x" else self.cfg.RBLOCK
+        if numel % block == 0:
+            return f"{axis}mask = tl.full({shape}, True, tl.int1)"
+        return f"{axis}mask = {axis}index < {axis}numel"
+
+    def preamble(self) -> None:
+        """Lines run once per program before the first phase (subclasses hoist loads here)."""
+
+    def _looped_phase(self, phase: list[int]) -> dict:
+        accs = {}
+        for r in phase:
+            acc_dtype = self.acc_dtype(r)
+            ident = identity(self.g[r].op, acc_dtype)
+            acc = self.tmp(
+                f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype
+            )
+            accs[r] = (acc, acc_dtype)
+        online = {s: m for s, m in self.online.items() if m in phase}
+        for s in online:
+            accs[s] = (
+                self.tmp("tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)", 2, "float32"),
+                "float32",
+            )
+        self._in_loop(lambda: self._accumulate(phase, accs, online))
+        return accs
+
+    def _accumulate(self, phase, accs, online) -> None:
+        partner = {m: s for s, m in online.items()}
+        for r in phase:
+            node = self.g[r]
+            acc, acc_dtype = accs[r]
+            src, val = self.masked_input(r)
+            if r not in partner:
+                self.line(f"{acc.code} = {self._combine(node.op, acc.code, val, acc_dtype)}")
+                continue
+            # online softmax: keep the running max and rescale the running sum of exp(x - max)
+            s_acc = accs[partner[r]][0].code
+            m_new = self.tmp(
+                minmax("maximum", acc.code, val, acc_dtype), 2, acc_dtype, "running max"
+            )
+            self.line(
+                f'{s_acc} = tl.where({m_new.code} == float("-inf"), 0.0, '
+                f"{s_acc} * tl.exp({acc.code} - {m_new.code}) + "
+                f"tl.where(xmask & rmask, tl.exp({cast(src, acc_dtype)} - {m_new.code}), 0.0))"
+            )
+            self.line(f"{acc.code} = {m_new.code}")
+
+    def finish_online(self, s: int, m: int, s_acc: Val, m_acc: Val) -> None:
+        """sum(exp(x - max)) from the per-lane running sums, rescaled to the row's max."""
+        mx = self.red_val[m].code
+        expr = (
+            f'tl.sum(tl.where({m_acc.code} == float("-inf"), 0.0, '
+            f"{s_acc.code} * tl.exp({m_acc.code} - {mx})), 1)[:, None]"
+        )
+        self.red_val[s] = self.tmp(expr, 1, "float32", self.g[s].name + " (online)")
+
+    def find_online(self) -> dict[int, int]:
+        """Pairs sum(exp(f - amax(f))) -> amax(f) that one looped pass can compute together."""
+        g, members, out = self.g, self.members, {}
+        keep_shape = tuple(
+            1 if i in self.info.reduce_dims else d for i, d in enumerate(self.info.domain)
+        )
+        for s in self.info.nodes:
+            if g[s].op != "sum" or g[s].dtype not in FLOAT_DTYPES:
+                continue
+            # direct inputs only: a view between them (exp(...).t().sum) reads other rows
+            e = g[s].inputs[0]
+            if e not in members or g[e].op != "exp" or g[e].shape != self.info.domain:
+                continue
+            d = g[e].inputs[0]
+            if d not in members or g[d].op != "sub" or g[d].shape != self.info.domain:
+                continue
+            f, mv = g[d].inputs
+            m = g.base_of(mv)
+            if (
+                m in members
+                and m not in out.values()  # one running sum per running max
+                and g[m].op == "amax"
+                and g[m].inputs[0] == f
+                and g[mv].shape == keep_shape
+            ):
+                out[s] = m
+        return out
+
+    def loop_iter(self, start: str, end: str) -> str:
+        """The iterable of a column loop (subclasses ask Triton to pipeline it)."""
+        return f"range({start}, {end}, RBLOCK)"
+
+    def _in_loop(self, body, start: str = "0", end: str = "rnumel", note: str = "") -> None:
+        if self.persistent:
+            body()
+            return
+        self.line(f"for roffset in {self.loop_iter(start, end)}:" + (f"  # {note}" if note else ""))
+        self.depth += 1
+        self.scopes.append(Scope())
+        self.regions.append(set())
+        outer, self.region = self.region, len(self.regions) - 1
+        self.line("rindex = roffset + rbase")
+        self.line(self.mask_line("r", "[1, RBLOCK]"))
+        body()
+        self.region = outer
+        self.scopes.pop()
+        self.depth -= 1
+
+    # -- metadata ----------------------------------------------------------------------------
+    def note_load(self, i: int) -> None:
+        """Record that the code being emitted reads loaded node ``i`` (in the current loop)."""
+        self.regions[self.region].add(i)
+
+    def load_passes(self) -> tuple[int, ...]:
+        """Reads of each loaded buffer: once per column loop that loads it, once if it is only
+        loaded outside loops."""
+        return tuple(max(1, sum(i in r for r in self.regions)) for i in self.info.loads)
+
+
+def render_loop_kernel(
+    em: Emitter,
+    name: str,
+    kind: str,
+    consts: Sequence[str] = (),
+    launch_kw: Sequence[tuple[str, int]] = (),
+) -> Kernel:
+    """The source and launch record of a loop kernel whose body ``em`` renders. ``consts``
+    and ``launch_kw``: the kind's constexprs beyond XBLOCK / RBLOCK."""
+    graph, info, config = em.g, em.info, em.cfg
+    body = em.emit()
+    params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored] + ["xnumel"]
+    const_params = ["XBLOCK: tl.constexpr"]
+    if em.red:
+        params.append("rnumel")
+        const_params.append("RBLOCK: tl.constexpr")
+    const_params += [f"{c}: tl.constexpr" for c in consts]
+    header = [
+        f"# {name}: {len(info.nodes)} ops -> 1 kernel ({kind}, domain {list(info.domain)}"
+        + (f", reducing dims {list(info.reduce_dims)}" if em.red else "")
+        + ")",
+        "#   reads:  "
+        + ", ".join(f"{em.ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.loads),
+        "#   writes: "
+        + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
+        f"#   config: {config.label()}",
+        "@triton.jit",
+        f"def {name}({', '.join(params + const_params)}):",
+    ]
+    helpers = [h.source for h in sorted(em.helpers, key=lambda h: h.name)]
+    src = "\n".join(
+        ["import triton", "import triton.language as tl", "", ""]
+        + [h + "\n" for h in helpers]
+        + header
+        + body
+    )
+    layout = [("in", k) for k in range(len(info.loads))]
+    layout += [("out", k) for k in range(len(info.stored))] + [("int", info.xnumel)]
+    kw = [("XBLOCK", config.XBLOCK), ("num_warps", config.num_warps)]
+    if em.red:
+        layout.append(("int", info.rnumel))
+        kw.insert(1, ("RBLOCK", config.RBLOCK))
+    looped = em.red and not em.persistent
+    passes = em.load_passes() if looped else (1,) * len(info.loads)
+    return Kernel(
+        name=name,
+        source=src + "\n",
+        config=config,
+        info=info,
+        layout=tuple(layout),
+        grid=(-(-info.xnumel // config.XBLOCK),),
+        launch_kw=tuple(kw + list(launch_kw)),
+        meta=KernelMeta(load_passes=passes, dots=em.dots),
+    )

@@ -1,0 +1,121 @@
+"""Kernel kind ``reduction``: row reductions over any set of dims, with the pointwise ops
+before and after them; persistent (a whole row per block) or looped (RBLOCK chunks), in phases
+by dependency level (softmax: max, then sum)."""
+
+from __future__ import annotations
+
+from autofuse.ir.graph import Graph
+from autofuse.kernels.base import (
+    FusionRefused,
+    GroupInfo,
+    Kernel,
+    describe,
+    kernel_name,
+    loaded_nodes,
+    next_pow2,
+    stored_nodes,
+)
+from autofuse.kernels.emitter import Emitter, render_loop_kernel
+from autofuse.kernels.pointwise import KernelConfig, check_pow2
+
+
+def reduction_domain(
+    graph: Graph, reductions: list[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The (input shape, reduced dims) every reduction of a group shares, or a refusal."""
+    first = reductions[0]
+    src = graph[graph[first].inputs[0]].shape
+    dims = graph[first].attr("dims")
+    for r in reductions[1:]:
+        s, d = graph[graph[r].inputs[0]].shape, graph[r].attr("dims")
+        if (s, d) != (src, dims):
+            raise FusionRefused(
+                f"{describe(graph, r)} reduces {list(s)} over dims {list(d)} but "
+                f"{describe(graph, first)} reduces {list(src)} over dims {list(dims)}: "
+                "one kernel has one reduction domain"
+            )
+    return tuple(src), tuple(dims)
+
+
+def _row_shapes(domain: tuple[int, ...], rdims: tuple[int, ...]) -> set[tuple[int, ...]]:
+    keep = tuple(1 if i in rdims else s for i, s in enumerate(domain))
+    squeezed = tuple(s for i, s in enumerate(domain) if i not in rdims)
+    return {keep, squeezed}
+
+
+def check_stored_shapes(graph: Graph, stored, domain, rdims) -> None:
+    """Every stored node is over the whole domain or one value per row."""
+    rows = _row_shapes(domain, rdims)
+    for s in stored:
+        shape = graph[s].shape
+        if shape != domain and shape not in rows:
+            raise FusionRefused(
+                f"{describe(graph, s)} must be stored but its shape is neither the reduction "
+                f"input {list(domain)} nor a row shape {sorted(list(r) for r in rows)}"
+            )
+
+
+class ReductionKind:
+    name = "reduction"
+    config_class = KernelConfig
+
+    def claims(self, graph: Graph, members: frozenset[int]) -> bool:
+        kinds = {graph[m].kind for m in members}
+        return "reduction" in kinds and kinds <= {"pointwise", "reduction"}
+
+    def analyze(self, graph: Graph, members: frozenset[int]) -> GroupInfo:
+        stored = stored_nodes(graph, members)
+        if not stored:
+            raise FusionRefused("group has no output")
+        reductions = [m for m in sorted(members) if graph[m].kind == "reduction"]
+        domain, rdims = reduction_domain(graph, reductions)
+        check_stored_shapes(graph, stored, domain, rdims)
+        info = GroupInfo(
+            nodes=tuple(sorted(members)),
+            kind=self.name,
+            domain=tuple(domain),
+            reduce_dims=tuple(rdims),
+            stored=stored,
+            loads=loaded_nodes(graph, members),
+        )
+        Emitter(graph, info, KernelConfig(16, 16)).emit()  # index checks
+        return info
+
+    def config_space(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
+        r = next_pow2(info.rnumel)
+        rows = max(1, next_pow2(info.xnumel))
+        out = []
+        for x in (1, 2, 4, 8, 16, 32, 64):
+            if x > rows:
+                break
+            if x * r <= 32768:  # persistent: a whole row per block, loads in place or hoisted
+                out += [
+                    KernelConfig(x, r, w, hoist)
+                    for hoist in (False, True)
+                    for w in (1, 2, 4, 8, 16)
+                    if 32 * w <= max(32, x * r)
+                ]
+            for rb in (4, 16, 64, 256, 1024, 2048, 4096):
+                if rb < r and x * rb <= 16384 and x * rb >= 32:
+                    out += [KernelConfig(x, rb, w) for w in (1, 2, 4, 8) if 32 * w <= x * rb]
+        return out or [KernelConfig(1, r, 4)]
+
+    def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:
+        r = next_pow2(info.rnumel)
+        if r <= 4096:
+            x = max(1, min(8, 4096 // r, next_pow2(info.xnumel)))
+            w = min(16, max(1, x * r // 256))
+            return KernelConfig(x, r, w)
+        return KernelConfig(1, 4096, 8)
+
+    def check_config(self, info: GroupInfo, config: KernelConfig) -> None:
+        check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)
+        if config.RBLOCK < 1 or config.RBLOCK & (config.RBLOCK - 1):
+            raise ValueError(f"RBLOCK must be a power of two for a reduction, got {config.RBLOCK}")
+
+    def prefix(self, info: GroupInfo, config: KernelConfig) -> str:
+        return "per" if config.RBLOCK >= info.rnumel else "red"
+
+    def generate(self, graph: Graph, info: GroupInfo, config: KernelConfig, index: int) -> Kernel:
+        name = kernel_name(graph, info, self.prefix(info, config), index)
+        return render_loop_kernel(Emitter(graph, info, config), name, self.name)

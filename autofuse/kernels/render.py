@@ -1,0 +1,165 @@
+"""Rendering one IR value as Triton code, from the op table (``autofuse.ir.ops``).
+
+Every kernel kind renders its pointwise ops and reduction steps through these functions: the
+cast of operands, the op's own rendering, the reductions' identities and combines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from autofuse.ir.ops import (
+    MAX,
+    MIN,
+    PROD,
+    TL_DTYPE,
+    Helper,
+    NoLowering,
+    cast_rule,
+    is_float,
+    literal,
+    minmax,
+    op_def,
+)
+from autofuse.kernels.base import FusionRefused
+
+__all__ = [
+    "LOG2E",
+    "TL_DTYPE",
+    "Val",
+    "cast",
+    "combine",
+    "compute_dtype",
+    "exp_minus",
+    "identity",
+    "is_float",
+    "literal",
+    "minmax",
+    "render_op",
+    "row_reduce",
+]
+
+
+def compute_dtype(dtype: str) -> str:
+    """The dtype a value is computed in: 16-bit floats in float32."""
+    if dtype in ("float16", "bfloat16"):
+        return "float32"
+    return dtype
+
+
+@dataclass
+class Val:
+    """A value in generated code: a variable name or a literal, its class (0 scalar, 1 row,
+    2 full block) and its compute dtype."""
+
+    code: str
+    cls: int
+    dtype: str
+    literal: bool = False
+
+
+def cast(v: Val, dtype: str) -> str:
+    """``v``'s code converted to ``dtype`` (literals are written in the target's family)."""
+    if v.dtype == dtype:
+        return v.code
+    if v.literal:
+        if is_float(dtype):
+            return v.code if "." in v.code or "float" in v.code else f"{v.code}.0"
+        return v.code
+    if dtype == "bool":
+        return f"({v.code} != 0)"
+    return f"{v.code}.to({TL_DTYPE[dtype]})"
+
+
+LOG2E = 1.4426950408889634
+
+
+def exp_minus(x: str, m: str) -> str:
+    """``exp(x - m)`` for a per-row ``m``: one fused multiply-add per element and an exp2."""
+    return f"tl.exp2(tl.fma({x}, {LOG2E!r}, -({m} * {LOG2E!r})))"
+
+
+def _common_dtype(args: list[Val]) -> str:
+    """The dtype two operands are compared in: torch's promotion, a literal never widening."""
+    tensors = [a.dtype for a in args if not a.literal] or [a.dtype for a in args]
+    out = getattr(torch, tensors[0])
+    for d in tensors[1:]:
+        out = torch.promote_types(out, getattr(torch, d))
+    if any(a.literal and "." in a.code for a in args) and not out.is_floating_point:
+        out = torch.float32
+    return compute_dtype(str(out).removeprefix("torch."))
+
+
+def _operands(rule: str, args: list[Val], cd: str) -> list[str]:
+    if rule == "raw":
+        return [a.code for a in args]
+    if rule == "common":
+        common = _common_dtype(args)
+        return [cast(a, common) for a in args]
+    if rule == "bool":
+        return [cast(a, "bool") for a in args]
+    if rule == "where":
+        return [cast(args[0], "bool")] + [cast(a, cd) for a in args[1:]]
+    target = "float32" if rule == "float32" else cd
+    return [cast(a, target) for a in args]
+
+
+def render_op(op: str, node, args: list[Val], helpers: set[Helper]) -> str:
+    """The Triton expression of pointwise ``node`` over ``args``; adds the helpers it calls."""
+    d = op_def(op)
+    cd = compute_dtype(node.dtype)
+    if d.triton is None:
+        raise FusionRefused(f"no Triton lowering for op {op!r}")
+    codes = _operands(cast_rule(node), args, cd)
+    if d.integral_identity and not is_float(cd):
+        return codes[0]  # integers are already integral: torch returns a copy
+    if d.helper is not None:
+        helpers.add(d.helper)
+    if isinstance(d.triton, str):
+        return d.triton.format(**dict(zip("abc", codes)))
+    try:
+        return d.triton(node, codes, cd)
+    except NoLowering as e:
+        raise FusionRefused(str(e)) from None
+
+
+_INT_RANGE = {
+    "int64": (-(2**63), 2**63 - 1), "int32": (-(2**31), 2**31 - 1),
+    "int16": (-(2**15), 2**15 - 1), "int8": (-128, 127), "uint8": (0, 255), "bool": (0, 1),
+}  # fmt: skip
+
+
+def identity(op: str, dtype: str) -> str:
+    """The identity of reduction ``op`` as a literal of ``dtype``."""
+    v = op_def(op).identity
+    if v in ("inf", "-inf"):
+        if is_float(dtype):
+            return f'float("{v}")'
+        lo, hi = _INT_RANGE[dtype]
+        return str(lo if v == "-inf" else hi)
+    return v + (".0" if is_float(dtype) else "")
+
+
+def combine(op: str, acc: str, val: str, dtype: str) -> str:
+    """One step of reduction ``op``: the accumulator combined with a new value."""
+    c = op_def(op).combine
+    if c in ("+", "*"):
+        return f"{acc} {c} {val}"
+    return minmax("maximum" if c == "max" else "minimum", acc, val, dtype)
+
+
+_ROW_FN = {"+": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+
+def row_reduce(op: str, code: str, acc_dtype: str, helpers: set[Helper]) -> str:
+    """``code`` ([XBLOCK, RBLOCK]) reduced along the row to [XBLOCK, 1]."""
+    c = op_def(op).combine
+    helper = {"*": PROD}.get(c)
+    if is_float(acc_dtype):  # a NaN in the row makes the max (min) NaN, as in torch
+        helper = {"*": PROD, "max": MAX, "min": MIN}.get(c)
+    if helper is not None:
+        helpers.add(helper)
+        return f"tl.reduce({code}, 1, {helper.name})[:, None]"
+    return f"{_ROW_FN[c]}({code}, 1)[:, None]"

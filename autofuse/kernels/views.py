@@ -1,0 +1,58 @@
+"""Index propagation: a node's index pushed back through views and broadcasting."""
+
+from __future__ import annotations
+
+from autofuse.ir.graph import Graph, contiguous_strides
+from autofuse.ir.indexing import Expr, linearize
+
+
+def view_source_index(graph: Graph, i: int, index: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    """Map the index of view node ``i``'s output to the index of its input."""
+    node = graph[i]
+    src = graph[node.inputs[0]].shape
+    op = node.op
+    if op == "permute":
+        out: list[Expr] = [Expr.constant(0)] * len(src)
+        for pos, d in enumerate(node.attr("dims")):
+            out[d] = index[pos]
+        return tuple(out)
+    if op == "expand":
+        off = len(node.shape) - len(src)
+        return tuple(Expr.constant(0) if src[j] == 1 else index[j + off] for j in range(len(src)))
+    if op == "unsqueeze":
+        d = node.attr("dim")
+        return index[:d] + index[d + 1 :]
+    if op == "slice":
+        d = node.attr("dim")
+        e = index[d].scale(node.attr("step")).shift(node.attr("start"))
+        return index[:d] + (e,) + index[d + 1 :]
+    if op == "reshape":
+        flat = linearize(index, contiguous_strides(node.shape), node.shape)
+        strides = contiguous_strides(src)
+        return tuple(
+            Expr.constant(0)
+            if size == 1
+            else flat.floordiv_mod(strides[j], None if j == _outer(src) else size)
+            for j, size in enumerate(src)
+        )
+    raise ValueError(f"not a view op: {op}")
+
+
+def _outer(shape: tuple[int, ...]) -> int:
+    """Position of the outermost dimension of size > 1."""
+    for j, s in enumerate(shape):
+        if s != 1:
+            return j
+    return 0
+
+
+def broadcast_index(src: tuple[int, ...], dst: tuple[int, ...], index: tuple[Expr, ...]):
+    """Index into ``src`` for an element of ``dst`` that ``src`` broadcasts to."""
+    off = len(dst) - len(src)
+    return tuple(Expr.constant(0) if src[j] == 1 else index[j + off] for j in range(len(src)))
+
+
+def domain_index(shape: tuple[int, ...], var: str) -> tuple[Expr, ...]:
+    strides = contiguous_strides(shape)
+    outer = _outer(shape)
+    return tuple(Expr.dim(var, st, s, j == outer) for j, (st, s) in enumerate(zip(strides, shape)))

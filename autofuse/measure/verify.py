@@ -1,0 +1,227 @@
+"""Verification: a candidate kernel against a float64 eager reference, on fresh random inputs,
+with poisoned outputs (every element must be written) and dtype-aware tolerances."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from autofuse.interpreter import interpreting
+from autofuse.ir.eager import eval_node
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node
+from autofuse.kernels import GroupInfo, Kernel, generate
+from autofuse.measure.candidate import (
+    Candidate,
+    describe_error,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Kernels, inputs, reference, comparison
+# ---------------------------------------------------------------------------------------------
+
+
+def jit_functions(source: str) -> list[str]:
+    """Names of the ``@triton.jit`` functions that ``source`` defines, in order."""
+    import ast
+
+    out = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and any(
+            ast.unparse(d).split("(")[0] in ("triton.jit", "jit") for d in node.decorator_list
+        ):
+            out.append(node.name)
+    return out
+
+
+def build_kernel(candidate: Candidate) -> tuple[Graph, GroupInfo, Kernel]:
+    """Generate the candidate's kernel on its standalone subgraph (or apply the override)."""
+    sub, info = candidate.standalone_parts
+    kernel = generate(sub, info, candidate.config)
+    if candidate.source_override is not None:
+        names = jit_functions(candidate.source_override)
+        if not names:
+            raise ValueError("source_override defines no @triton.jit function")
+        kernel = replace(kernel, source=candidate.source_override, name=names[-1])
+    return sub, info, kernel
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _extent(shape: Sequence[int], strides: Sequence[int]) -> int:
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(shape, strides))
+
+
+def random_tensor(node: Node, device: Any, generator: torch.Generator) -> torch.Tensor:
+    """Random values laid out with ``node``'s strides: floats N(0, 1), bools fair coins, ints
+    small nonzero values (never all zeros, so a kernel that writes zeros cannot pass)."""
+    dtype = _torch_dtype(node.dtype)
+    n = _extent(node.shape, node.strides)
+    kw = {"generator": generator, "device": device}
+    if node.dtype in FLOAT_DTYPES:
+        flat = torch.randn(n, dtype=dtype, **kw)
+    elif node.dtype == "bool":
+        flat = torch.rand(n, **kw) < 0.5
+    else:
+        mag = torch.randint(1, 8, (n,), dtype=torch.int64, **kw)
+        if node.dtype != "uint8":
+            mag = mag * (torch.randint(0, 2, (n,), dtype=torch.int64, **kw) * 2 - 1)
+        flat = mag.to(dtype)
+    return flat.as_strided(node.shape, node.strides)
+
+
+def random_inputs(graph: Graph, device: Any = "cpu", seed: int = 0) -> list[torch.Tensor]:
+    """Fresh random inputs for ``graph``'s input nodes, with their strides."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return [random_tensor(graph[i], device, gen) for i in graph.inputs]
+
+
+def poisoned_outputs(
+    graph: Graph, info: GroupInfo, device: Any, flip: bool = False
+) -> list[torch.Tensor]:
+    """Output buffers filled with values a correct kernel overwrites: NaN for floats, an
+    extreme value for ints, True for bools (False with ``flip``: a second run with the other
+    poison catches unwritten bool elements)."""
+    from autofuse.plan.runtime import allocate_outputs
+
+    outs = allocate_outputs(graph, info, torch.device(device))
+    for t in outs:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype == torch.bool:
+            t.fill_(not flip)
+        else:
+            ii = torch.iinfo(t.dtype)
+            t.fill_(ii.min if ii.min < 0 and not flip else ii.max)
+    return outs
+
+
+def reference_outputs(
+    graph: Graph, inputs: Sequence[torch.Tensor], device: Any = None
+) -> list[torch.Tensor]:
+    """Eager evaluation of ``graph`` in float64 wherever values are floating point.
+
+    Inputs are upcast, every floating node is evaluated in float64, except that a ``cast`` to a
+    floating type rounds through that type first (as the kernel does) and then goes back to
+    float64."""
+    if device is None:  # a subgraph without inputs (arange and friends) names its device
+        device = inputs[0].device if inputs else torch.device("cpu")
+    env: dict[int, Any] = {}
+    for idx, x in zip(graph.inputs, inputs):
+        env[idx] = x.double() if x.is_floating_point() else x
+    for i, node in enumerate(graph.nodes):
+        if i in env:
+            continue
+        args = [env[j] for j in node.inputs]
+        if node.dtype in FLOAT_DTYPES:
+            if node.op == "cast":
+                v = eval_node(node, args, device).double()
+            else:
+                v = eval_node(replace(node, dtype="float64"), args, device)
+        else:
+            v = eval_node(node, args, device)
+        env[i] = v
+    return [env[j] for j in graph.outputs]
+
+
+# (relative to max |ref|, absolute)
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-10),
+    "float32": (1e-4, 1e-5),
+    "float16": (5e-3, 1e-3),
+    "bfloat16": (2e-2, 1e-2),
+}
+
+
+def tolerance_dtype(graph: Graph, info: GroupInfo) -> str | None:
+    """The float dtype whose tolerance applies: the least precise of the stored outputs and of
+    the casts inside the group (a value rounded to bf16 mid-kernel is only bf16-accurate)."""
+    dts = [graph[s].dtype for s in info.stored]
+    dts += [graph[m].attr("dtype") for m in info.nodes if graph[m].op == "cast"]
+    floats = [d for d in dts if d in TOLERANCES]
+    return max(floats, key=lambda d: TOLERANCES[d][0]) if floats else None
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str | None, k: int) -> str | None:
+    """None when ``out`` matches the float64 reference ``ref`` within tolerance, else why."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return f"wrong result: output {k} has shape {list(out.shape)}, expected {list(ref.shape)}"
+    if not out.is_floating_point():
+        ref = ref.to(out.dtype)
+        if not torch.equal(out, ref):
+            bad = int((out != ref).sum().item())
+            return f"wrong result: {bad} of {out.numel()} elements differ on output {k} (exact)"
+        return None
+    rtol, atol = TOLERANCES.get(dtype or "", TOLERANCES["float32"])
+    o, r = out.double(), ref.double()
+    o_nan, r_nan = torch.isnan(o), torch.isnan(r)
+    if not torch.equal(o_nan, r_nan):
+        extra = int((o_nan & ~r_nan).sum().item())
+        missing = int((r_nan & ~o_nan).sum().item())
+        if extra:
+            return (
+                f"wrong result: NaN at {extra} positions where the reference has none on "
+                f"output {k} (unwritten or invalid elements)"
+            )
+        return f"wrong result: {missing} values where the reference is NaN on output {k}"
+    r_inf = torch.isinf(r)
+    if not torch.equal(o[r_inf], r[r_inf]) or bool(torch.isinf(o[~r_inf & ~r_nan]).any()):
+        return f"wrong result: infinities differ from the reference on output {k}"
+    finite = torch.isfinite(r)
+    if not bool(finite.any()):
+        return None
+    scale = r[finite].abs().max().item()
+    err = (o[finite] - r[finite]).abs().max().item()
+    if err > rtol * scale + atol:
+        rel = err / (scale + 1e-30)
+        return f"wrong result: max rel err {rel:.3g} > {rtol:g} on output {k}"
+    return None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def verify_candidate(candidate: Candidate, device: Any = "cpu", seed: int = 0) -> str | None:
+    """Run the candidate's kernel on fresh random inputs and compare with the float64 eager
+    reference. None when correct, else the reason. On CPU this needs ``TRITON_INTERPRET=1``."""
+    device = torch.device(device)
+    if device.type == "cpu" and not interpreting():
+        return "cannot verify on CPU: set TRITON_INTERPRET=1 before triton is imported"
+    from autofuse.plan.runtime import launch
+
+    try:
+        sub, info, kernel = build_kernel(candidate)
+        inputs = random_inputs(sub, device, seed)
+        runs = [poisoned_outputs(sub, info, device)]
+        if any(sub[s].dtype == "bool" for s in info.stored):
+            runs.append(poisoned_outputs(sub, info, device, flip=True))
+        with warnings.catch_warnings():
+            # the interpreter evaluates masked-off lanes too (inf - inf there is harmless)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for outs in runs:
+                launch(kernel, [*inputs, *outs])
+        _sync(device)
+    except Exception as e:  # noqa: BLE001 - any failure to build or run is the candidate's
+        return describe_error(e)
+    try:
+        refs = reference_outputs(sub, inputs, device)
+        tol = tolerance_dtype(sub, info)
+        for outs in runs:
+            for k, (o, r) in enumerate(zip(outs, refs)):
+                why = compare(o, r.to(o.device), tol, k)
+                if why:
+                    return why
+    except Exception as e:  # noqa: BLE001 - a check that cannot run rejects the candidate
+        return f"reference failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return None
