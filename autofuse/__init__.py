@@ -25,6 +25,6 @@ from . import logs as _logs  # noqa: E402
 
 _logs.configure()
 
-from .frontend.dynamo import register as _register_backend  # noqa: E402
+from .frontend import register as _register_backend  # noqa: E402
 
-_register_backend()  # torch.compile(..., backend="autofuse")
+_register_backend()  # torch.compile(..., backend="autofuse"), without importing Dynamo now

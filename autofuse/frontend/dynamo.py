@@ -57,7 +57,6 @@ __all__ = [
     "backend_decompositions",
     "compiled_graphs",
     "make_backend",
-    "register",
 ]
 
 
@@ -317,14 +316,3 @@ def autofuse_backend(
     options = dict(options or {})
     check_options(options, BACKEND, "torch.compile(backend='autofuse', options=...)")
     return AutofuseBackend(**options)(gm, example_inputs)
-
-
-def register() -> None:
-    """Register ``autofuse_backend`` under the name "autofuse" (idempotent)."""
-    from torch._dynamo.backends import registry
-
-    if registry._COMPILER_FNS.get("autofuse") is autofuse_backend:
-        return
-    if "autofuse" in registry._COMPILER_FNS:
-        return  # registered by the entry point of an installed copy: that one is ours too
-    registry.register_backend(autofuse_backend, name="autofuse")
