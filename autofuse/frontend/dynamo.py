@@ -88,9 +88,9 @@ class CompiledGraph:
 
     kind: str  # "forward" | "backward" | "inference"
     name: str
-    prepared: Prepared
-    plan: Plan
-    tuning: Any = None
+    prepared: Prepared = field(repr=False)
+    plan: Plan = field(repr=False)
+    tuning: Any = field(default=None, repr=False)
     restrided: int = 0  # outputs copied to the traced strides so far
     _out_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
     _in_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)

@@ -46,11 +46,9 @@ class UnknownOptionError(TypeError, _base()):  # type: ignore[misc]
     """An option name autofuse does not know."""
 
     def __init__(self, message: str) -> None:
-        try:
-            super().__init__(message, first_useful_frame=None)
-        except TypeError:  # pragma: no cover - a base without that keyword
-            super().__init__(message)
+        Exception.__init__(self, message)
         self.message = message
+        self.first_useful_frame = None  # what ShortenTraceback reads (no frame to cut to)
 
     def __str__(self) -> str:
         return self.message
