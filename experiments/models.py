@@ -211,3 +211,30 @@ def max_rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max(max |want|, 1e-6), in float64."""
     g, w = got.detach().double(), want.detach().double()
     return (g - w).abs().max().item() / max(w.abs().max().item(), 1e-6)
+
+
+def fallback_table(size: str = "tiny", device: str = "cpu", names=MODELS) -> str:
+    """Per model: the ATen ops that ran as eager steps in each compiled graph's plan (inference,
+    forward, backward), with counts, after a no-grad call and a training step through
+    ``torch.compile(backend="autofuse")``."""
+    from autofuse.frontend import make_backend
+
+    lines = []
+    for name in names:
+        torch._dynamo.reset()
+        case = build(name, size, device)
+        backend = make_backend()
+        fast = torch.compile(case.model, backend=backend)
+        case.inference(fast)
+        case.train_step(fast)
+        for r in backend.records:
+            ops = ", ".join(f"{op.removeprefix('aten.')} x{n}" for op, n in
+                            sorted(r.fallback_ops().items()))  # fmt: skip
+            lines.append(f"{name:12} {r.kind:9} {len(r.plan.kernels):3d} kernels  eager: {ops}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m experiments.models [tiny|realistic] [cpu|cuda]
+    import sys
+
+    print(fallback_table(*(sys.argv[1:3] or ["tiny"])))
