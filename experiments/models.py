@@ -144,6 +144,8 @@ def _config(name: str, s: dict) -> Any:
             embd_pdrop=0.0,
             attn_pdrop=0.0,
             use_cache=False,
+            bos_token_id=0,  # GPT-2's 50256 is outside the smaller vocabularies
+            eos_token_id=0,
         )
         cfg._attn_implementation = "eager"
         return tf.GPT2Model, cfg
