@@ -24,3 +24,7 @@ __version__ = "0.1.0"
 from . import logs as _logs  # noqa: E402
 
 _logs.configure()
+
+from .frontend import register as _register_backend  # noqa: E402
+
+_register_backend()  # torch.compile(..., backend="autofuse"), without importing Dynamo now

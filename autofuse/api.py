@@ -41,6 +41,10 @@ class OptimizedFunction:
         self.plan = plan
         self._module = fn if isinstance(fn, torch.nn.Module) else None
         self.tuning = tuning  # search results (times, trials), when the plan was tuned
+        # calls this plan cannot run (autograd, another module mode, kwargs) go through this
+        # torch.compile(backend=autofuse) path when optimize gave one (frontend/optimized.py)
+        self.autograd = None
+        self._training = self._module.training if self._module is not None else None
         self.__name__ = f"autofuse_{captured.source_name}"
         n = len(captured.leaf_kinds)
         # the common call f(t0, t1, ...) of plain tensors needs no pytree walk
@@ -76,7 +80,13 @@ class OptimizedFunction:
             tensors += [state[n].detach() for n in c.param_names]
         return tensors
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or self._training is not None or torch.is_grad_enabled():
+            from .frontend.optimized import call_routed, route
+
+            why = route(self, args, kwargs)
+            if why is not None:
+                return call_routed(self, why, args, kwargs)
         flat = self.flat_inputs(args)
         with torch.no_grad():
             outs = execute(self.plan, flat)
@@ -122,15 +132,41 @@ def optimize(
     ``verify``, ``isolate``, ``progress``, ``retune``, ``polish`` (configs timed per kernel of
     the best plan by hill climbing after the search, default 16; 0 turns it off). The winner
     is cached under ``cache_dir`` and reused by later calls (and by ``autofuse.load`` in
-    production).
+    production). Unknown option names raise ``TypeError``.
+
+    Autograd, module modes and keyword arguments (``example_kwargs={...}`` for the example
+    call): calls the captured plan cannot run (inputs or parameters requiring grad in grad
+    mode, a module switched between train and eval, keyword arguments) run through
+    ``torch.compile(fn, backend="autofuse")`` with the same options; see
+    ``autofuse/frontend/optimized.py``. With ``example_kwargs``, or when ``fn`` cannot be
+    captured with make_fx, the result is that backend path alone (a ``BackendFunction``).
     """
-    captured = capture(fn, example_inputs)
+    from autofuse.capture import CaptureError
+
+    from .frontend.optimized import BackendFunction, attach
+    from .frontend.options import OPTIMIZE, check_options
+
+    check_options(options, OPTIMIZE, "autofuse.optimize")
+    example_kwargs = dict(options.pop("example_kwargs", None) or {})
+    try:
+        captured = None if example_kwargs else capture(fn, example_inputs)
+    except CaptureError:
+        if not isinstance(fn, torch.nn.Module):
+            raise
+        captured = None  # a module make_fx cannot trace: the backend path (graph breaks...)
+    if captured is None:
+        opt = BackendFunction(fn, options)
+        opt.autograd.warm(tuple(example_inputs), example_kwargs)
+        return opt
     graph = captured.graph
     space = Partitioner(graph)
     if options.get("trials") or options.get("time_budget"):
-        return _tuned(fn, captured, example_inputs, space, **options)
-    plan = build_plan(graph, space.greedy().groups, label="greedy")
-    return OptimizedFunction(captured, plan, fn)
+        opt = _tuned(fn, captured, example_inputs, space, **options)
+    else:
+        plan = build_plan(graph, space.greedy().groups, label="greedy")
+        opt = OptimizedFunction(captured, plan, fn)
+    attach(opt, fn, example_inputs, {k: v for k, v in options.items() if k != "study_name"})
+    return opt
 
 
 def _tuned(fn, captured, example_inputs, space, *, retune: bool = False, **options: Any):

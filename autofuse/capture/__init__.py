@@ -1,1 +1,12 @@
-"""capture."""
+"""Capture: a PyTorch function -> its ATen graph (make_fx with autofuse's decompositions) -> IR."""
+
+from autofuse.capture.trace import (
+    Captured,
+    CaptureError,
+    capture,
+    decomposition_table,
+    dtype_name,
+    fx_to_ir,
+)
+
+__all__ = ["CaptureError", "Captured", "capture", "decomposition_table", "dtype_name", "fx_to_ir"]

@@ -526,9 +526,14 @@ def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
     val = n.meta.get("val")
     if isinstance(val, torch.Tensor):
         return b.like("opaque", tensor_inputs, val, n.name, target=target, args=args, kwargs=kwargs)
-    if isinstance(val, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in val):
+    if (
+        isinstance(val, (tuple, list))
+        and all(isinstance(v, torch.Tensor) or v is None for v in val)
+        and any(isinstance(v, torch.Tensor) for v in val)
+    ):
         # a multi-output op: one opaque node producing a tuple, one getitem node per output
-        first = val[0]
+        # (None for an output the op does not produce, e.g. an unrequested gradient)
+        first = next(v for v in val if isinstance(v, torch.Tensor))
         op = b.add(
             Node(
                 "opaque",
@@ -541,6 +546,7 @@ def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
             )
         )
         return tuple(
-            b.like("getitem", (op,), v, f"{n.name}_{i}", index=i) for i, v in enumerate(val)
+            None if v is None else b.like("getitem", (op,), v, f"{n.name}_{i}", index=i)
+            for i, v in enumerate(val)
         )
     raise CaptureError(f"cannot capture {target} ({n.name}): it returns {type(val).__name__}")

@@ -269,6 +269,11 @@ def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int 
         input_precision="ieee" if a_dtype == "float32" else None,
     )
     source = render(spec, config)
+    if em.helpers:  # jitted helpers the epilogue calls (e.g. _af_tanh), after the imports
+        head = "import triton\nimport triton.language as tl\n"
+        assert source.startswith(head)
+        defs = "".join("\n" + h.source + "\n" for h in sorted(em.helpers, key=lambda h: h.name))
+        source = head + defs + source[len(head) :]
     batch, m, n, k = gemm_dims(graph, info)
     n_in = len(info.loads)
     first_in = ("in", 0) if n_in else ("out", 0)

@@ -1,1 +1,21 @@
-"""plan."""
+"""Plan: kernels and eager steps in topological order, and running them."""
+
+from autofuse.plan.runtime import (
+    EagerStep,
+    InputError,
+    KernelBuildWarning,
+    KernelStep,
+    Plan,
+    build_plan,
+    execute,
+)
+
+__all__ = [
+    "EagerStep",
+    "InputError",
+    "KernelBuildWarning",
+    "KernelStep",
+    "Plan",
+    "build_plan",
+    "execute",
+]

@@ -1,0 +1,319 @@
+"""autofuse as a ``torch.compile`` backend, forward and backward.
+
+::
+
+    fast = torch.compile(model, backend="autofuse", options={"trials": 8, "cache_dir": "c"})
+    loss = fast(x).float().pow(2).mean()
+    loss.backward()  # the backward graph runs its own plan
+
+Dynamo hands the backend an FX graph of torch ops; AOTAutograd (with autofuse's decomposition
+table, SDPA kept whole, and the min-cut rematerialization partitioner) turns it into a
+functionalized ATen forward graph and, when something requires grad, a backward graph. Each of
+them is converted to the IR (``graph.prepare`` + ``capture.fx_to_ir``), partitioned (the greedy
+plan, or the tuned one when the options ask for ``trials`` / ``time_budget`` and a GPU is
+present) and run by a plan; ops the IR cannot generate (embedding, index_put, SDPA and its
+backward, random ops...) are eager steps of that plan.
+
+Shapes: one plan per concrete shape. A graph whose example inputs are static compiles once;
+when Dynamo hands over a graph with symbolic sizes (after a shape change, Dynamo's automatic
+dynamic shapes, or ``dynamic=True``), the backend returns a dispatcher that specializes it: on
+each call it looks the concrete sizes (and integer arguments) up and, on a miss, compiles the
+graph through AOTAutograd for exactly those sizes, so every plan is static (``dynamic=False``
+semantics inside the backend). Plans are also memoized per IR graph, so a shape seen before
+(in another Dynamo cache entry) reuses its plan.
+
+Options (``options={...}`` of ``torch.compile``, or keywords of :func:`make_backend`): those of
+``autofuse.optimize``'s tuning (``trials``, ``time_budget``, ``cache_dir``, ``storage``,
+``sampler``, ``verify``, ``isolate``, ``progress``, ``retune``, ``polish``, ...). Unknown names
+raise ``TypeError`` naming them (at the first call, when Dynamo calls the backend). Without a
+GPU the options are accepted and the greedy plan is used (the kernels run in Triton's
+interpreter).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from autofuse import logs
+from autofuse.ir import Graph
+from autofuse.partition import Partitioner
+from autofuse.plan import Plan, build_plan, execute
+
+from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, restride, same_layout, to_ir
+from .options import BACKEND, check_options, wants_tuning
+
+__all__ = [
+    "AutofuseBackend",
+    "CompiledGraph",
+    "autofuse_backend",
+    "backend_decompositions",
+    "compiled_graphs",
+    "make_backend",
+]
+
+
+@functools.lru_cache(maxsize=1)
+def _decompositions() -> dict:
+    from autofuse.capture import decomposition_table
+
+    return {
+        op: fn
+        for op, fn in decomposition_table().items()
+        if "scaled_dot_product" not in str(op)  # SDPA runs as a library call (an eager step)
+    }
+
+
+def backend_decompositions() -> dict:
+    """autofuse's decomposition table without the SDPA decompositions: attention stays one
+    ``aten._scaled_dot_product_*`` op (and its backward), run as a library call."""
+    return dict(_decompositions())
+
+
+# ---------------------------------------------------------------------------------------------
+# One compiled graph
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CompiledGraph:
+    """A plan run in an AOTAutograd graph's calling convention (boxed: one list argument)."""
+
+    kind: str  # "forward" | "backward" | "inference"
+    name: str
+    prepared: Prepared = field(repr=False)
+    plan: Plan = field(repr=False)
+    tuning: Any = field(default=None, repr=False)
+    restrided: int = 0  # outputs copied to the traced strides so far
+    _out_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+    _in_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+
+    # AOTAutograd passes the arguments as one list, except where the backward compiler's result
+    # is wrapped by Dynamo (then as separate arguments): __call__ takes both
+    _boxed_call = True
+
+    def __post_init__(self) -> None:
+        self._boxed_call = True  # in the instance too: Dynamo's wrapper copies __dict__
+        self._out_strides = tuple(tuple(m.stride()) for m in self.prepared.out_meta)
+        g = self.plan.graph
+        self._in_strides = tuple(tuple(g[i].strides) for i in g.inputs)
+        self._out_base_is_input = tuple(
+            g[g.base_of(o)].kind == "input" for o in g.outputs
+        )  # a view of an input keeps the input's layout (it aliases it)
+
+    @property
+    def graph(self) -> Graph:
+        return self.plan.graph
+
+    def fallback_ops(self) -> collections.Counter:
+        """The ops that run as eager steps, by ATen target (matmuls as ``mm`` / ``bmm``)."""
+        g = self.plan.graph
+        return collections.Counter(
+            str(g[s.node].attr("target", g[s.node].op)) for s in self.plan.fallbacks
+        )
+
+    def __call__(self, *args: Any) -> list[Any]:
+        if len(args) == 1 and type(args[0]) is list:  # boxed (graph inputs are never lists)
+            args = args[0]
+        p = self.prepared
+        for k, value in p.specialized.items():
+            if args[k] != value:
+                raise RuntimeError(
+                    f"autofuse: {self.name} was specialized for argument {k} = {value!r}, "
+                    f"got {args[k]!r}"
+                )
+        ins = [args[k] for k in p.tensor_args]
+        ins += p.constants
+        g = self.plan.graph
+        for k, (x, strides) in enumerate(zip(ins, self._in_strides)):
+            if not same_layout(x, g[g.inputs[k]].shape, strides):
+                ins[k] = restride(x, strides) if x.shape == g[g.inputs[k]].shape else x
+        with torch.no_grad():
+            outs = execute(self.plan, ins)
+        for k, (t, strides) in enumerate(zip(outs, self._out_strides)):
+            if not self._out_base_is_input[k] and not same_layout(t, t.shape, strides):
+                outs[k] = restride(t, strides)
+                self.restrided += 1
+        return [outs[v] if tag == "node" else v for tag, v in p.outputs]
+
+
+_PLANS: dict[tuple, tuple[Plan, Any]] = {}  # (graph key, device, tuned) -> (plan, tuning)
+_PLANS_LOCK = threading.Lock()
+_COMPILED: collections.deque[CompiledGraph] = collections.deque(maxlen=512)
+
+
+def compiled_graphs() -> list[CompiledGraph]:
+    """The graphs this process compiled through the backend, oldest first (the last 512)."""
+    return list(_COMPILED)
+
+
+def _realize(meta: torch.Tensor) -> torch.Tensor:
+    """A real tensor with ``meta``'s shape, strides, dtype and device (for tuning)."""
+    shape, strides = tuple(meta.shape), tuple(meta.stride())
+    out = torch.empty_strided(shape, strides, dtype=meta.dtype, device=meta.device)
+    if meta.dtype.is_floating_point:
+        out.normal_()
+    else:
+        out.zero_()  # indices: zero is in range of every table
+    return out
+
+
+def _device_of(metas: Sequence[Any]) -> str:
+    for m in metas:
+        if isinstance(m, torch.Tensor):
+            return str(m.device)
+    return "cpu"
+
+
+class AutofuseBackend:
+    """A Dynamo backend with fixed options; see the module docstring."""
+
+    def __init__(self, **options: Any) -> None:
+        check_options(options, BACKEND, "autofuse backend")
+        self.options = dict(options)
+        self.records: list[CompiledGraph] = []
+        self.__name__ = "autofuse"
+
+    # -- Dynamo entry ----------------------------------------------------------------------------
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw: Any):
+        if kw.get("options"):
+            check_options(kw["options"], BACKEND, "torch.compile(backend='autofuse')")
+        if any(is_symbolic(x) for x in example_inputs):
+            return _Specializer(self, gm)
+        return self.aot(gm, list(example_inputs))
+
+    def aot(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        compiler = aot_autograd(
+            fw_compiler=functools.partial(self.compile_graph, "forward"),
+            bw_compiler=functools.partial(self.compile_graph, "backward"),
+            inference_compiler=functools.partial(self.compile_graph, "inference"),
+            decompositions=_decompositions(),
+            partition_fn=min_cut_rematerialization_partition,
+        )
+        return compiler(gm, example_inputs)
+
+    # -- one ATen graph ------------------------------------------------------------------------
+    def compile_graph(
+        self, kind: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+    ) -> Callable[..., Any]:
+        try:
+            prepared = prepare(gm, example_inputs)
+        except SymbolicShapes as e:  # not expected: symbolic graphs are specialized first
+            warnings.warn(
+                f"autofuse: the {kind} graph has symbolic sizes ({e}); it runs in eager",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return gm
+        graph = to_ir(prepared)
+        metas = [prepared.gm.graph.find_nodes(op="placeholder")[k].meta["val"]
+                 for k in range(len(graph.inputs))]  # fmt: skip
+        plan, tuning = self.plan_for(graph, kind, metas)
+        compiled = CompiledGraph(kind, f"{kind}_{graph.key[:8]}", prepared, plan, tuning)
+        self.records.append(compiled)
+        _COMPILED.append(compiled)
+        logs.log.info(
+            "autofuse backend: %s graph, %d nodes -> %d kernels, %d eager steps",
+            kind,
+            len(graph.nodes),
+            len(plan.kernels),
+            len(plan.fallbacks),
+        )
+        return compiled
+
+    def plan_for(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
+        tuned = wants_tuning(self.options) and torch.cuda.is_available()
+        key = (graph.key, _device_of(metas), tuned)
+        with _PLANS_LOCK:
+            hit = _PLANS.get(key)
+        if hit is not None and not self.options.get("retune"):
+            return hit
+        if tuned:
+            plan, tuning = self._tuned(graph, kind, metas)
+        else:
+            space = Partitioner(graph)
+            plan, tuning = build_plan(graph, space.greedy().groups, label=f"greedy {kind}"), None
+        with _PLANS_LOCK:
+            _PLANS[key] = (plan, tuning)
+        return plan, tuning
+
+    def _tuned(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
+        from autofuse.api import _tuned
+        from autofuse.capture import Captured
+
+        n = len(graph.inputs)
+        captured = Captured(
+            graph=graph,
+            in_spec=pytree.tree_flatten(tuple(range(n)))[1],
+            out_spec=pytree.tree_flatten(list(range(len(graph.outputs))))[1],
+            leaf_kinds=("tensor",) * n,
+            scalars=(),
+            param_names=(),
+            source_name=f"{kind}_{graph.key[:8]}",
+        )
+        inputs = tuple(_realize(m) for m in metas)
+        options = dict(self.options)
+        options.setdefault("progress", False)
+        opt = _tuned(None, captured, inputs, Partitioner(graph), **options)
+        return opt.plan, opt.tuning
+
+
+class _Specializer:
+    """Runs a graph with symbolic sizes through one static compilation per concrete shape."""
+
+    def __init__(self, backend: AutofuseBackend, gm: torch.fx.GraphModule) -> None:
+        self.backend, self.gm = backend, gm
+        self.compiled: dict[tuple, Callable[..., Any]] = {}
+
+    @staticmethod
+    def key(args: Sequence[Any]) -> tuple:
+        out: list[Any] = [torch.is_grad_enabled()]
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                out.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad))
+            else:
+                out.append((type(a).__name__, a))
+        return tuple(out)
+
+    def __call__(self, *args: Any) -> Any:
+        k = self.key(args)
+        fn = self.compiled.get(k)
+        if fn is None:
+            fn = self.compiled[k] = self.backend.aot(self.gm, list(args))
+        return fn(*args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------------
+
+
+def make_backend(**options: Any) -> AutofuseBackend:
+    """A backend object with fixed options: ``torch.compile(fn, backend=make_backend(...))``;
+    its ``records`` lists the graphs it compiled."""
+    return AutofuseBackend(**options)
+
+
+def autofuse_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None, **kw: Any
+) -> Callable[..., Any]:
+    """The backend registered as ``"autofuse"`` (``torch.compile(..., backend="autofuse",
+    options={...})``)."""
+    if kw.get("mode") not in (None, "default"):
+        warnings.warn(
+            f"autofuse backend: mode={kw['mode']!r} is ignored", RuntimeWarning, stacklevel=2
+        )
+    options = dict(options or {})
+    check_options(options, BACKEND, "torch.compile(backend='autofuse', options=...)")
+    return AutofuseBackend(**options)(gm, example_inputs)

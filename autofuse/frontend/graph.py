@@ -1,0 +1,191 @@
+"""AOTAutograd graphs -> the IR, and the callable that runs a plan in their calling convention.
+
+What an AOTAutograd forward / backward / inference graph holds that ``capture.fx_to_ir`` does
+not take as it is, and what becomes of it here:
+
+- lifted constants (``get_attr`` nodes, e.g. ``_tensor_constant0``): extra graph inputs, their
+  tensors appended to every call;
+- non-tensor placeholders (an int, a float, a ``SymInt`` already bound to a concrete value):
+  specialized, each use replaced by the value of the example;
+- outputs that are not tensors (``None`` gradients of integer inputs, ints): kept apart and
+  returned at their position;
+- saved tensors and outputs that are inputs: plain graph outputs (the IR allows an input as an
+  output);
+- tensors whose strides differ from the ones the graph was traced with: copied to those strides
+  (inputs before the plan runs, outputs after it), since AOTAutograd and the backward graph rely
+  on the traced layout.
+
+Every other op the IR has no node for (``aten.embedding``, ``aten.index_put``, SDPA, ``prims``
+ops...) becomes an ``opaque`` node, which the plan runs as an eager step.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx.experimental.symbolic_shapes import free_symbols
+
+from autofuse.capture import fx_to_ir
+from autofuse.ir import Graph, dedupe
+
+
+class SymbolicShapes(ValueError):
+    """The graph has sizes that are not concrete numbers (the caller specializes first)."""
+
+
+def is_symbolic(value: Any) -> bool:
+    """A SymInt/SymFloat/SymBool, or a tensor whose sizes or strides are symbolic."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return bool(free_symbols(value))
+    if isinstance(value, torch.Tensor):
+        return bool(free_symbols(value))
+    return False
+
+
+def concrete(value: Any) -> Any:
+    """A SymInt bound to a number -> the number; anything else as it is."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    return value
+
+
+@dataclass
+class Prepared:
+    """An FX graph rewritten into what ``fx_to_ir`` takes, and how to call it."""
+
+    gm: torch.fx.GraphModule
+    tensor_args: tuple[int, ...]  # positions of the caller's arguments that stay graph inputs
+    constants: list[torch.Tensor]  # lifted get_attr tensors, appended after those
+    outputs: tuple[tuple[str, Any], ...]  # per result: ("node", k) -> k-th IR output, ("value", v)
+    out_meta: tuple[Any, ...]  # per IR output: the traced fake tensor (shape, strides)
+    specialized: dict[int, Any] = field(default_factory=dict)  # argument position -> value
+
+
+def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Prepared:
+    """Rewrite a copy of ``gm``: constants become inputs, non-tensor inputs become constants,
+    non-tensor outputs leave the graph. Raises :class:`SymbolicShapes` on symbolic sizes."""
+    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        raise ValueError(
+            f"the graph has {len(placeholders)} inputs but {len(example_inputs)} examples"
+        )
+    tensor_args, specialized = [], {}
+    for k, (node, ex) in enumerate(zip(placeholders, example_inputs)):
+        val = node.meta.get("val", ex)
+        if is_symbolic(val) or is_symbolic(ex):
+            raise SymbolicShapes(f"input {k} ({node.name}) has symbolic sizes: {val}")
+        if isinstance(ex, torch.Tensor):
+            if "val" not in node.meta:
+                node.meta["val"] = ex
+            tensor_args.append(k)
+            continue
+        value = concrete(ex)
+        specialized[k] = value
+        node.replace_all_uses_with(value)  # type: ignore[arg-type]
+        graph.erase_node(node)
+    # lifted constants: placeholders after the last input, in order of first appearance
+    last = [n for n in graph.nodes if n.op == "placeholder"]
+    anchor = last[-1] if last else None
+    constants: list[torch.Tensor] = []
+    for node in list(graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = _get_attr(gm, node.target)
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"constant {node.target!r} is a {type(value).__name__}")
+        if anchor is None:
+            with graph.inserting_before(next(iter(graph.nodes))):
+                ph = graph.placeholder(f"const_{len(constants)}")
+        else:
+            with graph.inserting_after(anchor):
+                ph = graph.placeholder(f"const_{len(constants)}")
+        anchor = ph
+        ph.meta["val"] = node.meta.get("val", value)
+        node.replace_all_uses_with(ph)
+        graph.erase_node(node)
+        constants.append(value)
+    _fold_symbolic_scalars(graph)
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    results = out_node.args[0]
+    flat = list(results) if isinstance(results, (list, tuple)) else [results]
+    outputs, kept, metas = [], [], []
+    for r in flat:
+        if isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), torch.Tensor):
+            outputs.append(("node", len(kept)))
+            kept.append(r)
+            metas.append(r.meta["val"])
+        elif isinstance(r, torch.fx.Node):
+            raise ValueError(f"output {r.name} is a {type(r.meta.get('val')).__name__}")
+        else:
+            outputs.append(("value", concrete(r)))
+    out_node.args = (tuple(kept),)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+    return Prepared(gm, tuple(tensor_args), constants, tuple(outputs), tuple(metas), specialized)
+
+
+def _get_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _fold_symbolic_scalars(graph: torch.fx.Graph) -> None:
+    """Size queries on concrete shapes (``aten.sym_size.int``, ``sym_numel``, ``operator.mul``
+    of such) become their values."""
+    ops = {
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_stride.int,
+        torch.ops.aten.sym_storage_offset.default,
+        operator.mul,
+        operator.add,
+        operator.sub,
+        operator.floordiv,
+        operator.mod,
+        operator.neg,
+    }
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in ops:
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if is_symbolic(val):
+                raise SymbolicShapes(f"{node.name} = {node.target} is symbolic: {val}")
+            node.replace_all_uses_with(concrete(val))  # type: ignore[arg-type]
+            graph.erase_node(node)
+
+
+def to_ir(prepared: Prepared) -> Graph:
+    return dedupe(fx_to_ir(prepared.gm))
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout checks
+# ---------------------------------------------------------------------------------------------
+
+
+def same_layout(t: torch.Tensor, shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Same shape, and the same strides on every dimension longer than one."""
+    if tuple(t.shape) != tuple(shape):
+        return False
+    return all(a == b for a, b, n in zip(t.stride(), strides, shape) if n > 1)
+
+
+def restride(t: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
+    out = torch.empty_strided(tuple(t.shape), tuple(strides), dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out

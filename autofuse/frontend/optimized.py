@@ -1,0 +1,161 @@
+"""``autofuse.optimize`` on top of the ``torch.compile`` backend: autograd, module modes, kwargs.
+
+``optimize(fn, example_inputs)`` still captures ``fn`` with ``make_fx`` and builds (or tunes) one
+plan: that is the plan of ``.plan`` / ``.report()`` / ``.tuning``, and it runs every plain call
+(positional arguments, nothing requiring grad, the module in the mode it was captured in). The
+calls that plan cannot run go through ``torch.compile(fn, backend=<autofuse, same options>)``
+(:class:`AutogradPath`): a call in grad mode with an input or parameter that requires grad
+(forward and backward plans, ``loss.backward()`` works), a module switched between train and
+eval since the capture (Dynamo recompiles for the new mode) and calls with keyword arguments.
+When the example call itself needs autograd, the backend path is compiled and run forward and
+backward before ``optimize`` returns (so the tuning happens then); the gradients of that warm-up
+are taken with ``torch.autograd.grad`` and never touch ``.grad``.
+
+A plan with no backend path (``autofuse.load``'s cached plans, ``OptimizedFunction(captured,
+plan)``) raises :class:`AutogradUnsupported` on such calls instead of dropping the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .dynamo import AutofuseBackend, CompiledGraph
+
+
+class AutogradUnsupported(RuntimeError):
+    """A call that needs autograd (or a mode / signature the plan was not captured for) on a
+    plan that has no backend path to run it."""
+
+
+def _module_needs_grad(module: torch.nn.Module | None) -> bool:
+    return module is not None and any(p.requires_grad for p in module.parameters())
+
+
+def needs_grad(args: Sequence[Any], kwargs: dict[str, Any], module: Any = None) -> bool:
+    """Grad mode is on and an input (any pytree leaf) or a parameter of ``module`` requires
+    grad: the call must record an autograd graph."""
+    if not torch.is_grad_enabled():
+        return False
+    for leaf in pytree.tree_leaves((tuple(args), kwargs)):
+        if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+            return True
+    return _module_needs_grad(module)
+
+
+def route(opt: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """Why ``opt``'s make_fx plan cannot run this call (None when it can)."""
+    module = getattr(opt, "_module", None)
+    if kwargs:
+        return f"keyword arguments ({', '.join(kwargs)})"
+    captured_mode = getattr(opt, "_training", None)
+    if module is not None and captured_mode is not None and module.training != captured_mode:
+        was, now = ("train", "eval") if captured_mode else ("eval", "train")
+        return f"the module was captured in {was} mode and is now in {now} mode"
+    if needs_grad(args, {}, module):
+        return "an input or parameter requires grad in grad mode (the plan has no backward)"
+    return None
+
+
+class AutogradPath:
+    """``fn`` compiled by Dynamo with the autofuse backend (options as given to optimize)."""
+
+    def __init__(self, fn: Any, options: dict[str, Any]) -> None:
+        self.fn = fn
+        self.backend = AutofuseBackend(**options)
+        self.compiled = torch.compile(fn, backend=self.backend)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+    @property
+    def records(self) -> list[CompiledGraph]:
+        return self.backend.records
+
+    def warm(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """Run once (compiling, and tuning when asked) and, when the result requires grad,
+        compile the backward too through ``torch.autograd.grad`` (``.grad`` is not touched)."""
+        out = self(*args, **kwargs)
+        outs = [
+            o
+            for o in pytree.tree_leaves(out)
+            if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point()
+        ]
+        if not outs:
+            return
+        wrt = [
+            x
+            for x in pytree.tree_leaves((tuple(args), kwargs))
+            if isinstance(x, torch.Tensor) and x.requires_grad
+        ]
+        if isinstance(self.fn, torch.nn.Module):
+            wrt += [p for p in self.fn.parameters() if p.requires_grad]
+        if wrt:
+            loss = sum(o.float().sum() for o in outs)
+            torch.autograd.grad(loss, wrt, allow_unused=True)
+
+
+def attach(opt: Any, fn: Any, example_inputs: Sequence[Any], options: dict[str, Any]) -> None:
+    """Give ``opt`` (an OptimizedFunction) its backend path; warm it when the example call
+    needs autograd."""
+    opt.autograd = AutogradPath(fn, options)
+    if route(opt, example_inputs, {}) is not None:
+        opt.autograd.warm(example_inputs, {})
+
+
+def call_routed(opt: Any, why: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    path = getattr(opt, "autograd", None)
+    if path is None:
+        raise AutogradUnsupported(
+            f"autofuse: {getattr(opt, '__name__', 'this plan')} cannot run this call: {why}. "
+            "This plan has no backward or backend path (e.g. it was loaded from the plan cache): "
+            "call it under torch.no_grad() with the captured signature, or build it with "
+            "autofuse.optimize(...) or torch.compile(..., backend='autofuse'), which train."
+        )
+    return path(*args, **kwargs)
+
+
+class BackendFunction:
+    """What ``optimize`` returns when ``fn`` is called with keyword arguments or cannot be
+    captured with make_fx: the backend path alone. ``.plan`` is the latest forward (or
+    inference) plan, ``.plans`` every compiled graph's."""
+
+    def __init__(self, fn: Any, options: dict[str, Any]) -> None:
+        self.autograd = AutogradPath(fn, options)
+        self.__name__ = f"autofuse_{getattr(fn, '__name__', type(fn).__name__)}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.autograd(*args, **kwargs)
+
+    @property
+    def records(self) -> list[CompiledGraph]:
+        return self.autograd.records
+
+    @property
+    def plans(self) -> list[Any]:
+        return [r.plan for r in self.records]
+
+    @property
+    def plan(self) -> Any:
+        fw = [r for r in self.records if r.kind in ("forward", "inference")]
+        return fw[-1].plan if fw else None
+
+    @property
+    def tuning(self) -> Any:
+        tuned = [r.tuning for r in self.records if r.tuning is not None]
+        return tuned[-1] if tuned else None
+
+    def report(self) -> str:
+        from autofuse.report import format_summary, summarize
+
+        parts = []
+        for r in self.records:
+            times = r.tuning.kernel_times if r.tuning is not None else None
+            text = f"== {r.kind} graph {r.name}\n" + format_summary(summarize(r.plan, times))
+            if r.tuning is not None:
+                text += "\n" + r.tuning.summary()
+            parts.append(text)
+        return "\n".join(parts) if parts else "(nothing compiled yet)"

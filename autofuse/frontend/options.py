@@ -1,0 +1,70 @@
+"""The option names ``optimize`` and the ``torch.compile`` backend accept, checked in one place.
+
+An unknown name raises :class:`UnknownOptionError`, a ``TypeError`` naming it (with the closest
+known name): a typo such as ``trails=8`` must not silently tune nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+# the keyword arguments of tune.tune (and api._tuned's ``retune``)
+TUNING = frozenset(
+    {
+        "trials",
+        "time_budget",
+        "cache_dir",
+        "storage",
+        "sampler",
+        "verify",
+        "isolate",
+        "measurer",
+        "top_k",
+        "progress",
+        "study_name",
+        "polish",
+        "retune",
+    }
+)
+OPTIMIZE = TUNING | {"example_kwargs"}
+BACKEND = TUNING
+
+
+def _base() -> type:
+    """Dynamo wraps a backend's exceptions in BackendCompilerFailed (a RuntimeError) except
+    those it shortens (ShortenTraceback): deriving from it lets the TypeError reach the user."""
+    try:
+        from torch._dynamo.exc import ShortenTraceback
+    except ImportError:  # pragma: no cover - an older torch
+        return Exception
+    return ShortenTraceback
+
+
+class UnknownOptionError(TypeError, _base()):  # type: ignore[misc]
+    """An option name autofuse does not know."""
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)
+        self.message = message
+        self.first_useful_frame = None  # what ShortenTraceback reads (no frame to cut to)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def check_options(options: Mapping[str, Any], known: Iterable[str], where: str) -> None:
+    """Raise :class:`UnknownOptionError` for the first name of ``options`` not in ``known``."""
+    known = sorted(known)
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UnknownOptionError(
+                f"{where}: unknown option {name!r}{hint} (known options: {', '.join(known)})"
+            )
+
+
+def wants_tuning(options: Mapping[str, Any]) -> bool:
+    return bool(options.get("trials") or options.get("time_budget"))
