@@ -186,7 +186,8 @@ def _tuned(fn, captured, example_inputs, space, *, retune: bool = False, **optio
         options["study_name"] = (
             f"autofuse-{captured.source_name}-{captured.graph.key}-{time.time_ns()}"
         )
-    result = tune(captured, example_inputs, space, **options)
+    flat = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
+    result = tune(captured, example_inputs, space, example_flat=flat, **options)
     meta = {
         "function": captured.source_name,
         "value_s": result.value,

@@ -180,10 +180,17 @@ def test_output_code_log(tmp_path):
 
 
 def test_dedupe_merges_repeated_pure_nodes():
-    """The decomposed layer_norm computes mean(x) and x - mean(x) twice; capture keeps one of
-    each. Outputs keep their own nodes (no aliasing) and opaque ops are never merged."""
+    """mean(x) and x - mean(x) written twice: capture keeps one of each (the decomposed
+    layer_norm keeps one moment mean and one x - mean). Outputs keep their own nodes (no
+    aliasing) and opaque ops are never merged."""
     fn, args = cases()["layernorm"]
     ops = [n.op for n in capture(fn, args).graph.nodes]
+    assert ops.count("clamp") == 1 and ops.count("sub") == 1, ops
+
+    def centred_twice(x):
+        return (x - x.mean(-1, keepdim=True)) * (x - x.mean(-1, keepdim=True))
+
+    ops = [n.op for n in capture(centred_twice, (torch.randn(4, 5),)).graph.nodes]
     assert ops.count("mean") == 1 and ops.count("sub") == 1, ops
 
     def twice(x):

@@ -40,20 +40,35 @@ def dtype_name(dtype: torch.dtype) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _var_decomp(x, dim=None, *, correction=None, keepdim=False):
+def _moment_mean(x, dims, n):
+    """The mean over ``dims`` (kept) for var / var_mean / std / layer_norm, finite wherever the
+    true mean is, as eager's Welford moments are: sum(x) / n overflows on a row of finfo.min
+    (a masked row) and layer_norm then gave NaN where eager gives 0. The sum of x * 2^-k, with
+    2^k >= 2n (an exact scaling), cannot overflow for finite inputs and is inf only where an
+    input is; the finite mean is clamped into the dtype's range (it may round an ulp past it)."""
+    if not x.is_floating_point() or n == 0:
+        return torch.mean(x, dims, keepdim=True)
+    k = math.ceil(math.log2(n)) + 1
+    s = torch.sum(x * 2.0**-k, dims, keepdim=True)
+    m = s * (2.0**k / n)
+    fi = torch.finfo(x.dtype)
+    return torch.where(s.abs() == math.inf, m, m.clamp(fi.min, fi.max))
+
+
+def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None):
     dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
     n = math.prod(x.shape[d] for d in dims) if dims else 1
     corr = 1 if correction is None else correction
-    mean = torch.mean(x, dims, keepdim=True)
+    mean = _moment_mean(x, dims, n) if mean is None else mean
     diff = x - mean
     return torch.sum(diff * diff, dims, keepdim=keepdim) / max(n - corr, 0)
 
 
 def _var_mean_decomp(x, dim=None, *, correction=None, keepdim=False):
     dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
-    return _var_decomp(x, dims, correction=correction, keepdim=keepdim), torch.mean(
-        x, dims, keepdim=keepdim
-    )
+    mean = _moment_mean(x, dims, math.prod(x.shape[d] for d in dims) if dims else 1)
+    var = _var_decomp(x, dims, correction=correction, keepdim=keepdim, mean=mean)
+    return var, (mean if keepdim else mean.squeeze(dims))
 
 
 def _std_decomp(x, dim=None, *, correction=None, keepdim=False):
@@ -168,6 +183,7 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
     except CaptureError:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with context
+        _raise_eager_error(flat_fn, flat_inputs)  # fails in eager too (amax over an empty dim)
         raise CaptureError(f"could not trace {_fn_name(fn)}: {type(e).__name__}: {e}") from e
     gm.graph.eliminate_dead_code()
     graph = dedupe(fx_to_ir(gm))
@@ -180,6 +196,19 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         param_names=names,
         source_name=_fn_name(fn),
     )
+
+
+def _raise_eager_error(flat_fn: Callable[..., Any], flat_inputs: list[torch.Tensor]) -> None:
+    """Raise the error the function itself raises in eager on these inputs, if it does: what
+    autofuse cannot trace because eager rejects it is eager's error (IndexError for amax over a
+    zero-length dim), not a CaptureError."""
+    try:
+        with torch.no_grad():
+            flat_fn(*flat_inputs)
+    except CaptureError:
+        return
+    except Exception as eager_error:  # noqa: BLE001 - re-raised as it is
+        raise eager_error from None
 
 
 def _fn_name(fn: Any) -> str:

@@ -173,6 +173,12 @@ def _sign(node: Any, c: list[str], dt: str) -> str:
     return f"({c[0]} > 0).to({TL_DTYPE[dt]}) - ({c[0]} < 0).to({TL_DTYPE[dt]})"
 
 
+def _bitwise_not(node: Any, c: list[str], dt: str) -> str:
+    # ~ of a bool is logical not (tl.int1's ~ is not); &, |, ^ on bools take tl.int1 operands
+    # (the compute dtype is bool) and are logical already
+    return f"{c[0]} == 0" if dt == "bool" else f"~{c[0]}"
+
+
 def _clamp(node: Any, c: list[str], dt: str) -> str:
     out = c[0]
     if node.attr("lo") is not None:
@@ -323,7 +329,7 @@ _ENTRIES: tuple[OpDef, ...] = (
     ),
     _unary("sign", _sign, torch.sign),
     _unary("logical_not", "{a} == 0", torch.logical_not, operands="bool"),
-    _unary("bitwise_not", "~{a}", torch.bitwise_not),
+    _unary("bitwise_not", _bitwise_not, torch.bitwise_not),
     _unary("isnan", "{a} != {a}", torch.isnan, operands="raw"),
     _unary("copy", "{a}", torch.clone, aten=("clone",)),
     # binary pointwise

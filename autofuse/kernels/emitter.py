@@ -148,9 +148,8 @@ class Emitter:
         return v
 
     def shifted_exp(self, node, index: tuple[Expr, ...]) -> tuple[str, int] | None:
-        """``exp(a - b)`` with ``b`` one value per row (softmax's max) as
-        ``exp2(fma(a, log2 e, -b log2 e))``: the subtraction and tl.exp's own multiply by
-        log2 e become one fused multiply-add per element."""
+        """``exp(a - b)`` with ``b`` one value per row (softmax's max), rendered by
+        :func:`exp_minus` in one expression."""
         j = node.inputs[0] if node.op == "exp" else None
         if j is None or j not in self.members or self.g[j].op != "sub":
             return None
@@ -392,7 +391,7 @@ class Emitter:
         compiler then drops them from every load and store), else the bounds check."""
         numel = self.info.xnumel if axis == "x" else self.info.rnumel
         block = self.cfg.XBLOCK if axis == "x" else self.cfg.RBLOCK
-        if numel % block == 0:
+        if numel % block == 0 and numel > 0:  # an empty row (rnumel 0) masks every lane
             return f"{axis}mask = tl.full({shape}, True, tl.int1)"
         return f"{axis}mask = {axis}index < {axis}numel"
 
@@ -441,9 +440,12 @@ class Emitter:
     def finish_online(self, s: int, m: int, s_acc: Val, m_acc: Val) -> None:
         """sum(exp(x - max)) from the per-lane running sums, rescaled to the row's max."""
         mx = self.red_val[m].code
+        # lanes that saw only -inf add nothing, but a row that is all -inf sums
+        # exp(-inf - -inf) = NaN in eager
         expr = (
+            f'tl.where({mx} == float("-inf"), float("nan"), '
             f'tl.sum(tl.where({m_acc.code} == float("-inf"), 0.0, '
-            f"{s_acc.code} * tl.exp({m_acc.code} - {mx})), 1)[:, None]"
+            f"{s_acc.code} * tl.exp({m_acc.code} - {mx})), 1)[:, None])"
         )
         self.red_val[s] = self.tmp(expr, 1, "float32", self.g[s].name + " (online)")
 

@@ -353,7 +353,7 @@ class RowGemmEmitter(Emitter):
         k = g[a].shape[-1]
         kr = Expr.dim("offs_k[None, :]", 1, k, True)
         a_off = memory_offset(g, a, (*self.full[:-1], kr)).render()
-        mask = "xmask" if k % self.cfg.BLOCK_K == 0 else f"xmask & (offs_k[None, :] < {k})"
+        mask = "xmask" if k % self.cfg.BLOCK_K == 0 and k else f"xmask & (offs_k[None, :] < {k})"
         self.note_load(g.base_of(a))
         return f"tl.load({self.ptr[g.base_of(a)]} + ({a_off}), {mask}, other=0.0)"
 
@@ -378,7 +378,7 @@ class RowGemmEmitter(Emitter):
         # every row of a program is in one batch (BLOCK_M divides M): a uniform batch index
         b_batch = (Expr.dim("xoffset", m, node.shape[0], True),) if batched else ()
         b_idx = (*b_batch, kc, self.full[-1])
-        b_mask = "rmask" if k % self.cfg.BLOCK_K == 0 else f"(offs_k[:, None] < {k}) & rmask"
+        b_mask = "rmask" if k % self.cfg.BLOCK_K == 0 and k else f"(offs_k[:, None] < {k}) & rmask"
         b_off = memory_offset(g, b, b_idx).render()
         b_load = f"tl.load({self.ptr[g.base_of(b)]} + ({b_off}), {b_mask}, other=0.0)"
         self.note_load(g.base_of(b))
@@ -465,7 +465,13 @@ class RowGemmEmitter(Emitter):
     def finish_online(self, s: int, m: int, s_acc: Val, m_acc: Val) -> None:
         if self.persistent:
             return super().finish_online(s, m, s_acc, m_acc)
-        self.red_val[s] = s_acc
+        # a row that is all -inf: eager sums exp(-inf - -inf) = NaN, the running sum stayed 0
+        self.red_val[s] = self.tmp(
+            f'tl.where({m_acc.code} == float("-inf"), float("nan"), {s_acc.code})',
+            1,
+            "float32",
+            self.g[s].name + " (online)",
+        )
 
 
 def gemm_row_configs(graph: Graph, info: GroupInfo) -> list[RowGemmConfig]:

@@ -62,6 +62,8 @@ class Val:
 
 def cast(v: Val, dtype: str) -> str:
     """``v``'s code converted to ``dtype`` (literals are written in the target's family)."""
+    if v.literal and dtype == "bool":  # a Python bool is tl.int1: `int1 & 1` widens to int32
+        return "False" if v.code in ("0", "0.0", "-0.0") else "True"
     if v.dtype == dtype:
         return v.code
     if v.literal:
@@ -77,8 +79,12 @@ LOG2E = 1.4426950408889634
 
 
 def exp_minus(x: str, m: str) -> str:
-    """``exp(x - m)`` for a per-row ``m``: one fused multiply-add per element and an exp2."""
-    return f"tl.exp2(tl.fma({x}, {LOG2E!r}, -({m} * {LOG2E!r})))"
+    """``exp(x - m)`` for a per-row ``m``, as ``exp2((x - m) * log2 e)``: eager's value for
+    every input. (The fused ``exp2(fma(x, log2 e, -(m * log2 e)))`` is not: ``m * log2 e``
+    overflows for |m| > finfo.max / log2 e, e.g. a row masked with finfo.min, giving inf / inf,
+    and its rounding, a row-wide error of up to ulp(m log2 e) / 2 in the exponent, is 512 at
+    m = 1e10.)"""
+    return f"tl.exp2(({x} - {m}) * {LOG2E!r})"
 
 
 def _common_dtype(args: list[Val]) -> str:

@@ -34,6 +34,8 @@ from autofuse.measure.timer import GPUTimer, l2_cache_bytes, time_callable, time
 from autofuse.measure.verify import (
     build_kernel,
     compare,
+    group_inputs,
+    node_values,
     poisoned_outputs,
     random_inputs,
     reference_outputs,
@@ -54,6 +56,8 @@ __all__ = [
     "eager_subgraph",
     "extract_group",
     "extract_subgraph",
+    "group_inputs",
+    "node_values",
     "is_fatal",
     "l2_cache_bytes",
     "poisoned_outputs",

@@ -192,8 +192,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def verify_candidate(candidate: Candidate, device: Any = "cpu", seed: int = 0) -> str | None:
-    """Run the candidate's kernel on fresh random inputs and compare with the float64 eager
+def node_values(graph: Graph, inputs: Sequence[torch.Tensor]) -> dict[int, Any]:
+    """The eager value of every node of ``graph`` on ``inputs`` (the graph's input tensors)."""
+    device = inputs[0].device if inputs else torch.device("cpu")
+    env: dict[int, Any] = dict(zip(graph.inputs, inputs))
+    for i, node in enumerate(graph.nodes):
+        if i not in env:
+            env[i] = eval_node(node, [env[j] for j in node.inputs], device)
+    return env
+
+
+def group_inputs(graph: Graph, info: GroupInfo, values: dict[int, Any]) -> list[torch.Tensor]:
+    """The buffers ``info``'s kernel loads, from every node's value (:func:`node_values`): graph
+    inputs as they are, other nodes contiguous, as the runtime materializes them."""
+    return [values[j] if graph[j].kind == "input" else values[j].contiguous() for j in info.loads]
+
+
+def verify_candidate(
+    candidate: Candidate,
+    device: Any = "cpu",
+    seed: int = 0,
+    inputs: Sequence[torch.Tensor] | None = None,
+) -> str | None:
+    """Run the candidate's kernel on fresh random inputs (or on ``inputs``, the values of its
+    loads: :func:`group_inputs` of the user's example inputs) and compare with the float64 eager
     reference. None when correct, else the reason. On CPU this needs ``TRITON_INTERPRET=1``."""
     device = torch.device(device)
     if device.type == "cpu" and not interpreting():
@@ -202,7 +224,7 @@ def verify_candidate(candidate: Candidate, device: Any = "cpu", seed: int = 0) -
 
     try:
         sub, info, kernel = build_kernel(candidate)
-        inputs = random_inputs(sub, device, seed)
+        inputs = random_inputs(sub, device, seed) if inputs is None else list(inputs)
         runs = [poisoned_outputs(sub, info, device)]
         if any(sub[s].dtype == "bool" for s in info.stored):
             runs.append(poisoned_outputs(sub, info, device, flip=True))

@@ -40,6 +40,9 @@ from autofuse.measure import (
     Measurement,
     Memo,
     describe_error,
+    group_inputs,
+    node_values,
+    verify_candidate,
 )
 from autofuse.partition.partitioner import Partition, Partitioner
 from autofuse.plan.runtime import Plan, build_plan, eager_group
@@ -107,11 +110,15 @@ def group_param(group: frozenset[int]) -> str:
 class Objective:
     """The trial function: decisions -> partition -> configs -> measured cost."""
 
-    def __init__(self, graph, space: Partitioner, measurer, eager_cost) -> None:
+    def __init__(self, graph, space: Partitioner, measurer, eager_cost, example_values=None):
         self.graph, self.space, self.measurer = graph, space, measurer
         self.eager_cost = eager_cost
         self.choices: dict[int, PlanChoice] = {}
         self._eager_memo: dict[int, float] = {}
+        # every node's eager value on the user's example inputs (None: no such check); each
+        # candidate the measurer accepts is verified on them too, once per (group, config)
+        self.example_values = example_values
+        self._example_checks: dict[tuple, str | None] = {}
 
     def configs_for(self, info: GroupInfo) -> list[Any]:
         space = config_space(info, self.graph)
@@ -151,10 +158,28 @@ class Objective:
         return total
 
     def measure(self, info: GroupInfo, cfg: Any) -> Measurement:
+        candidate = Candidate(self.graph, info, cfg)
         try:
-            return self.measurer.measure(Candidate(self.graph, info, cfg))
+            m = self.measurer.measure(candidate)
         except Exception as e:  # noqa: BLE001 - a measurer's own bug fails that config only
             return Measurement.failed(f"measurer raised {describe_error(e)}", "measured")
+        if m.ok and self.example_values is not None:
+            why = self.check_examples(candidate)
+            if why:
+                return Measurement.failed(f"on the example inputs: {why}", m.source)
+        return m
+
+    def check_examples(self, candidate: Candidate) -> str | None:
+        """Verify ``candidate`` on the values its loads take for the user's example inputs
+        (real masks and value ranges, which N(0, 1) draws miss): None or why it fails. Per
+        (group, config) of this graph, not per structural key: the same subgraph elsewhere
+        (another layer) loads other values."""
+        key = (candidate.info.nodes, candidate.key)
+        if key not in self._example_checks:
+            ins = group_inputs(self.graph, candidate.info, self.example_values)
+            device = ins[0].device if ins else torch.device("cpu")
+            self._example_checks[key] = verify_candidate(candidate, device, inputs=ins)
+        return self._example_checks[key]
 
     def params_for(self, partition: Partition, configs: Sequence[Any] | None = None):
         params: dict[str, Any] = dict(self.space.decisions_of(partition))
@@ -251,8 +276,14 @@ def tune(
     progress: bool = True,
     study_name: str | None = None,
     polish: int = 16,
+    example_flat: Sequence[torch.Tensor] | None = None,
 ) -> TuneResult:
-    """Search partitions x configs; return the best plan, re-timed end to end on the GPU."""
+    """Search partitions x configs; return the best plan, re-timed end to end on the GPU.
+
+    Where candidates are verified (``verify`` with the default measurer, or a measurer whose
+    ``verify`` is True), each is also checked on the example inputs (``example_flat``: the
+    graph's flat input tensors, module parameters included; by default the tensors of
+    ``example_inputs``) and rejected if it fails there."""
     t0 = time.perf_counter()
     graph = captured.graph
     memo = (
@@ -261,7 +292,11 @@ def tune(
         else Memo(measurer or default_measurer(verify, isolate))
     )
     eager = _eager_cost(graph, memo.inner)
-    objective = Objective(graph, space, memo, eager)
+    # the example-input check goes with verification: the default measurers' (``verify``), or
+    # a given measurer's own (its ``verify`` field); fake timers in tests have neither
+    checks = verify and (measurer is None or getattr(memo.inner, "verify", False) is True)
+    values = _example_values(captured, example_inputs, example_flat) if checks else None
+    objective = Objective(graph, space, memo, eager, values)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu-model"
     name = study_name or f"autofuse-{captured.source_name}-{graph.key}-{device.replace(' ', '_')}"
     study = search.Study.open(name, storage=storage, cache_dir=cache_dir, sampler=sampler)
@@ -322,6 +357,27 @@ def tune(
     )
     logs.log.info(result.summary())
     return result
+
+
+def _example_values(captured: Captured, example_inputs, example_flat) -> dict | None:
+    """Every node's eager value on the example inputs, where kernels can run on their device
+    (CUDA, or the CPU under Triton's interpreter); else None (no example check)."""
+    import torch.utils._pytree as pytree
+
+    from autofuse.interpreter import interpreting
+
+    flat = example_flat
+    if flat is None:
+        leaves = pytree.tree_leaves(tuple(example_inputs))
+        flat = [x for x, k in zip(leaves, captured.leaf_kinds) if k == "tensor"]
+    graph = captured.graph
+    if len(flat) != len(graph.inputs) or not all(isinstance(x, torch.Tensor) for x in flat):
+        return None  # a module's parameters not passed: the graph cannot run
+    device = flat[0].device if flat else torch.device("cpu")
+    if device.type != "cuda" and not (device.type == "cpu" and interpreting()):
+        return None
+    with torch.no_grad():
+        return node_values(graph, list(flat))
 
 
 def _polish(
