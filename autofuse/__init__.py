@@ -1,10 +1,10 @@
 """autofuse: a profiler-driven autotuning fusion explorer for PyTorch on NVIDIA GPUs."""
 
 from .api import OptimizedFunction, explain, optimize
-from .cache.store import CacheMiss, load
-from .capture.trace import CaptureError, capture
+from .cache import CacheMiss, load
+from .capture import CaptureError, capture
 from .kernels import FusionRefused, KernelConfig
-from .plan.runtime import InputError, Plan
+from .plan import InputError, Plan
 
 __all__ = [
     "CacheMiss",

@@ -51,7 +51,7 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def cache_list(args: argparse.Namespace) -> int:
-    from autofuse.cache import store as cache
+    from autofuse import cache
 
     for e in cache.list_entries(args.cache_dir):
         print(e)

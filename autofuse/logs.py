@@ -8,15 +8,16 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any
+
+from autofuse.settings import settings
 
 log = logging.getLogger("autofuse")
 
 
 def enabled(topic: str) -> bool:
-    topics = {t.strip() for t in os.environ.get("AUTOFUSE_LOGS", "").split(",") if t.strip()}
+    topics = settings().logs
     return topic in topics or "all" in topics
 
 

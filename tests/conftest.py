@@ -1,5 +1,5 @@
 """Test tiers: CPU tests run generated kernels through Triton's interpreter; tests marked `gpu`
-run only where CUDA is available (the lead runs them on the lent H200)."""
+run only where CUDA is available."""
 
 import os
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from autofuse.cache import store as cache
+from autofuse import cache
 from autofuse.capture.trace import capture
 from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs
 from autofuse.partition.partitioner import Partitioner
@@ -338,7 +338,7 @@ def test_killed_writer_leaves_no_entry(tmp_path, monkeypatch):
 @pytest.mark.parametrize("swap", ["exchange", "move-aside"])
 def test_overwrite_last_writer_wins(tmp_path, monkeypatch, swap):
     if swap == "move-aside":  # no atomic directory exchange on this OS / filesystem
-        monkeypatch.setattr(cache, "_renameat2", False)
+        monkeypatch.setattr(cache.disk, "_renameat2", False)
     fn, args = cases()["softmax"]
     captured = capture(fn, args)
     graph = captured.graph
@@ -381,7 +381,7 @@ def test_overwrite_last_writer_wins(tmp_path, monkeypatch, swap):
         t.join()
     assert not errors
     assert all(p in (first, second) for p in seen if p is not None)
-    if swap == "exchange" and cache._exchange_supported():
+    if swap == "exchange" and cache.disk._exchange_supported():
         assert None not in seen  # the entry never disappears
     assert cache.load_plan(tmp_path, "k") in (first, second)
     assert sorted(p.name for p in (tmp_path / "plans").iterdir()) == ["k"]
@@ -404,7 +404,7 @@ def test_concurrent_writers(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        from autofuse.cache import store as cache
+        from autofuse import cache
         plan = cache.load_plan({str(tmp_path)!r}, "k")
         for i in range(15):
             cache.save_plan({str(tmp_path)!r}, "k", plan, {{"writer": sys.argv[1], "i": i}})
@@ -493,7 +493,7 @@ def test_load_hit_in_a_fresh_process_imports_no_optuna(tmp_path):
         import sys, warnings
         warnings.simplefilter("error")
         import torch
-        from autofuse.cache import store as cache
+        from autofuse import cache
         from autofuse.api import OptimizedFunction
         from tests.workloads import pointwise_example
         args = torch.load({str(tmp_path / "inputs.pt")!r})

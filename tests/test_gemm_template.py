@@ -167,7 +167,9 @@ def test_render_valid_python_named_and_ordered():
     # importable on its own
     kern = gt.load_kernel(src, spec.name)
     assert kern is gt.load_kernel(src, spec.name)  # cached
-    assert any((Path(os.environ["AUTOFUSE_CACHE_DIR"]) / "kernels").glob("*.py"))
+    from autofuse.kernels.loader import kernel_dir
+
+    assert any(kernel_dir().glob(f"{spec.name}_*.py"))
 
 
 def test_render_rejects_bad_specs():

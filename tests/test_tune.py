@@ -250,13 +250,13 @@ def test_greedy_plan_stays_unless_beaten_beyond_the_noise(monkeypatch, challenge
     MIN_GAIN or than the spread of the greedy plan's own rounds."""
     from types import SimpleNamespace
 
-    from autofuse import api
+    from autofuse import runner
     from autofuse.measure import timer
     from autofuse.tune import tuner as tune_mod
 
     rounds = {"challenger": iter(challenger), "greedy": iter([1.0e-3, 1.02e-3, 1.0e-3])}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(api, "OptimizedFunction", lambda captured, plan: plan)
+    monkeypatch.setattr(runner, "OptimizedFunction", lambda captured, plan: plan)
     monkeypatch.setattr(timer, "time_callable", lambda run, args: next(rounds[run.label]))
     plans = [(name, SimpleNamespace(label=name)) for name in ("challenger", "greedy")]
     choice, _, e2e = tune_mod._pick(plans, (), None, incumbent=1)

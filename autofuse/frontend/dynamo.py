@@ -249,8 +249,8 @@ class AutofuseBackend:
         return plan, tuning
 
     def _tuned(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
-        from autofuse.api import _tuned
         from autofuse.capture import Captured
+        from autofuse.tune.entry import tune_and_cache
 
         n = len(graph.inputs)
         captured = Captured(
@@ -265,8 +265,7 @@ class AutofuseBackend:
         inputs = tuple(_realize(m) for m in metas)
         options = dict(self.options)
         options.setdefault("progress", False)
-        opt = _tuned(None, captured, inputs, Partitioner(graph), **options)
-        return opt.plan, opt.tuning
+        return tune_and_cache(captured, inputs, Partitioner(graph), example_flat=inputs, **options)
 
 
 class _Specializer:

@@ -327,13 +327,11 @@ def gemm_configs(graph: Graph, info: GroupInfo) -> list[GemmConfig]:
 
 
 def sm_count() -> int:
-    """Programs of a PERSISTENT GEMM: the GPU's multiprocessors (an H100/H200's 132 where
+    """Programs of a PERSISTENT GEMM: the target's multiprocessors (an H100/H200's 132 where
     there is no GPU: the interpreter and the cost model)."""
-    import torch
+    from autofuse.settings import target
 
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return 132
+    return target().sm_count
 
 
 class GemmKind:

@@ -73,16 +73,9 @@ Public functions: :func:`render`, :func:`grid`, :func:`param_names`, :func:`laun
 from __future__ import annotations
 
 import ast
-import hashlib
-import importlib.util
 import keyword
-import os
-import sys
-import tempfile
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -485,53 +478,12 @@ def launch(kernel: Any, spec: GemmSpec, cfg: GemmConfig, batch: int = 1, **args:
 # --------------------------------------------------------------------------------------
 # loading generated source
 
-_LOADED: dict[str, Any] = {}
-_LOCK = threading.Lock()
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("AUTOFUSE_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "autofuse"
-    d = base / "kernels"
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        d = Path(tempfile.gettempdir()) / "autofuse_kernels"
-        d.mkdir(parents=True, exist_ok=True)
-    return d
-
 
 def load_kernel(src: str, name: str) -> Any:
-    """Write ``src`` to ``<cache>/kernels/<sha>.py``, import it, return ``module.<name>``.
+    """Import a rendered template (``autofuse.kernels.loader``) and return ``module.<name>``."""
+    from autofuse.kernels.loader import load_kernel as load
 
-    The cache root is ``$AUTOFUSE_CACHE_DIR`` or ``~/.cache/autofuse``. Identical sources
-    map to the same file and module (imported once per process).
-    """
-    digest = hashlib.sha256(src.encode()).hexdigest()[:24]
-    mod_name = f"autofuse_kernel_{digest}"
-    with _LOCK:
-        mod = _LOADED.get(mod_name)
-        if mod is None:
-            path = _cache_dir() / f"{digest}.py"
-            if not path.exists() or path.read_text() != src:
-                fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-                with os.fdopen(fd, "w") as f:
-                    f.write(src)
-                os.replace(tmp, path)
-            ispec = importlib.util.spec_from_file_location(mod_name, path)
-            assert ispec is not None and ispec.loader is not None
-            mod = importlib.util.module_from_spec(ispec)
-            sys.modules[mod_name] = mod
-            try:
-                ispec.loader.exec_module(mod)
-            except BaseException:
-                sys.modules.pop(mod_name, None)
-                raise
-            _LOADED[mod_name] = mod
-    try:
-        return getattr(mod, name)
-    except AttributeError:
-        raise AttributeError(f"kernel source defines no {name!r}") from None
+    return load(src, name)
 
 
 # --------------------------------------------------------------------------------------

@@ -109,11 +109,11 @@ def time_plan(
 
 
 def l2_cache_bytes(device: Any = None) -> int:
-    try:
-        props = torch.cuda.get_device_properties(device if device is not None else 0)
-        return int(getattr(props, "L2_cache_size", 0)) or 50 * 2**20
-    except Exception:  # noqa: BLE001
-        return 50 * 2**20
+    """The target's L2 size (inputs under ~2x of it are rotated between timed runs)."""
+    from autofuse.settings import target
+
+    index = device.index if isinstance(device, torch.device) else device
+    return target(index).l2_bytes
 
 
 @dataclass

@@ -17,19 +17,19 @@ versions): those take the regular path every time.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from autofuse.interpreter import interpreting
+from autofuse.settings import settings
 
 _STATS = {"lean": 0, "regular": 0}
 
 
 def lean_enabled() -> bool:
-    return os.environ.get("AUTOFUSE_LEAN_LAUNCH", "1") not in ("", "0") and not interpreting()
+    return settings().lean_launch and not interpreting()
 
 
 class Launcher:

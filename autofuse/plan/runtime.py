@@ -8,22 +8,15 @@ order and returns what the function returns, in the same structure.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import sys
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from autofuse import logs
-from autofuse.interpreter import apply_patches
 from autofuse.ir.eager import eval_node
 from autofuse.ir.graph import Graph
 from autofuse.kernels import (
@@ -36,45 +29,13 @@ from autofuse.kernels import (
     default_config,
     generate,
 )
+from autofuse.kernels.loader import load_kernel
 from autofuse.plan.launcher import Launcher
+from autofuse.settings import settings
 
 # ---------------------------------------------------------------------------------------------
 # Loading generated source
 # ---------------------------------------------------------------------------------------------
-
-_LOADED: dict[tuple[str, str], Any] = {}  # (source, name) -> jitted function
-
-
-def kernel_dir() -> Path:
-    root = os.environ.get("AUTOFUSE_KERNEL_DIR") or os.path.join(
-        tempfile.gettempdir(), f"autofuse-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
-    )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def load_kernel(source: str, name: str) -> Any:
-    """Import generated source as a module (triton.jit needs a real file) and return ``name``."""
-    key = (source, name)  # str hashes are cached: a hit costs a dict lookup
-    if key in _LOADED:
-        return _LOADED[key]
-    apply_patches()
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    path = kernel_dir() / f"{name}_{digest}.py"
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    mod_name = f"autofuse_generated_{digest}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
-    fn = getattr(module, name)
-    _LOADED[key] = fn
-    return fn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,7 +303,7 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
     try:
         step.launcher(kernel_args(kernel, [*ins, *outs]))
     except Exception as e:  # noqa: BLE001 - a kernel that cannot be built must not lose the call
-        if not _build_error(e) or os.environ.get("AUTOFUSE_STRICT", "0") not in ("", "0"):
+        if not _build_error(e) or settings().strict:
             raise
         why = (
             f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"

@@ -511,8 +511,8 @@ def _pick(plans, example_inputs, captured, incumbent: int | None = None):
     if not torch.cuda.is_available() or len(plans) == 1:
         c, p = plans[0]
         return c, p, e2e
-    from autofuse.api import OptimizedFunction
     from autofuse.measure import timer
+    from autofuse.runner import OptimizedFunction
 
     rounds: dict[str, list[float]] = {}
     for r in range(3):  # alternate the order: none is always timed hottest

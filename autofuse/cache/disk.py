@@ -16,9 +16,7 @@ not match, a missing kernel file, another cache format) is skipped with a warnin
 
 from __future__ import annotations
 
-import dataclasses
 import errno
-import hashlib
 import json
 import os
 import re
@@ -27,322 +25,39 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from autofuse.capture.trace import Captured
-from autofuse.ir.graph import Graph, Node
-from autofuse.kernels import GroupInfo, Kernel, KernelMeta
-from autofuse.plan.runtime import EagerStep, KernelStep, Plan
-
-CACHE_FORMAT = 2  # 2: kernels carry their metadata
-PLANS = "plans"
-PLAN_FILE = "plan.json"
-
-# Options of ``optimize`` that steer the search but not what a given plan computes: a plan tuned
-# with 20 trials and one tuned with 200 are interchangeable, so they share a key.
-TUNING_OPTIONS = frozenset(
-    {
-        "trials",
-        "time_budget",
-        "cache_dir",
-        "storage",
-        "sampler",
-        "verify",
-        "isolate",
-        "measurer",
-        "top_k",
-        "progress",
-        "study_name",
-        "strict",
-        "seed",
-        "retune",
-    }
+from autofuse.cache.codec import (
+    _canonical,
+    _decode_graph,
+    _decode_kernel,
+    _encode_graph,
+    _encode_kernel,
+    _json_safe,
+    _sha,
 )
-
-_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_STALE_SECONDS = 3600.0  # leftover temp / trash directories older than this are swept
-
-
-class CacheMiss(LookupError):
-    """No usable cached plan for this function and these inputs (raised by strict ``load``)."""
-
-
-class CacheWarning(UserWarning):
-    """A cache entry that cannot be used (corrupt, truncated, another format)."""
-
-
-class CacheMissWarning(CacheWarning):
-    """``load`` found no usable plan and runs the function in eager."""
-
-
-class _Corrupt(Exception):
-    """Internal: an entry that cannot be used; ``file`` names the culprit."""
-
-    def __init__(self, file: Path, problem: str) -> None:
-        super().__init__(f"{file}: {problem}")
-        self.file = file
-        self.problem = problem
-
-
-# ---------------------------------------------------------------------------------------------
-# Keys
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What the generated code is compiled for: a CUDA device, or the CPU interpreter."""
-
-    kind: str  # "cuda" | "cpu"
-    name: str  # the GPU's name, or "cpu-interpreter"
-    capability: tuple[int, int] | None = None
-
-    @classmethod
-    def current(cls, device: torch.device | str | None = None) -> DeviceInfo:
-        """``device``'s GPU (CUDA device 0 when None and CUDA is available), else the interpreter."""
-        if device is not None:
-            device = torch.device(device)
-            if device.type != "cuda":
-                return cls("cpu", "cpu-interpreter")
-            index = device.index if device.index is not None else 0
-        elif torch.cuda.is_available():
-            index = 0
-        else:
-            return cls("cpu", "cpu-interpreter")
-        cap = torch.cuda.get_device_capability(index)
-        return cls("cuda", torch.cuda.get_device_name(index), (int(cap[0]), int(cap[1])))
-
-    def tag(self) -> str:
-        if self.kind != "cuda":
-            return self.name
-        major, minor = self.capability or (0, 0)
-        return f"{self.name} sm_{major}{minor}"
-
-
-def inputs_device(example_inputs: Any) -> torch.device | None:
-    """The device of the first tensor among the example inputs (None when there is none)."""
-    import torch.utils._pytree as pytree
-
-    for leaf in pytree.tree_leaves(tuple(example_inputs)):
-        if isinstance(leaf, torch.Tensor):
-            return leaf.device
-    return None
-
-
-def _triton_version() -> str:
-    try:
-        import triton
-    except ImportError:  # pragma: no cover - triton is a dependency
-        return "none"
-    return str(getattr(triton, "__version__", "unknown"))
-
-
-def _autofuse_version() -> str:
-    import autofuse  # lazily: autofuse/__init__ imports api, which may import this module
-
-    return str(getattr(autofuse, "__version__", "unknown"))
-
-
-def key_options(options: dict[str, Any] | None) -> dict[str, Any]:
-    """The options that take part in the key: all but :data:`TUNING_OPTIONS`."""
-    return {k: v for k, v in (options or {}).items() if k not in TUNING_OPTIONS}
-
-
-def _scalar_repr(v: Any) -> str:
-    return f"{type(v).__name__}:{v!r}"
-
-
-def key_parts(captured: Captured, device: DeviceInfo, options: dict | None = None) -> dict:
-    """What the key hashes, readable (plan.json stores it, to explain a miss)."""
-    opts = key_options(options)
-    return {
-        "format": CACHE_FORMAT,
-        "graph": captured.graph.key,
-        "nodes": len(captured.graph.nodes),
-        "scalars": [_scalar_repr(s) for s in captured.scalars],
-        "leaf_kinds": list(captured.leaf_kinds),
-        "param_names": list(captured.param_names),
-        "in_spec": str(captured.in_spec),
-        "out_spec": str(captured.out_spec),
-        "device": device.tag(),
-        "torch": str(torch.__version__),
-        "triton": _triton_version(),
-        "autofuse": _autofuse_version(),
-        "options": repr(sorted((str(k), repr(v)) for k, v in opts.items())),
-    }
-
-
-def plan_key(captured: Captured, device: DeviceInfo, options: dict | None = None) -> str:
-    """A hash of everything that changes the generated code or the output of the plan."""
-    parts = key_parts(captured, device, options)
-    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-def key_for(captured: Captured, example_inputs: Any, options: dict | None = None) -> str:
-    """The key ``load`` computes: the device is the example inputs' (what ``optimize`` must use)."""
-    return plan_key(captured, DeviceInfo.current(inputs_device(example_inputs)), options)
-
-
-def _check_key(key: str) -> None:
-    if not isinstance(key, str) or not _KEY_RE.match(key):
-        raise ValueError(
-            f"invalid cache key {key!r}: expected letters, digits, '_', '-' or '.' "
-            "(plan_key makes one)"
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# Encoding: tuples of primitives <-> JSON
-# ---------------------------------------------------------------------------------------------
-
-
-def _enc(v: Any, what: str) -> Any:
-    """A nested tuple of primitives -> JSON (tuples become lists; IR values never hold lists)."""
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, tuple):
-        return [_enc(x, what) for x in v]
-    raise TypeError(
-        f"cannot cache {what}: it holds a {type(v).__name__} ({v!r}); "
-        "cached values must be nested tuples of str/int/float/bool/None"
-    )
-
-
-def _dec(v: Any) -> Any:
-    """JSON -> the nested tuples it was (every list decodes to a tuple)."""
-    if isinstance(v, list):
-        return tuple(_dec(x) for x in v)
-    if isinstance(v, dict):
-        raise ValueError(f"unexpected JSON object {v!r} where a value was expected")
-    return v
-
-
-def _json_safe(v: Any) -> Any:
-    """Metadata -> JSON: anything that is not a primitive, a sequence or a dict is repr'd."""
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, dict):
-        return {str(k): _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return {f.name: _json_safe(getattr(v, f.name)) for f in dataclasses.fields(v)}
-    return repr(v)
-
-
-def _encode_node(node: Node) -> dict:
-    what = f"node {node.name or node.op}"
-    return {
-        "op": node.op,
-        "inputs": list(node.inputs),
-        "shape": list(node.shape),
-        "dtype": node.dtype,
-        "strides": list(node.strides),
-        "attrs": [[k, _enc(v, f"attribute {k} of {what}")] for k, v in node.attrs],
-        "name": node.name,
-    }
-
-
-def _decode_node(d: dict) -> Node:
-    return Node(
-        op=d["op"],
-        inputs=tuple(d["inputs"]),
-        shape=tuple(d["shape"]),
-        dtype=d["dtype"],
-        strides=tuple(d["strides"]),
-        attrs=tuple((str(k), _dec(v)) for k, v in d["attrs"]),
-        name=d.get("name", ""),
-    )
-
-
-def _encode_graph(graph: Graph) -> dict:
-    return {
-        "key": graph.key,
-        "nodes": [_encode_node(n) for n in graph.nodes],
-        "inputs": list(graph.inputs),
-        "outputs": list(graph.outputs),
-    }
-
-
-def _decode_graph(d: dict) -> Graph:
-    graph = Graph(
-        tuple(_decode_node(n) for n in d["nodes"]), tuple(d["inputs"]), tuple(d["outputs"])
-    )
-    if graph.key != d["key"]:
-        raise ValueError(f"the decoded graph has key {graph.key}, the entry says {d['key']}")
-    return graph
-
-
-def _config_classes() -> dict[str, type]:
-    from autofuse.kernels import config_classes
-
-    return config_classes()
-
-
-def _encode_dataclass(obj: Any, what: str) -> dict:
-    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
-        raise TypeError(f"cannot cache {what}: {type(obj).__name__} is not a dataclass")
-    return {f.name: _enc(getattr(obj, f.name), f"{what}.{f.name}") for f in dataclasses.fields(obj)}
-
-
-def _encode_config(config: Any) -> dict:
-    cls = type(config).__name__
-    if _config_classes().get(cls) is not type(config):
-        raise TypeError(f"cannot cache a launch config of type {type(config).__qualname__}")
-    return {"class": cls, "fields": _encode_dataclass(config, cls)}
-
-
-def _decode_config(d: dict) -> Any:
-    cls = _config_classes().get(d["class"])
-    if cls is None:
-        raise ValueError(f"unknown launch config class {d['class']!r}")
-    return cls(**{k: _dec(v) for k, v in d["fields"].items()})
-
-
-_KERNEL_SPECIAL = ("name", "source", "config", "info", "meta")
-
-
-def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
-    extra = {
-        f.name: _enc(getattr(kernel, f.name), f"kernel {kernel.name}.{f.name}")
-        for f in dataclasses.fields(kernel)
-        if f.name not in _KERNEL_SPECIAL
-    }
-    return {
-        "name": kernel.name,
-        "source_file": source_file,
-        "source_sha256": _sha(kernel.source.encode()),
-        "config": _encode_config(kernel.config),
-        "info": _encode_dataclass(kernel.info, f"kernel {kernel.name}.info"),
-        "meta": _encode_dataclass(kernel.meta, f"kernel {kernel.name}.meta"),
-        "fields": extra,
-    }
-
-
-def _decode_kernel(d: dict, source: str) -> Kernel:
-    return Kernel(
-        name=d["name"],
-        source=source,
-        config=_decode_config(d["config"]),
-        info=GroupInfo(**{k: _dec(v) for k, v in d["info"].items()}),
-        meta=KernelMeta(**{k: _dec(v) for k, v in d["meta"].items()}),
-        **{k: _dec(v) for k, v in d["fields"].items()},
-    )
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _canonical(payload: Any) -> bytes:
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
+from autofuse.cache.keys import (
+    _KEY_RE,
+    _STALE_SECONDS,
+    CACHE_FORMAT,
+    PLAN_FILE,
+    PLANS,
+    CacheWarning,
+    DeviceInfo,
+    _autofuse_version,
+    _check_key,
+    _Corrupt,
+    _triton_version,
+    inputs_device,
+    key_for,
+    key_parts,
+)
+from autofuse.plan.runtime import EagerStep, KernelStep, Plan
 
 # ---------------------------------------------------------------------------------------------
 # Writing
@@ -789,75 +504,3 @@ def _salvage(entry: Path) -> tuple[str, float | None, int]:
         return str(meta.get("function", "")), meta.get("created"), kernels
     except Exception:  # noqa: BLE001
         return "", None, 0
-
-
-# ---------------------------------------------------------------------------------------------
-# The production entry point
-# ---------------------------------------------------------------------------------------------
-
-_WARNED: set[tuple[str, str]] = set()  # (cache dir, key) misses already reported
-
-
-class EagerFunction:
-    """What ``load`` returns on a miss: calls the original function, unchanged."""
-
-    def __init__(self, fn: Callable[..., Any], key: str, reason: str) -> None:
-        self.fn = fn
-        self.__wrapped__ = fn
-        self.cache_key = key
-        self.reason = reason
-        self.plan = None
-        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        self.__doc__ = getattr(fn, "__doc__", None)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<autofuse eager fallback for {self.__name__} (cache key {self.cache_key})>"
-
-
-def _fn_name(fn: Any) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
-
-
-def load(
-    fn: Callable[..., Any],
-    example_inputs: Sequence[Any],
-    *,
-    cache_dir: str | os.PathLike = ".autofuse_cache",
-    strict: bool = False,
-    options: dict | None = None,
-) -> Callable[..., Any]:
-    """Run ``fn`` with the plan cached for these inputs: no tuning, no optuna.
-
-    On a miss (or an unusable entry) it returns ``fn`` itself, run in eager, after one warning
-    per key; with ``strict=True`` it raises :class:`CacheMiss` instead.
-    """
-    from autofuse.api import OptimizedFunction
-    from autofuse.capture.trace import capture
-
-    captured = capture(fn, example_inputs)
-    key = key_for(captured, example_inputs, options)
-    plan, meta, problem = _read_entry(cache_dir, key)
-    if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)
-        plan, problem = None, f"{entry_dir(cache_dir, key) / PLAN_FILE}: holds another graph"
-    if plan is not None:
-        opt = OptimizedFunction(captured, plan, fn)
-        opt.cache_key = key
-        opt.cache_metadata = meta
-        return opt
-    name = _fn_name(fn)
-    why = f"the cached entry is unusable: {problem}" if problem else "no cached plan"
-    msg = (
-        f"autofuse: {why} for {name} (key {key}) in {os.fspath(cache_dir)!r}. Run "
-        f"autofuse.optimize({name}, example_inputs, cache_dir={os.fspath(cache_dir)!r}) with "
-        "the same inputs (shapes, dtypes, device) and options first to tune and cache a plan."
-    )
-    if strict:
-        raise CacheMiss(msg)
-    seen = (os.path.abspath(cache_dir), key)
-    if seen not in _WARNED:
-        _WARNED.add(seen)
-        warnings.warn(msg + f" Running {name} in eager PyTorch.", CacheMissWarning, stacklevel=2)
-    return EagerFunction(fn, key, why)

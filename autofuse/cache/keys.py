@@ -1,0 +1,172 @@
+"""Cache keys: everything that changes a plan's output (graph, scalars, structure, device,
+versions, options) hashed into an entry name; and the cache's errors and warnings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autofuse.capture.trace import Captured
+
+CACHE_FORMAT = 2  # 2: kernels carry their metadata
+PLANS = "plans"
+PLAN_FILE = "plan.json"
+
+# Options of ``optimize`` that steer the search but not what a given plan computes: a plan tuned
+# with 20 trials and one tuned with 200 are interchangeable, so they share a key.
+TUNING_OPTIONS = frozenset(
+    {
+        "trials",
+        "time_budget",
+        "cache_dir",
+        "storage",
+        "sampler",
+        "verify",
+        "isolate",
+        "measurer",
+        "top_k",
+        "progress",
+        "study_name",
+        "strict",
+        "seed",
+        "retune",
+    }
+)
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_STALE_SECONDS = 3600.0  # leftover temp / trash directories older than this are swept
+
+
+class CacheMiss(LookupError):
+    """No usable cached plan for this function and these inputs (raised by strict ``load``)."""
+
+
+class CacheWarning(UserWarning):
+    """A cache entry that cannot be used (corrupt, truncated, another format)."""
+
+
+class CacheMissWarning(CacheWarning):
+    """``load`` found no usable plan and runs the function in eager."""
+
+
+class _Corrupt(Exception):
+    """Internal: an entry that cannot be used; ``file`` names the culprit."""
+
+    def __init__(self, file: Path, problem: str) -> None:
+        super().__init__(f"{file}: {problem}")
+        self.file = file
+        self.problem = problem
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the generated code is compiled for: a CUDA device, or the CPU interpreter."""
+
+    kind: str  # "cuda" | "cpu"
+    name: str  # the GPU's name, or "cpu-interpreter"
+    capability: tuple[int, int] | None = None
+
+    @classmethod
+    def current(cls, device: torch.device | str | None = None) -> DeviceInfo:
+        """``device``'s GPU (CUDA device 0 when None and CUDA is available), else the interpreter."""
+        if device is not None:
+            device = torch.device(device)
+            if device.type != "cuda":
+                return cls("cpu", "cpu-interpreter")
+            index = device.index if device.index is not None else 0
+        elif torch.cuda.is_available():
+            index = 0
+        else:
+            return cls("cpu", "cpu-interpreter")
+        cap = torch.cuda.get_device_capability(index)
+        return cls("cuda", torch.cuda.get_device_name(index), (int(cap[0]), int(cap[1])))
+
+    def tag(self) -> str:
+        if self.kind != "cuda":
+            return self.name
+        major, minor = self.capability or (0, 0)
+        return f"{self.name} sm_{major}{minor}"
+
+
+def inputs_device(example_inputs: Any) -> torch.device | None:
+    """The device of the first tensor among the example inputs (None when there is none)."""
+    import torch.utils._pytree as pytree
+
+    for leaf in pytree.tree_leaves(tuple(example_inputs)):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device
+    return None
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:  # pragma: no cover - triton is a dependency
+        return "none"
+    return str(getattr(triton, "__version__", "unknown"))
+
+
+def _autofuse_version() -> str:
+    import autofuse  # lazily: autofuse/__init__ imports api, which may import this module
+
+    return str(getattr(autofuse, "__version__", "unknown"))
+
+
+def key_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """The options that take part in the key: all but :data:`TUNING_OPTIONS`."""
+    return {k: v for k, v in (options or {}).items() if k not in TUNING_OPTIONS}
+
+
+def _scalar_repr(v: Any) -> str:
+    return f"{type(v).__name__}:{v!r}"
+
+
+def key_parts(captured: Captured, device: DeviceInfo, options: dict | None = None) -> dict:
+    """What the key hashes, readable (plan.json stores it, to explain a miss)."""
+    opts = key_options(options)
+    return {
+        "format": CACHE_FORMAT,
+        "graph": captured.graph.key,
+        "nodes": len(captured.graph.nodes),
+        "scalars": [_scalar_repr(s) for s in captured.scalars],
+        "leaf_kinds": list(captured.leaf_kinds),
+        "param_names": list(captured.param_names),
+        "in_spec": str(captured.in_spec),
+        "out_spec": str(captured.out_spec),
+        "device": device.tag(),
+        "torch": str(torch.__version__),
+        "triton": _triton_version(),
+        "autofuse": _autofuse_version(),
+        "options": repr(sorted((str(k), repr(v)) for k, v in opts.items())),
+    }
+
+
+def plan_key(captured: Captured, device: DeviceInfo, options: dict | None = None) -> str:
+    """A hash of everything that changes the generated code or the output of the plan."""
+    parts = key_parts(captured, device, options)
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def key_for(captured: Captured, example_inputs: Any, options: dict | None = None) -> str:
+    """The key ``load`` computes: the device is the example inputs' (what ``optimize`` must use)."""
+    return plan_key(captured, DeviceInfo.current(inputs_device(example_inputs)), options)
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise ValueError(
+            f"invalid cache key {key!r}: expected letters, digits, '_', '-' or '.' "
+            "(plan_key makes one)"
+        )

@@ -1,0 +1,96 @@
+"""``OptimizedFunction``: a plan run like the original function (same arguments, same result
+structure); calls the plan cannot run go to its backend path (``frontend.routing``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from autofuse.capture import Captured
+from autofuse.partition import Partition
+from autofuse.plan import InputError, Plan, execute
+from autofuse.report import format_summary, summarize
+
+
+def describe_refusals(graph, partition: Partition) -> tuple[str, ...]:
+    out = []
+    for r in partition.refusals:
+        a, b = graph[r.edge.a], graph[r.edge.b]
+        out.append(
+            f"cannot fuse {a.name or a.op} with {b.name or b.op} ({r.edge.kind}): {r.reason}"
+        )
+    return tuple(out)
+
+
+class OptimizedFunction:
+    """Runs a plan like the original function: same arguments, same result structure."""
+
+    def __init__(self, captured: Captured, plan: Plan, fn: Any = None, tuning: Any = None) -> None:
+        self.captured = captured
+        self.plan = plan
+        self._module = fn if isinstance(fn, torch.nn.Module) else None
+        self.tuning = tuning  # search results (times, trials), when the plan was tuned
+        # calls this plan cannot run (autograd, another module mode, kwargs) go through this
+        # torch.compile(backend=autofuse) path when optimize gave one (frontend/optimized.py)
+        self.autograd = None
+        self._training = self._module.training if self._module is not None else None
+        self.__name__ = f"autofuse_{captured.source_name}"
+        n = len(captured.leaf_kinds)
+        # the common call f(t0, t1, ...) of plain tensors needs no pytree walk
+        self._flat_call = (
+            self._module is None
+            and all(k == "tensor" for k in captured.leaf_kinds)
+            and captured.in_spec == pytree.tree_flatten(tuple(range(n)))[1]
+        )
+        self._leaf_out = captured.out_spec.is_leaf()
+
+    def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        c = self.captured
+        if self._flat_call and all(type(a) is torch.Tensor for a in args):
+            if len(args) != len(c.leaf_kinds):
+                raise InputError(f"the plan takes {len(c.leaf_kinds)} tensors, got {len(args)}")
+            return list(args)
+        leaves, spec = pytree.tree_flatten(tuple(args))
+        if spec != c.in_spec:
+            raise InputError(
+                f"arguments have structure {spec}, but the plan was captured with {c.in_spec}"
+            )
+        tensors, scalars = [], []
+        for leaf, kind in zip(leaves, c.leaf_kinds):
+            (tensors if kind == "tensor" else scalars).append(leaf)
+        for k, (got, want) in enumerate(zip(scalars, c.scalars)):
+            if got != want:
+                raise InputError(
+                    f"scalar argument {k} is {got!r}, but the plan was specialized for {want!r}"
+                )
+        if self._module is not None:
+            state = dict(self._module.named_parameters())
+            state.update(dict(self._module.named_buffers()))
+            tensors += [state[n].detach() for n in c.param_names]
+        return tensors
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or self._training is not None or torch.is_grad_enabled():
+            from autofuse.frontend.routing import call_routed, route
+
+            why = route(self, args, kwargs)
+            if why is not None:
+                return call_routed(self, why, args, kwargs)
+        flat = self.flat_inputs(args)
+        with torch.no_grad():
+            outs = execute(self.plan, flat)
+        if self._leaf_out:
+            return outs[0]
+        return pytree.tree_unflatten(outs, self.captured.out_spec)
+
+    def report(self) -> str:
+        times = None
+        if self.tuning is not None:
+            times = self.tuning.kernel_times
+        text = format_summary(summarize(self.plan, times))
+        if self.tuning is not None:
+            text += "\n" + self.tuning.summary()
+        return text

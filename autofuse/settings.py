@@ -1,0 +1,122 @@
+"""One settings object, read from the environment once, and one target description.
+
+``settings()`` reads every ``AUTOFUSE_*`` variable in one place (``reload_settings()`` reads
+them again, for tests and for programs that change the environment on purpose):
+
+- ``AUTOFUSE_CACHE_DIR``: the cache home (plans, kernels, studies); default a per-user folder,
+  ``$XDG_CACHE_HOME/autofuse`` or ``~/.cache/autofuse``. A ``cache_dir=`` argument overrides it.
+- ``AUTOFUSE_KERNEL_DIR``: where generated kernel sources are written to be imported; default
+  ``<cache home>/kernels``.
+- ``AUTOFUSE_STRICT``: a kernel that fails to build raises instead of running its ops in eager.
+- ``AUTOFUSE_LEAN_LAUNCH``: after a kernel's first call, launch its binary directly (default on).
+- ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
+  ``+autofuse``, ``all``); an unknown topic raises, naming the valid ones.
+
+``target()`` describes the device kernels are built and modeled for (kind, multiprocessors, L2,
+shared memory per block): the CUDA device when there is one, else an H100/H200-class default
+for the interpreter and the cost model. It is passed down instead of asking torch everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from pathlib import Path
+
+LOG_TOPICS = frozenset({"output_code", "search", "cache", "+autofuse", "all"})
+
+
+def _flag(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    if v is None:
+        return default
+    return v.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _cache_home() -> Path:
+    root = os.environ.get("AUTOFUSE_CACHE_DIR")
+    if root:
+        return Path(root).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "autofuse"
+
+
+def parse_logs(value: str) -> frozenset[str]:
+    """The topics of an ``AUTOFUSE_LOGS`` value; an unknown one raises naming the valid ones."""
+    topics = frozenset(t.strip() for t in value.split(",") if t.strip())
+    unknown = sorted(topics - LOG_TOPICS)
+    if unknown:
+        raise ValueError(
+            f"AUTOFUSE_LOGS: unknown topic(s) {unknown}; valid topics: {sorted(LOG_TOPICS)}"
+        )
+    return topics
+
+
+@dataclass(frozen=True)
+class Settings:
+    cache_dir: Path
+    kernel_dir: Path
+    strict: bool
+    lean_launch: bool
+    logs: frozenset[str]
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    cache = _cache_home()
+    kernels = os.environ.get("AUTOFUSE_KERNEL_DIR")
+    return Settings(
+        cache_dir=cache,
+        kernel_dir=Path(kernels).expanduser() if kernels else cache / "kernels",
+        strict=_flag("AUTOFUSE_STRICT", False),
+        lean_launch=_flag("AUTOFUSE_LEAN_LAUNCH", True),
+        logs=parse_logs(os.environ.get("AUTOFUSE_LOGS", "")),
+    )
+
+
+def reload_settings() -> Settings:
+    """Read the environment again (tests; programs that set AUTOFUSE_* after import)."""
+    settings.cache_clear()
+    return settings()
+
+
+@dataclass(frozen=True)
+class Target:
+    """The device kernels are generated, modeled and cached for."""
+
+    kind: str  # "cuda" or "cpu" (the interpreter)
+    name: str
+    sm_count: int
+    l2_bytes: int
+    smem_bytes: int  # shared memory per block
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+
+HOPPER = Target("cpu", "cpu (modeled as an H100/H200-class GPU)", 132, 50 * 2**20, 232448)
+
+
+@cache
+def target(device_index: int | None = None) -> Target:
+    """The CUDA device ``device_index`` (default: the current one), or ``HOPPER``'s description
+    where kernels run in Triton's interpreter or there is no GPU."""
+    import torch
+
+    from autofuse.interpreter import interpreting
+
+    if interpreting() or not torch.cuda.is_available():
+        return HOPPER
+    idx = torch.cuda.current_device() if device_index is None else device_index
+    p = torch.cuda.get_device_properties(idx)
+    smem = int(getattr(p, "shared_memory_per_block_optin", 0)) or HOPPER.smem_bytes
+    return Target(
+        "cuda",
+        torch.cuda.get_device_name(idx),
+        int(p.multi_processor_count),
+        int(getattr(p, "L2_cache_size", 0)) or HOPPER.l2_bytes,
+        smem,
+    )

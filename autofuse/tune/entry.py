@@ -1,0 +1,48 @@
+"""Tune a captured graph, or reuse the plan an earlier tuning run cached; cache the winner."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from autofuse.cache.disk import load_plan, save_plan
+from autofuse.cache.keys import key_for
+from autofuse.capture import Captured
+from autofuse.partition import Partitioner
+from autofuse.plan import Plan
+
+
+def tune_and_cache(
+    captured: Captured,
+    example_inputs: Sequence[Any],
+    space: Partitioner,
+    *,
+    retune: bool = False,
+    example_flat: Sequence[Any] | None = None,
+    **options: Any,
+) -> tuple[Plan, Any]:
+    """The cached plan for this graph and inputs (``(plan, None)``), or a tuned one saved under
+    ``cache_dir`` (``(plan, TuneResult)``)."""
+    from autofuse.tune.tuner import tune
+
+    cache_dir = options.setdefault("cache_dir", ".autofuse_cache")
+    key = key_for(captured, example_inputs)
+    if not retune:
+        plan = load_plan(cache_dir, key)
+        if plan is not None:
+            return plan, None
+    if retune and not options.get("study_name"):  # a fresh study, not a resumed one
+        options["study_name"] = (
+            f"autofuse-{captured.source_name}-{captured.graph.key}-{time.time_ns()}"
+        )
+    result = tune(captured, example_inputs, space, example_flat=example_flat, **options)
+    meta = {
+        "function": captured.source_name,
+        "value_s": result.value,
+        "source": result.source,
+        "trials": result.trials,
+        "kernel_times_s": {k: v[0] for k, v in result.kernel_times.items()},
+    }
+    save_plan(cache_dir, key, result.plan, meta)
+    return result.plan, result
