@@ -1,0 +1,48 @@
+"""experiments/bench_models.py end to end on CPU (Triton's interpreter): one tiny model, inference
+and a training step, eager and autofuse, one round; the JSON has both records, correct."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from experiments import bench_models  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_bench_models_tiny_cpu(tmp_path):
+    doc = bench_models.main([
+        "--out", str(tmp_path), "--size", "tiny", "--device", "cpu", "--models", "llama_sdpa",
+        "--modes", "inference,train", "--backends", "eager,autofuse", "--rounds", "1",
+        "--tag", "t",
+    ])  # fmt: skip
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["stamp"]["commit"] and saved["not_run"] == []
+    cases = {(c["model"], c["mode"]): c for c in saved["cases"]}
+    assert set(cases) == {("llama_sdpa", "inference"), ("llama_sdpa", "train")}
+    assert len(doc["cases"]) == 2
+    for (_, mode), c in cases.items():
+        assert "error" not in c, c.get("error")
+        assert set(c["backends"]) == {"eager", "autofuse"}
+        af = c["backends"]["autofuse"]
+        assert c["autofuse_correct"] is True and af["correct"] is True, af
+        assert af["max_rel_err_out"] <= c["tolerance"]
+        for b in ("eager", "autofuse"):
+            t = c["backends"][b]["times_us"]
+            assert 0 < t["min"] <= t["median"] and len(t["rounds"]) == 1
+            assert c["backends"][b]["compile_s"] > 0
+        assert c["speedup_autofuse_vs_eager"] > 0
+        assert af["kernels"] > 0 and af["kernels"] == sum(g["kernels"] for g in af["graphs"])
+        kinds = {g["kind"] for g in af["graphs"]}
+        assert kinds == ({"inference"} if mode == "inference" else {"forward", "backward"})
+        assert any("scaled_dot_product" in op for op in af["eager_ops"])  # SDPA: an eager step
+        if mode == "train":
+            assert af["n_grads"] > 0 and af["grads_over_tol"] == [] and af["grads_missing"] == []
