@@ -179,6 +179,12 @@ def _bitwise_not(node: Any, c: list[str], dt: str) -> str:
     return f"{c[0]} == 0" if dt == "bool" else f"~{c[0]}"
 
 
+def _copysign(node: Any, c: list[str], dt: str) -> str:
+    # |a| with b's sign bit (so -0.0 and a negative NaN give a negative result, as torch)
+    bits = "tl.int64" if dt == "float64" else "tl.int32"
+    return f"tl.where({c[1]}.to({bits}, bitcast=True) < 0, -tl.abs({c[0]}), tl.abs({c[0]}))"
+
+
 def _clamp(node: Any, c: list[str], dt: str) -> str:
     out = c[0]
     if node.attr("lo") is not None:
@@ -340,6 +346,7 @@ _ENTRIES: tuple[OpDef, ...] = (
     _binary("maximum", lambda n, c, dt: minmax("maximum", c[0], c[1], dt), torch.maximum),
     _binary("minimum", lambda n, c, dt: minmax("minimum", c[0], c[1], dt), torch.minimum),
     _binary("hypot", "_af_hypot({a}, {b})", torch.hypot, cost=2 * SFU, helper=HYPOT),
+    _binary("copysign", _copysign, torch.copysign),
     _compare("eq", "==", torch.eq),
     _compare("ne", "!=", torch.ne),
     _compare("lt", "<", torch.lt),
