@@ -62,8 +62,16 @@ def check_partitions(
             ]
             plan = build_plan(graph, p.groups, cfgs)
             outs = execute(plan, flat)
+            assert len(outs) == len(refs), (
+                f"{fn.__name__} partition {p.key}: {len(outs)} outputs, eager gives {len(refs)}"
+            )
             for k, (o, r) in enumerate(zip(outs, refs)):
                 what = f"{fn.__name__} partition {p.key} out {k} ({graph[graph.base_of(graph.outputs[k])].op})"
                 assert_close(o, r, dtype, what)
             checked += 1
+    # a check that compared nothing, or never a fused kernel, cannot fail: it is a defect
+    assert checked > 0, f"{fn.__name__}: no partition was checked"
+    assert any(len(g) > 1 for p in parts for g in p.groups) or len(graph.compute_nodes()) <= 1, (
+        f"{fn.__name__}: no checked partition fuses anything"
+    )
     return len(parts), checked
