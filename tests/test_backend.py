@@ -310,3 +310,31 @@ def test_requires_grad_without_autograd_support_raises():
     (g,) = torch.autograd.grad(out.sum(), w)
     (r,) = torch.autograd.grad(f(x, w).sum(), w)
     assert_close(g, r, torch.float32)
+
+
+@torch.library.custom_op("autofuse_test::scaled_and_count", mutates_args=())
+def _scaled_and_count(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return x * 2.0, 7
+
+
+@_scaled_and_count.register_fake
+def _(x):
+    return torch.empty_like(x), 7
+
+
+def test_multi_output_op_with_numbers_runs_in_eager_and_fuses_around():
+    """An op returning numbers beside its tensors (as CUDA's cuDNN SDPA returns its sequence
+    lengths): the tensor outputs are its eager step's, the numbers are read as constants."""
+
+    def f(x):
+        y, n = torch.ops.autofuse_test.scaled_and_count(x)
+        return (y + n).sigmoid()
+
+    x = torch.randn(5, 11)
+    captured = autofuse.capture(f, (x,))
+    ops = [node.op for node in captured.graph.nodes]
+    assert "opaque" in ops and "sigmoid" in ops
+    opt = autofuse.optimize(f, (x,))
+    torch.testing.assert_close(opt(x), f(x))
+    fast = torch.compile(f, backend="autofuse")
+    torch.testing.assert_close(fast(x), f(x))

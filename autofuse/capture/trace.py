@@ -312,7 +312,7 @@ def fx_to_ir(gm: torch.fx.GraphModule) -> Graph:
             b.env[fx_node] = idx
         elif fx_node.op == "output":
             for o in pytree.tree_leaves(fx_node.args[0]):
-                if not isinstance(o, torch.fx.Node):
+                if not isinstance(o, torch.fx.Node) or isinstance(b.env[o], Scalar):
                     raise CaptureError(f"the function returns a non-tensor {o!r}")
                 outputs.append(b.env[o])
         elif fx_node.op == "call_function":
@@ -334,7 +334,10 @@ def _convert(b: _Builder, n: torch.fx.Node) -> Any:
     if target is _operator_getitem():
         src = b.env[args[0]]
         if isinstance(src, tuple):
-            return src[args[1]]
+            item = src[args[1]]
+            if item is None and _is_number(val):  # an int / float output (cuDNN SDPA's sizes)
+                return Scalar(val)
+            return item
         return b.like("getitem", (src,), val, name, index=args[1])
     packet = _packet(target)
     overload = getattr(target, "_overloadname", "")
@@ -344,6 +347,17 @@ def _convert(b: _Builder, n: torch.fx.Node) -> Any:
         if converted is not None:
             return converted
     return _opaque(b, n)
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A number an op returns beside its tensors; its uses read the number itself."""
+
+    value: Any
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, bool))
 
 
 def _operator_getitem():
@@ -540,6 +554,8 @@ def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
     def enc(a):
         if isinstance(a, torch.fx.Node):
             idx = b.env[a]
+            if isinstance(idx, Scalar):
+                return idx.value
             if isinstance(idx, tuple):
                 raise CaptureError(f"{n.target} reads a multi-output value directly")
             if idx not in tensor_inputs:
@@ -557,7 +573,7 @@ def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
         return b.like("opaque", tensor_inputs, val, n.name, target=target, args=args, kwargs=kwargs)
     if (
         isinstance(val, (tuple, list))
-        and all(isinstance(v, torch.Tensor) or v is None for v in val)
+        and all(isinstance(v, torch.Tensor) or v is None or _is_number(v) for v in val)
         and any(isinstance(v, torch.Tensor) for v in val)
     ):
         # a multi-output op: one opaque node producing a tuple, one getitem node per output
@@ -575,7 +591,9 @@ def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
             )
         )
         return tuple(
-            None if v is None else b.like("getitem", (op,), v, f"{n.name}_{i}", index=i)
+            b.like("getitem", (op,), v, f"{n.name}_{i}", index=i)
+            if isinstance(v, torch.Tensor)
+            else None
             for i, v in enumerate(val)
         )
     raise CaptureError(f"cannot capture {target} ({n.name}): it returns {type(val).__name__}")
