@@ -44,6 +44,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from autofuse import logs
+from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan, build_plan, execute
@@ -155,6 +156,27 @@ def compiled_graphs() -> list[CompiledGraph]:
     return list(_COMPILED)
 
 
+def _untuned_plan(graph: Graph, kind: str, metas: Sequence[Any]) -> Plan:
+    """Without a search: the greedy plan, or, on a GPU where the graph has fused matmuls, the
+    faster of it and the same plan with its matmuls run by torch (cuBLAS) and their epilogues
+    still fused, timed once each on random inputs of the graph's shapes."""
+    space = Partitioner(graph)
+    greedy = space.greedy()
+    plan = build_plan(graph, greedy.groups, label=f"greedy {kind}")
+    lib = space.library_gemms(greedy)
+    if lib is None or not _device_of(metas).startswith("cuda") or interpreting():
+        return plan
+    from autofuse.measure import time_plan
+
+    challenger = build_plan(graph, lib.groups, label=f"cuBLAS + fused epilogues {kind}")
+    inputs = [_realize(m) for m in metas]
+    times = {p.label: time_plan(p, inputs, warmup_ms=10, rep_ms=40) for p in (plan, challenger)}
+    logs.log.info(
+        "autofuse backend: %s", ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in times.items())
+    )
+    return challenger if times[challenger.label] < times[plan.label] else plan
+
+
 def _realize(meta: torch.Tensor) -> torch.Tensor:
     """A real tensor with ``meta``'s shape, strides, dtype and device (for tuning)."""
     shape, strides = tuple(meta.shape), tuple(meta.stride())
@@ -242,8 +264,7 @@ class AutofuseBackend:
         if tuned:
             plan, tuning = self._tuned(graph, kind, metas)
         else:
-            space = Partitioner(graph)
-            plan, tuning = build_plan(graph, space.greedy().groups, label=f"greedy {kind}"), None
+            plan, tuning = _untuned_plan(graph, kind, metas), None
         with _PLANS_LOCK:
             _PLANS[key] = (plan, tuning)
         return plan, tuning
