@@ -27,7 +27,8 @@ VARIANTS = ("eager", *COMPILE, "autofuse greedy", "autofuse tuned")
 
 def worker(args, workloads: list[Workload], folder: Path, index: int, storage: str | None = None):
     """Tune every workload whose JSON is not complete. Worker 0 writes the results; the others
-    only run trials of the shared studies. Returns 0, or 1 where some workload failed."""
+    only run trials of the shared studies. Returns 0, or 1 where some workload failed. The
+    overall bar is the coordinator's where it started workers."""
     from tqdm import tqdm
 
     storage = storage or args.storage
@@ -36,7 +37,7 @@ def worker(args, workloads: list[Workload], folder: Path, index: int, storage: s
     todo = [w for w in workloads if not is_complete(folder / f"{w.name}.json")]
     code = 0
     bar = tqdm(total=len(workloads), initial=len(workloads) - len(todo), desc="workloads",
-               unit="workload", file=sys.stderr, disable=not (leader and args.progress))  # fmt: skip
+               unit="workload", file=sys.stderr, disable=not (leader and args.progress) or bool(args.run_dir))  # fmt: skip
     for w in todo:
         path = folder / f"{w.name}.json"
         if is_complete(path):  # another worker's, meanwhile

@@ -84,6 +84,7 @@ def _charts(folder: Path, rows: list[dict], hists: dict[str, list]) -> dict[str,
         ax.barh([i + k * h for i in range(len(rows))], [r[key] or 0 for r in rows], h,
                 label=label)  # fmt: skip
     ax.set_yticks([i + h for i in range(len(rows))], names)
+    ax.set_ylim(-0.5, len(rows))
     ax.axvline(1.0, color="k", lw=0.8)
     ax.set_xlabel("speedup of the tuned plan (x)")
     ax.legend(fontsize=8)

@@ -473,11 +473,13 @@ def _baselines(objective: Objective, greedy, unfused, ranked) -> list[tuple[int,
 
 
 def _value_of(objective: Objective, partition: Partition, done) -> float | None:
+    """The best recorded value of a trial with ``partition`` (other workers' trials too)."""
     best = None
     for r in done:
         c = objective.choices.get(r.number)
-        if c is not None and c.partition.key == partition.key:
-            best = c.value if best is None else min(best, c.value)
+        key = c.partition.key if c is not None else objective.space.from_decisions(r.params).key
+        if key == partition.key:
+            best = r.value if best is None else min(best, r.value)
     return best
 
 
