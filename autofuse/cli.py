@@ -1,4 +1,5 @@
-"""Command line: ``autofuse demo`` (the seed article's examples), ``autofuse cache list``."""
+"""Command line: ``autofuse demo`` (the seed article's examples), ``autofuse cache list``,
+``autofuse tune SPEC`` (overnight tuning of a list of workloads) and ``autofuse report DIR``."""
 
 from __future__ import annotations
 
@@ -58,6 +59,19 @@ def cache_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def tune(args: argparse.Namespace) -> int:
+    _ensure_backend()  # TRITON_INTERPRET before triton is imported, on a machine without GPU
+    from autofuse.tune import overnight
+
+    return overnight.main(args)
+
+
+def report(args: argparse.Namespace) -> int:
+    from autofuse.tune import runreport
+
+    return runreport.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="autofuse", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -69,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("action", choices=["list"])
     c.add_argument("--cache-dir", default=".autofuse_cache")
     c.set_defaults(func=cache_list)
+    from autofuse.tune.overnight import add_parser
+
+    add_parser(sub)
+    sub.choices["tune"].set_defaults(func=tune)
+    r = sub.add_parser("report", help="report.md and report.html for an autofuse tune folder")
+    r.add_argument("dir", help="a run folder written by autofuse tune")
+    r.set_defaults(func=report)
     args = p.parse_args(argv)
     return args.func(args)
 

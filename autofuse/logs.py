@@ -1,19 +1,29 @@
-"""Logging controlled by ``AUTOFUSE_LOGS`` (a comma-separated list, like ``TORCH_LOGS``).
+"""Logging controlled by ``AUTOFUSE_LOGS`` (a comma-separated list, like ``TORCH_LOGS``; an
+unknown topic raises, naming the valid ones).
 
-- ``output_code``: print the source of every generated kernel when a plan is built.
-- ``search``: log each trial of the search.
-- ``+autofuse``: debug logging of the whole package.
+- ``output_code``: print each kernel of a plan with the file it is imported from (when tuning,
+  the final plan's only).
+- ``search``: one line per trial of the search: number, time in µs or why it failed, params.
+- ``cache``: plan cache hits and misses (and continued studies).
+- ``+autofuse``: debug logging of the whole package; ``all``: every topic.
+
+Times a person reads are in µs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from autofuse.settings import settings
 
 log = logging.getLogger("autofuse")
+_quiet = threading.local()
 
 
 def enabled(topic: str) -> bool:
@@ -29,13 +39,45 @@ def configure() -> None:
         log.setLevel(logging.DEBUG)
 
 
+def us(seconds: float | None) -> str:
+    """A time in seconds as people read it here: ``12.3µs`` (``-`` for None)."""
+    return "-" if seconds is None else f"{seconds * 1e6:.4g}µs"
+
+
+def emit(topic: str, message: str) -> None:
+    """Print ``message`` under ``[autofuse <topic>]`` when the topic is on."""
+    if enabled(topic):
+        print(f"[autofuse {topic}] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def no_output_code() -> Iterator[None]:
+    """Plans built inside (the tuner's candidates) print no code."""
+    before = getattr(_quiet, "on", False)
+    _quiet.on = True
+    try:
+        yield
+    finally:
+        _quiet.on = before
+
+
+def kernel_file(source: str, name: str) -> str:
+    """The file ``source`` is imported from (written there if it is not yet)."""
+    from autofuse.kernels.loader import _write_checked, kernel_dir
+
+    path = kernel_dir() / f"{name}_{hashlib.sha256(source.encode()).hexdigest()[:20]}.py"
+    _write_checked(path, source.encode())
+    return str(path)
+
+
 def output_code(plan: Any) -> None:
-    """Print every kernel of ``plan`` when AUTOFUSE_LOGS contains output_code."""
-    if not enabled("output_code"):
+    """Print every kernel of ``plan`` with its file when AUTOFUSE_LOGS contains output_code."""
+    if not enabled("output_code") or getattr(_quiet, "on", False):
         return
     out = sys.stderr
     print(f"===== autofuse output code: {plan.label} ({len(plan.kernels)} kernels) =====", file=out)
     for k in plan.kernels:
+        print(f"# kernel {k.name}: {kernel_file(k.source, k.name)}", file=out)
         print(k.source, file=out)
     for fb in plan.fallbacks:
         print(f"# eager: {plan.graph[fb.node].name}: {fb.reason}", file=out)

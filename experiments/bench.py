@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import time
 import traceback
 import types
@@ -22,43 +21,11 @@ import warnings
 from pathlib import Path
 
 import torch
-import triton
-from triton.testing import do_bench
 
 import autofuse
 from autofuse.kernels import config_label
-from experiments.workloads import BY_NAME, SUITE, min_bytes
-
-
-def _git_commit() -> str:
-    """HEAD, marked ``-dirty`` when tracked files differ from it (a copied working tree, as on
-    the lent GPU machine, can carry an older .git: set AUTOFUSE_COMMIT there)."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-    except Exception:  # noqa: BLE001 - no git, or not a checkout
-        return "unknown"
-
-
-def stamp() -> dict:
-    commit = os.environ.get("AUTOFUSE_COMMIT") or _git_commit()
-    return {
-        "commit": commit,
-        "gpu": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "autofuse": autofuse.__version__,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def seconds(fn, args, rep_ms=200) -> float:
-    return do_bench(lambda: fn(*args), warmup=25, rep=rep_ms, return_mode="median") * 1e-3
+from autofuse.tune.roofline import ceilings, min_bytes, seconds, stamp
+from experiments.workloads import BY_NAME, SUITE
 
 
 def write_probe(out: str | Path, name: str, doc: dict) -> Path:
@@ -68,20 +35,6 @@ def write_probe(out: str | Path, name: str, doc: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"stamp": st, **doc}, indent=1))
     return path
-
-
-def ceilings() -> dict:
-    n = 2**30  # 1 GiB of bf16 per buffer (2 GiB each)
-    a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    b = torch.empty_like(a)
-    t_copy = seconds(lambda: b.copy_(a), ())
-    copy_bw = 2 * a.numel() * a.element_size() / t_copy
-    m = 8192
-    x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    t_mm = seconds(torch.mm, (x, y))
-    return {"copy_bytes_per_s": copy_bw, "bf16_mm_flops_per_s": 2 * m**3 / t_mm,
-            "copy_s": t_copy, "mm_s": t_mm}  # fmt: skip
 
 
 def _flat(out):

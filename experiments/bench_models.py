@@ -114,7 +114,7 @@ def stamp(device: str) -> dict:
     import triton
 
     import autofuse
-    from experiments.bench import _git_commit
+    from autofuse.tune.roofline import git_commit as _git_commit
 
     return {
         "commit": os.environ.get("AUTOFUSE_COMMIT") or _git_commit(),

@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from autofuse import logs
 from autofuse.cache.disk import (
     _read_entry,
     entry_dir,
@@ -69,6 +70,7 @@ def load(
     plan, meta, problem = _read_entry(cache_dir, key)
     if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)
         plan, problem = None, f"{entry_dir(cache_dir, key) / PLAN_FILE}: holds another graph"
+    logs.emit("cache", f"{'hit' if plan is not None else 'miss'}: {_fn_name(fn)} (key {key})")
     if plan is not None:
         opt = OptimizedFunction(captured, plan, fn)
         opt.cache_key = key

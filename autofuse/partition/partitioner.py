@@ -135,9 +135,34 @@ class Partitioner:
         return isinstance(self.check(group), GroupInfo)
 
     # -- decisions -> partition --------------------------------------------------------------
+    @cached_property
+    def edge_names(self) -> dict[Edge, str]:
+        """Each edge's readable decision name, the search parameter's: ``fuse:mul→add`` for a
+        producer and its consumer, ``fuse:sin&cos`` for two readers of one tensor; where two
+        edges would share a name, each of them names its node ids (``fuse:mul#3→add#4``).
+        Stable for a graph: a resumed study finds its parameters again."""
+        sep = {"vertical": "→", "horizontal": "&"}
+
+        def short(e: Edge) -> str:
+            return f"fuse:{self.graph[e.a].op}{sep[e.kind]}{self.graph[e.b].op}"
+
+        seen: dict[str, int] = {}
+        for e in self.edges:
+            seen[short(e)] = seen.get(short(e), 0) + 1
+        out = {}
+        for e in self.edges:
+            name = short(e)
+            if seen[name] > 1:
+                a, b = self.graph[e.a].op, self.graph[e.b].op
+                name = f"fuse:{a}#{e.a}{sep[e.kind]}{b}#{e.b}"
+            out[e] = name
+        return out
+
     def from_decisions(self, fuse: Mapping[str, bool]) -> Partition:
-        """Partition for a fuse/don't-fuse choice per edge name (a missing edge is not fused)."""
-        chosen = [e for e in self.edges if fuse.get(e.name, False)]
+        """Partition for a fuse/don't-fuse choice per edge, keyed by :attr:`edge_names` (or
+        the terse ``Edge.name``); a missing edge is not fused."""
+        names = self.edge_names
+        chosen = [e for e in self.edges if fuse.get(names[e], fuse.get(e.name, False))]
         comp = _union_find(self.nodes, chosen)
         groups: list[frozenset[int]] = []
         refusals: list[Refusal] = []
@@ -169,7 +194,7 @@ class Partitioner:
 
     def greedy(self) -> Partition:
         """Every legal fusion taken (edges in topological order of their consumer)."""
-        return self.from_decisions({e.name: True for e in self.edges})
+        return self.from_decisions({n: True for n in self.edge_names.values()})
 
     def library_gemms(self, partition: Partition) -> Partition | None:
         """``partition`` with every matmul split out of its group, to run as torch's own GEMM
@@ -182,16 +207,17 @@ class Partitioner:
         fuse = self.decisions_of(partition)
         for e in self.edges:
             if e.a in mms or e.b in mms:
-                fuse[e.name] = False
+                fuse[self.edge_names[e]] = False
         return self.from_decisions(fuse)
 
     def unfused(self) -> Partition:
         return Partition(tuple(frozenset({n}) for n in self.nodes))
 
     def decisions_of(self, partition: Partition) -> dict[str, bool]:
-        """Decisions that reproduce ``partition`` (every edge inside a group fused)."""
+        """Decisions that reproduce ``partition`` (every edge inside a group fused), keyed by
+        :attr:`edge_names`."""
         where = {n: k for k, g in enumerate(partition.groups) for n in g}
-        return {e.name: where[e.a] == where[e.b] for e in self.edges}
+        return {self.edge_names[e]: where[e.a] == where[e.b] for e in self.edges}
 
     # -- enumeration -------------------------------------------------------------------------
     def enumerate(self, limit: int = 20000) -> list[Partition]:
@@ -247,7 +273,7 @@ class Partitioner:
         tries = 0
         while len(seen) < n and tries < 20 * n:
             tries += 1
-            p = self.from_decisions({e.name: rng.random() < 0.5 for e in self.edges})
+            p = self.from_decisions({e.name: rng.random() < 0.5 for e in self.edges})  # terse
             seen.setdefault(p.key, p)
         return list(seen.values())
 

@@ -1,12 +1,19 @@
-"""Tune a captured graph, or reuse the plan an earlier tuning run cached; cache the winner."""
+"""Tune a captured graph, or reuse the plan an earlier tuning run cached; cache the winner.
+
+Asking for more trials than a cached plan was tuned with continues that plan's study (kept in
+the study storage, by default under ``cache_dir``) up to the new count; ``retune=True`` starts a
+fresh study.
+"""
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from autofuse.cache.disk import load_plan, save_plan
+from autofuse import logs
+from autofuse.cache.disk import load_metadata, load_plan, save_plan
 from autofuse.cache.keys import key_for
 from autofuse.capture import Captured
 from autofuse.partition import Partitioner
@@ -23,18 +30,26 @@ def tune_and_cache(
     **options: Any,
 ) -> tuple[Plan, Any]:
     """The cached plan for this graph and inputs (``(plan, None)``), or a tuned one saved under
-    ``cache_dir`` (``(plan, TuneResult)``)."""
+    ``cache_dir`` (``(plan, TuneResult)``). A cached plan tuned with fewer trials than
+    ``options["trials"]`` is tuned on: its study continues up to that many trials."""
+    from autofuse.tune.study import study_name
     from autofuse.tune.tuner import tune
 
     cache_dir = options.setdefault("cache_dir", ".autofuse_cache")
     key = key_for(captured, example_inputs)
+    where = f"{captured.source_name} (key {key[:16]}…) in {cache_dir!r}"
     if not retune:
         plan = load_plan(cache_dir, key)
-        if plan is not None:
-            return plan, None
+        if plan is None:
+            logs.emit("cache", f"miss: {where}: tuning")
+        else:
+            study = _continued_study(load_metadata(cache_dir, key) or {}, options, where)
+            if study is None:
+                return plan, None
+            options.setdefault("study_name", study)
     if retune and not options.get("study_name"):  # a fresh study, not a resumed one
-        options["study_name"] = (
-            f"autofuse-{captured.source_name}-{captured.graph.key}-{time.time_ns()}"
+        options["study_name"] = study_name(
+            captured.source_name, captured.graph.key, f"retune-{time.time_ns()}"
         )
     result = tune(captured, example_inputs, space, example_flat=example_flat, **options)
     meta = {
@@ -42,7 +57,34 @@ def tune_and_cache(
         "value_s": result.value,
         "source": result.source,
         "trials": result.trials,
+        "study": result.study_name,
         "kernel_times_s": {k: v[0] for k, v in result.kernel_times.items()},
     }
+    storage = options.get("storage")
+    if storage is None or isinstance(storage, str):
+        meta["storage"] = storage
     save_plan(cache_dir, key, result.plan, meta)
+    logs.emit("cache", f"saved: {where} ({result.trials} trials, study {result.study_name})")
     return result.plan, result
+
+
+def _continued_study(meta: dict, options: dict, where: str) -> str | None:
+    """The study to tune on when ``options`` ask for more trials than the cached plan had,
+    else None (the cached plan is used as it is)."""
+    asked, tuned, study = options.get("trials"), meta.get("trials"), meta.get("study")
+    if not asked or not isinstance(tuned, int) or tuned >= asked:
+        logs.emit("cache", f"hit: {where} (tuned with {tuned} trials)")
+        return None
+    same_storage = options.get("storage") == meta.get("storage")
+    if isinstance(study, str) and study and same_storage:
+        logs.emit("cache", f"hit: {where}: tuned with {tuned} trials; continuing study {study} "
+                           f"up to {asked}")  # fmt: skip
+        return study
+    logs.emit("cache", f"hit: {where} (tuned with {tuned} trials)")
+    warnings.warn(
+        f"autofuse: reused the plan cached for {where}, tuned with {tuned} trials (fewer than "
+        f"the {asked} asked for) by a study that cannot be continued here (not recorded, or in "
+        "another storage); pass retune=True to tune it again",
+        stacklevel=3,
+    )
+    return None

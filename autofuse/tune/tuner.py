@@ -13,7 +13,6 @@ so the result is never worse than the greedy or the unfused plan.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,8 +34,6 @@ from autofuse.kernels import (
 from autofuse.measure import (
     Candidate,
     CostModel,
-    GPUTimer,
-    Isolated,
     Measurement,
     Memo,
     describe_error,
@@ -46,6 +43,9 @@ from autofuse.measure import (
 )
 from autofuse.partition.partitioner import Partition, Partitioner
 from autofuse.plan.runtime import Plan, build_plan, eager_group
+from autofuse.tune.climb import OPTIONS, _option_switches, _polish, neighbours  # noqa: F401
+from autofuse.tune.study import OnTrial, default_measurer, group_param, isolated
+from autofuse.tune.study import study_name as _study_name
 
 
 @dataclass(frozen=True)
@@ -94,19 +94,6 @@ class TuneResult:
         return "\n".join(lines)
 
 
-def default_measurer(verify: bool = True, isolate: bool = False) -> Any:
-    """GPU timer on CUDA machines, else the analytical cost model (labelled 'modeled')."""
-    if torch.cuda.is_available():
-        if isolate:
-            return Isolated(("gpu", {"verify": verify}))
-        return GPUTimer(verify=verify)
-    return CostModel(verify=verify)
-
-
-def group_param(group: frozenset[int]) -> str:
-    return "cfg[" + ",".join(map(str, sorted(group))) + "]"
-
-
 class Objective:
     """The trial function: decisions -> partition -> configs -> measured cost."""
 
@@ -126,20 +113,21 @@ class Objective:
         return space if d in space else [d, *space]
 
     def __call__(self, trial: Any) -> float:
-        fuse = {e.name: trial.categorical(e.name, [True, False]) for e in self.space.edges}
+        names = self.space.edge_names.values()
+        fuse = {n: trial.categorical(n, [True, False]) for n in names}
         partition = self.space.from_decisions(fuse)
         total, configs = 0.0, []
         source = "measured"
         for group in partition.groups:
             if eager_group(self.graph, group):  # a lone matmul: torch.mm / cuBLAS
-                total += self.eager_node_cost(next(iter(group)))
+                total += search.check_time(self.eager_node_cost(next(iter(group))), "torch.mm")
                 configs.append(None)
                 continue
             info = self.space.check(group)
             assert isinstance(info, GroupInfo)
             options = self.configs_for(info)
             labels = [config_label(c) for c in options]
-            label = trial.categorical(group_param(group), labels)
+            label = trial.categorical(group_param(self.graph, group), labels)
             if label not in labels:  # a resumed study's enqueued point from another code version
                 raise search.TrialFailed(
                     f"group {sorted(group)}: config {label!r} is not in this group's space"
@@ -151,7 +139,7 @@ class Objective:
             total += m.seconds
             source = m.source
             configs.append(cfg)
-        total += self.eager_cost
+        total += search.check_time(self.eager_cost, "the eager ops' time")
         trial.set_note("partition", repr(partition.key))
         trial.set_note("source", source)
         self.choices[trial.number] = PlanChoice(partition, tuple(configs), total, source)
@@ -163,6 +151,11 @@ class Objective:
             m = self.measurer.measure(candidate)
         except Exception as e:  # noqa: BLE001 - a measurer's own bug fails that config only
             return Measurement.failed(f"measurer raised {describe_error(e)}", "measured")
+        if m.ok:  # a negative, NaN or infinite time fails that config with its reason
+            try:
+                search.check_time(m.seconds, f"the measured time of {config_label(cfg)}")
+            except search.TrialFailed as bad:
+                return Measurement.failed(bad.reason, m.source)
         if m.ok and self.example_values is not None:
             why = self.check_examples(candidate)
             if why:
@@ -188,7 +181,7 @@ class Objective:
                 continue
             info = self.space.check(g)
             cfg = configs[k] if configs else default_config(info, self.graph)
-            params[group_param(g)] = config_label(cfg)
+            params[group_param(self.graph, g)] = config_label(cfg)
         return params
 
     def flag_variants(self, partition: Partition) -> list[list[Any]]:
@@ -214,30 +207,6 @@ class Objective:
         return self._eager_memo[i]
 
 
-OPTIONS = ("TMA", "PERSISTENT", "SKIP", "PIPELINE", "HOIST")  # config fields that switch a feature
-
-
-def _one_field_changes(cfg: Any, space: Sequence[Any]) -> dict[str, list[Any]]:
-    """The configs of ``space`` that differ from ``cfg`` in exactly one field, by that field
-    (fields in declaration order, configs in ``space`` order)."""
-    names = [f.name for f in dataclasses.fields(cfg)]
-    out: dict[str, list[Any]] = {n: [] for n in names}
-    for c in space:
-        if type(c) is not type(cfg):
-            continue
-        diff = [n for n in names if getattr(c, n) != getattr(cfg, n)]
-        if len(diff) == 1:
-            out[diff[0]].append(c)
-    return out
-
-
-def _option_switches(cfg: Any, space: Sequence[Any]) -> list[Any]:
-    """For each option field, the first config of ``space`` that differs from ``cfg`` in that
-    field alone (in ``space`` order)."""
-    firsts = [cs[0] for n, cs in _one_field_changes(cfg, space).items() if n in OPTIONS and cs]
-    return sorted(firsts, key=list(space).index)
-
-
 def _node_cost(graph, i: int, measurer) -> float:
     """Time of one eager op: measured where the measurer can (GPU), else modeled."""
     fn = getattr(measurer, "eager_time", None) or getattr(
@@ -259,38 +228,50 @@ def _eager_cost(graph, measurer) -> float:
     )
 
 
-def tune(
+@dataclass
+class Search:
+    """One worker's part of a study: the objective, the study and what the result needs."""
+
+    objective: Objective
+    study: search.Study
+    memo: Memo
+    greedy: Partition
+    unfused: Partition
+    library: Partition | None
+    owned: Any = None  # a worker process this search started (closed at the end)
+    started: float = field(default_factory=time.perf_counter)
+
+    def close(self) -> None:
+        if self.owned is not None:
+            self.owned.close()
+
+
+def start_search(
     captured: Captured,
     example_inputs: Sequence[Any],
     space: Partitioner,
     *,
-    trials: int | None = None,
-    time_budget: float | None = None,
     cache_dir: str = ".autofuse_cache",
-    storage: str | None = None,
-    sampler: str | search.SamplerSpec = "tpe",
+    storage: Any = None,
+    sampler: Any = "tpe",
     verify: bool = True,
-    isolate: bool = False,
+    isolate: bool | float = False,
     measurer: Any = None,
-    top_k: int = 3,
-    progress: bool = True,
     study_name: str | None = None,
-    polish: int = 16,
     example_flat: Sequence[torch.Tensor] | None = None,
-) -> TuneResult:
-    """Search partitions x configs; return the best plan, re-timed end to end on the GPU.
-
-    Where candidates are verified (``verify`` with the default measurer, or a measurer whose
-    ``verify`` is True), each is also checked on the example inputs (``example_flat``: the
-    graph's flat input tensors, module parameters included; by default the tensors of
-    ``example_inputs``) and rejected if it fails there."""
+) -> Search:
+    """Open (or resume) the study of this graph and enqueue the starting points. ``storage``
+    and ``sampler`` may be names / URLs or Optuna objects (passed through)."""
     t0 = time.perf_counter()
     graph = captured.graph
-    memo = (
-        measurer
-        if isinstance(measurer, Memo)
-        else Memo(measurer or default_measurer(verify, isolate))
-    )
+    inner = measurer.inner if isinstance(measurer, Memo) else measurer
+    owned = None
+    if inner is None:
+        inner = default_measurer(verify, isolate)
+        owned = inner if isolate else None
+    elif isolate:
+        inner = owned = isolated(inner, isolate)
+    memo = measurer if isinstance(measurer, Memo) and inner is measurer.inner else Memo(inner)
     eager = _eager_cost(graph, memo.inner)
     # the example-input check goes with verification: the default measurers' (``verify``), or
     # a given measurer's own (its ``verify`` field); fake timers in tests have neither
@@ -298,7 +279,7 @@ def tune(
     values = _example_values(captured, example_inputs, example_flat) if checks else None
     objective = Objective(graph, space, memo, eager, values)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu-model"
-    name = study_name or f"autofuse-{captured.source_name}-{graph.key}-{device.replace(' ', '_')}"
+    name = study_name or _study_name(captured.source_name, graph.key, device)
     study = search.Study.open(name, storage=storage, cache_dir=cache_dir, sampler=sampler)
     greedy, unfused = space.greedy(), space.unfused()
     study.enqueue(objective.params_for(greedy))
@@ -308,55 +289,117 @@ def tune(
         study.enqueue(objective.params_for(library))
     for configs in objective.flag_variants(greedy):  # each option measured at least once
         study.enqueue(objective.params_for(greedy, configs))
+    return Search(objective, study, memo, greedy, unfused, library, owned, t0)
+
+
+def run_search(
+    run: Search,
+    trials: int | None,
+    time_budget: float | None,
+    progress: bool = True,
+    wait_s: float = 300.0,
+    desc: str = "autofuse tuning",
+) -> bool:
+    """Run this worker's trials of the shared budget, then wait (up to ``wait_s``) for other
+    workers' running trials. False when some were still running at the time-out."""
     budget = search.Budget(trials=trials, seconds=time_budget)
-    bar = search.progress_bar(trials, "autofuse tuning") if progress else None
+    on_trial = OnTrial(run.study, trials, progress, desc)
     try:
-        study.optimize(objective, budget, on_trial=bar)
+        run.study.optimize(run.objective, budget, on_trial=on_trial)
     finally:
-        if bar is not None:
-            bar.close()
-    records = study.trials
+        on_trial.close()
+    return run.study.wait_for_running(timeout_s=wait_s)
+
+
+def tune(
+    captured: Captured,
+    example_inputs: Sequence[Any],
+    space: Partitioner,
+    *,
+    trials: int | None = None,
+    time_budget: float | None = None,
+    top_k: int = 3,
+    progress: bool = True,
+    polish: int = 16,
+    wait_s: float = 300.0,
+    desc: str = "autofuse tuning",
+    **options: Any,
+) -> TuneResult:
+    """Search partitions x configs; return the best plan, re-timed end to end on the GPU.
+
+    ``options`` are :func:`start_search`'s (``cache_dir``, ``storage``, ``sampler``,
+    ``verify``, ``isolate``, ``measurer``, ``study_name``, ``example_flat``). Where
+    candidates are verified (``verify`` with the default measurer, or a measurer whose
+    ``verify`` is True), each is also checked on the example inputs (``example_flat``: the
+    graph's flat input tensors, module parameters included; by default the tensors of
+    ``example_inputs``) and rejected if it fails there. Workers sharing the study share
+    ``trials``; after its own trials a worker waits ``wait_s`` for the others' running ones."""
+    run = start_search(captured, example_inputs, space, **options)
+    try:
+        settled = run_search(run, trials, time_budget, progress, wait_s, desc)
+        return _finish(run, captured, example_inputs, top_k, polish, time_budget, settled)
+    finally:
+        run.close()
+
+
+def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, settled):
+    objective, study, graph = run.objective, run.study, captured.graph
+    greedy, unfused, library = run.greedy, run.unfused, run.library
+    records = [r for r in study.trials if r.reason != search.BUDGET_SPENT_REASON]
     done = [r for r in records if r.state == search.TrialState.COMPLETE]
     if not done:
-        reasons = "; ".join(sorted({r.reason or "?" for r in records})[:5])
-        raise RuntimeError(f"no candidate plan passed: every trial failed ({reasons})")
+        raise RuntimeError(_nothing_done(study, records, settled))
     ranked = _distinct_best(done, objective, top_k)
     if polish:
         # the polish may take as long again as the search's time budget
-        deadline = t0 + 2 * time_budget if time_budget else None
+        deadline = run.started + 2 * time_budget if time_budget else None
         polished = _polish(objective, ranked[0][1], polish, deadline)
         if polished is not None:
             ranked.insert(0, (-3, polished))
     ranked += _baselines(objective, greedy, unfused, ranked)  # re-timed too: never worse
-    plans = [
-        (c, build_plan(graph, c.partition.groups, c.configs, label=f"trial {n}")) for n, c in ranked
-    ]
+    with logs.no_output_code():  # candidates print nothing; the winner does, below
+        plans = [(c, build_plan(graph, c.partition.groups, c.configs, label=f"trial {n}"))
+                 for n, c in ranked]  # fmt: skip
     g = _replay(objective, objective.params_for(greedy))
     keys = [(c.partition.key, c.configs) for c, _ in plans]
     incumbent = keys.index((g.partition.key, g.configs)) if g is not None else None
     best_choice, best_plan, e2e = _pick(plans, example_inputs, captured, incumbent)
-    greedy_v = _value_of(objective, greedy, done)
-    unfused_v = _value_of(objective, unfused, done)
-    library_v = _value_of(objective, library, done) if library is not None else None
     best_plan = dataclasses.replace(best_plan, label="tuned")
-    times = _kernel_times(best_plan, graph, memo)
+    logs.output_code(best_plan)
+    counts = study.counts
     result = TuneResult(
         plan=best_plan,
         value=best_choice.value,
         source=best_choice.source,
-        greedy_value=greedy_v,
-        unfused_value=unfused_v,
+        greedy_value=_value_of(objective, greedy, done),
+        unfused_value=_value_of(objective, unfused, done),
         eager_value=None,
-        trials=len(records),
-        failed=sum(r.state == search.TrialState.FAIL for r in records),
-        seconds=time.perf_counter() - t0,
-        kernel_times=times,
-        study_name=name,
+        trials=counts.total,
+        failed=counts.failed,
+        seconds=time.perf_counter() - run.started,
+        kernel_times=_kernel_times(best_plan, graph, run.memo),
+        study_name=study.name,
         end_to_end=e2e,
-        library_value=library_v,
+        library_value=_value_of(objective, library, done) if library is not None else None,
     )
     logs.log.info(result.summary())
     return result
+
+
+def _nothing_done(study: search.Study, records, settled: bool) -> str:
+    """Why no trial is COMPLETE: every trial failed (their reasons), or other workers took the
+    shared budget and their trials are still running (not a failure of the search)."""
+    counts = study.counts
+    if not settled or counts.running:
+        return (
+            f"study {study.name}: no finished trial yet: other workers took the shared budget "
+            f"and {counts.running} of their trials are still running; run again (the study "
+            "resumes) or wait for them"
+        )
+    if not records:
+        return f"study {study.name}: no trial ran (a budget of 0 trials or 0 seconds?)"
+    reasons = "; ".join(sorted({r.reason or "?" for r in records})[:5])
+    return f"no candidate plan passed: every trial failed ({reasons})"
 
 
 def _example_values(captured: Captured, example_inputs, example_flat) -> dict | None:
@@ -378,68 +421,6 @@ def _example_values(captured: Captured, example_inputs, example_flat) -> dict | 
         return None
     with torch.no_grad():
         return node_values(graph, list(flat))
-
-
-def _polish(
-    objective: Objective, best: PlanChoice, budget: int, deadline: float | None = None
-) -> PlanChoice | None:
-    """The best plan's partition with each kernel's config improved by hill climbing over its
-    config space (``_climb``). The sampler spends its trials across partitions and may have
-    timed only a default config of the winner's kernels; the plan's cost is a sum over kernels,
-    so each climbs alone. None where nothing got faster."""
-    configs, value = list(best.configs), best.value
-    for k, group in enumerate(best.partition.groups):
-        if configs[k] is None:  # a lone matmul run by torch
-            continue
-        info = objective.space.check(group)
-        start = objective.measure(info, configs[k])
-        if start.ok:
-            configs[k], end = _climb(objective, info, configs[k], start, budget, deadline)
-            value -= start.seconds - end.seconds
-    if tuple(configs) == best.configs:
-        return None
-    return PlanChoice(best.partition, tuple(configs), value, best.source)
-
-
-def _climb(objective: Objective, info: GroupInfo, cfg: Any, now: Measurement, budget: int,
-           deadline: float | None) -> tuple[Any, Measurement]:  # fmt: skip
-    """From ``cfg`` (timed ``now``), move to the first neighbour (one field changed) that times
-    faster, until none does, ``budget`` configs are timed or ``deadline`` (perf_counter) passes."""
-    space = objective.configs_for(info)
-    tried = {cfg}
-    moved = True
-    while moved and len(tried) < budget:
-        moved = False
-        for other in neighbours(cfg, space):
-            if len(tried) >= budget or (deadline is not None and time.perf_counter() > deadline):
-                break
-            if other in tried:
-                continue
-            tried.add(other)
-            m = objective.measure(info, other)
-            if m.ok and m.seconds < now.seconds:
-                cfg, now, moved = other, m, True
-                break
-    return cfg, now
-
-
-def neighbours(cfg: Any, space: Sequence[Any]) -> list[Any]:
-    """Configs of ``space`` that differ from ``cfg`` in one field, field by field (on/off options
-    first), the nearest values first."""
-    if not dataclasses.is_dataclass(cfg):
-        return []
-
-    def distance(c: Any, n: str) -> float:
-        a, b = getattr(cfg, n), getattr(c, n)
-        if isinstance(a, bool) or not isinstance(a, int) or a <= 0 or b <= 0:
-            return 0.0
-        return abs(math.log2(b / a))
-
-    changes = _one_field_changes(cfg, space)
-    out = []
-    for n in sorted(changes, key=lambda n: n not in OPTIONS):
-        out += sorted(changes[n], key=lambda c: distance(c, n))
-    return out
 
 
 def _distinct_best(done, objective: Objective, k: int) -> list[tuple[int, PlanChoice]]:
@@ -492,11 +473,13 @@ def _baselines(objective: Objective, greedy, unfused, ranked) -> list[tuple[int,
 
 
 def _value_of(objective: Objective, partition: Partition, done) -> float | None:
+    """The best recorded value of a trial with ``partition`` (other workers' trials too)."""
     best = None
     for r in done:
         c = objective.choices.get(r.number)
-        if c is not None and c.partition.key == partition.key:
-            best = c.value if best is None else min(best, c.value)
+        key = c.partition.key if c is not None else objective.space.from_decisions(r.params).key
+        if key == partition.key:
+            best = r.value if best is None else min(best, r.value)
     return best
 
 

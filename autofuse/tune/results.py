@@ -1,0 +1,279 @@
+"""One worker of ``autofuse tune``: tune each workload, time it beside eager and torch.compile,
+write its JSON; and ``summary.csv`` over a run folder.
+
+Times in the files a person reads are in µs; every time says where it comes from: "measured"
+(the GPU, this run), "modeled" (the cost model, no GPU) or "not measured" (torch.compile on a
+CPU: the interpreter is not timed against it).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any
+
+from autofuse.tune.runfiles import RUN_FILE, Workload, is_complete, read_json, write_json
+
+MODES = ("default", "max-autotune-no-cudagraphs")
+COMPILE = tuple(f"torch.compile {m}" for m in MODES)
+VARIANTS = ("eager", *COMPILE, "autofuse greedy", "autofuse tuned")
+
+
+def worker(args, workloads: list[Workload], folder: Path, index: int, storage: str | None = None):
+    """Tune every workload whose JSON is not complete. Worker 0 writes the results; the others
+    only run trials of the shared studies. Returns 0, or 1 where some workload failed. The
+    overall bar is the coordinator's where it started workers."""
+    from tqdm import tqdm
+
+    storage = storage or args.storage
+    leader = index == 0
+    ceil = _ceilings(folder) if leader else None
+    todo = [w for w in workloads if not is_complete(folder / f"{w.name}.json")]
+    code = 0
+    bar = tqdm(total=len(workloads), initial=len(workloads) - len(todo), desc="workloads",
+               unit="workload", file=sys.stderr, disable=not (leader and args.progress) or bool(args.run_dir))  # fmt: skip
+    for w in todo:
+        path = folder / f"{w.name}.json"
+        if is_complete(path):  # another worker's, meanwhile
+            bar.update(1)
+            continue
+        try:
+            rec = tune_workload(w, args, storage, ceil, leader)
+        except Exception as e:  # noqa: BLE001 - one failing workload must not lose the others
+            code = 1
+            rec = {"workload": w.name, "complete": False, "error": f"{type(e).__name__}: {e}",
+                   "traceback": traceback.format_exc()}  # fmt: skip
+            print(f"autofuse tune: {w.name}: {rec['error']}", file=sys.stderr, flush=True)
+        if leader and rec is not None:
+            write_json(path, rec)
+            write_summary(folder)
+            tuned = rec.get("times_us", {}).get("autofuse tuned", {}).get("us")
+            bar.set_postfix({"last": w.name, "tuned": f"{tuned:.4g}µs" if tuned else "-"})
+        bar.update(1)
+    bar.close()
+    return code
+
+
+def _ceilings(folder: Path) -> dict:
+    """The run's ceilings (measured once per run on a GPU, kept in run.json for resumes)."""
+    import torch
+
+    from autofuse.tune.roofline import ceilings, modeled_ceilings
+
+    doc = read_json(folder / RUN_FILE) or {}
+    if "ceilings" not in doc:
+        doc["ceilings"] = ceilings() if torch.cuda.is_available() else modeled_ceilings()
+        write_json(folder / RUN_FILE, doc)
+    return doc["ceilings"]
+
+
+def _own_code(fn, tag: str):
+    """``fn`` with a code object of its own: dynamo keeps compiled code per code object, and
+    each torch.compile mode must stay callable until the timing rounds."""
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    name = f"{fn.__name__}_{''.join(ch if ch.isalnum() else '_' for ch in tag)}"
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def _flat(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def max_rel_err(out, ref) -> float:
+    import torch
+
+    worst = 0.0
+    for o, r in zip(_flat(out), _flat(ref)):
+        o, r = o.double(), r.double()
+        finite = torch.isfinite(r)
+        if not finite.any():
+            continue
+        scale = max(r[finite].abs().max().item(), 1e-30)
+        worst = max(worst, (o[finite] - r[finite]).abs().max().item() / scale)
+    return worst
+
+
+def tune_workload(w: Workload, args, storage: str | None, ceil: dict | None, leader: bool):
+    """Tune ``w`` (its study shared by every worker); the leader returns its record."""
+    import torch
+
+    from autofuse.capture import capture
+    from autofuse.partition import Partitioner
+    from autofuse.runner import OptimizedFunction
+    from autofuse.tune.tuner import run_search, start_search, tune
+
+    cuda = torch.cuda.is_available()
+    target = w.target()
+    inputs = tuple(w.inputs("cuda" if cuda else "cpu"))
+    captured = capture(target, inputs)
+    space = Partitioner(captured.graph)
+    flat = OptimizedFunction(captured, None, target).flat_inputs(inputs)
+    trials = w.trials if w.trials is not None else args.trials
+    budget = w.time_budget if w.time_budget is not None else args.time_budget
+    opts = dict(storage=storage, study_name=f"overnight-{w.name}-{captured.graph.key[:12]}",
+                example_flat=flat)  # fmt: skip
+    if not leader:
+        run = start_search(captured, inputs, space, **opts)
+        try:
+            run_search(run, trials, budget, progress=False, wait_s=0.0)
+        finally:
+            run.close()
+        return None
+    t0 = time.perf_counter()
+    result = tune(captured, inputs, space, trials=trials, time_budget=budget, polish=args.polish,
+                  progress=args.progress, desc=w.name, **opts)  # fmt: skip
+    tuning_s = time.perf_counter() - t0
+    tuned = OptimizedFunction(captured, result.plan, target, result)
+    return _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, ceil, opts)
+
+
+def _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, ceil, opts):
+    import torch
+
+    import search
+    from autofuse.plan import build_plan
+    from autofuse.report import summarize
+    from autofuse.runner import OptimizedFunction
+    from autofuse.tune.roofline import floor_s, min_bytes, stamp
+
+    with torch.no_grad():
+        outputs = _flat(target(*inputs))
+    nbytes = min_bytes(flat, outputs)
+    flops = float(w.flops(inputs) if callable(w.flops) else w.flops or 0.0)
+    floor = floor_s(nbytes, flops, ceil)
+    rec: dict[str, Any] = {"workload": w.name, "complete": True, **stamp()}
+    if torch.cuda.is_available():
+        greedy_plan = build_plan(captured.graph, space.greedy().groups, label="greedy")
+        greedy = OptimizedFunction(captured, greedy_plan, target)
+        times, extra = _measure_gpu(w, target, inputs, greedy, tuned)
+        rec.update(extra)
+    else:
+        why = "not measured: no GPU (Triton's interpreter is not timed against torch.compile)"
+        times = {v: {"us": None, "source": why} for v in ("eager", *COMPILE)}
+        times["autofuse greedy"] = _us(result.greedy_value, "modeled")
+        times["autofuse unfused"] = _us(result.unfused_value, "modeled")
+        times["autofuse tuned"] = _us(result.value, result.source)
+    rows = summarize(result.plan, result.kernel_times).rows
+    study = search.Study.open(opts["study_name"], storage=opts["storage"])
+    tuned_us = times["autofuse tuned"]["us"]
+    rec.update({
+        "times_us": times,
+        "tuned_source": times["autofuse tuned"]["source"],
+        "min_bytes": nbytes,
+        "flops": flops,
+        "ceilings": ceil,
+        "floor_us": floor * 1e6,
+        "floor_source": ceil.get("source", "measured"),
+        "fraction_of_floor": (floor * 1e6 / tuned_us) if tuned_us else None,
+        "tuning_s": tuning_s,
+        "trials": result.trials,
+        "failed_trials": result.failed,
+        "study": study.name,
+        "kernels": [{"kernel": r.name, "kind": r.kind, "ops": list(r.ops), "config": r.config,
+                     "time_us": None if r.time_s is None else r.time_s * 1e6,
+                     "source": r.time_source} for r in rows],
+        "partition": [f"{r.name}: {' + '.join(r.ops)}" for r in rows],
+        "history": [[t.number, t.value, t.state.value] for t in study.trials],
+        "report": tuned.report(),
+    })  # fmt: skip
+    return rec
+
+
+def _us(seconds: float | None, source: str) -> dict:
+    return {"us": None if seconds is None else seconds * 1e6, "source": source}
+
+
+def _measure_gpu(w, target, inputs, greedy, tuned, n_rounds: int = 3):
+    """Eager, both torch.compile modes, the greedy and the tuned plan, timed in interleaved
+    rounds after every compile (min of rounds); compile times and errors vs eager."""
+    import torch
+
+    from autofuse.tune.roofline import seconds
+
+    ref = target(*inputs)
+    extra: dict[str, Any] = {"compile_s": {}, "max_rel_err_vs_eager": {}, "errors": {}}
+    order = [("eager", target)]
+    torch._dynamo.reset()
+    for mode, label in zip(MODES, COMPILE):
+        try:
+            t0 = time.perf_counter()
+            fn = target if isinstance(target, torch.nn.Module) else _own_code(target, mode)
+            c = torch.compile(fn, mode=None if mode == "default" else mode)
+            extra["max_rel_err_vs_eager"][label] = max_rel_err(c(*inputs), ref)
+            extra["compile_s"][label] = time.perf_counter() - t0
+            order.append((label, c))
+        except Exception as e:  # noqa: BLE001 - recorded; the other variants still run
+            extra["errors"][label] = f"{type(e).__name__}: {e}"
+    order += [("autofuse greedy", greedy), ("autofuse tuned", tuned)]
+    extra["max_rel_err_vs_eager"]["autofuse tuned"] = max_rel_err(tuned(*inputs), ref)
+    rounds: dict[str, list[float]] = {name: [] for name, _ in order}
+    for r in range(n_rounds):  # the order alternates: no variant is always timed hottest
+        for name, f in order if r % 2 == 0 else order[::-1]:
+            rounds[name].append(seconds(f, inputs, rep_ms=100))
+    times = {name: _us(min(ts), "measured") for name, ts in rounds.items()}
+    for label in COMPILE:
+        if label not in times:
+            times[label] = {"us": None, "source": f"failed: {extra['errors'][label]}"}
+    return times, extra
+
+
+SUMMARY_COLUMNS = ("workload", "eager_us", "compile_default_us", "compile_max_autotune_us",
+                   "greedy_us", "tuned_us", "tuned_source", "floor_us", "fraction_of_floor",
+                   "speedup_vs_eager", "speedup_vs_best_compile", "speedup_vs_greedy",
+                   "trials", "tuning_s")  # fmt: skip
+
+
+def summary_row(rec: dict) -> dict:
+    t = rec.get("times_us", {})
+
+    def us(key: str) -> float | None:
+        return t.get(key, {}).get("us")
+
+    tuned = us("autofuse tuned")
+    compiles = [v for v in (us(c) for c in COMPILE) if v]
+
+    def ratio(base: float | None) -> float | None:
+        return base / tuned if base and tuned else None
+
+    return {
+        "workload": rec["workload"], "eager_us": us("eager"), "compile_default_us": us(COMPILE[0]),
+        "compile_max_autotune_us": us(COMPILE[1]), "greedy_us": us("autofuse greedy"),
+        "tuned_us": tuned, "tuned_source": rec.get("tuned_source"), "floor_us": rec.get("floor_us"),
+        "fraction_of_floor": rec.get("fraction_of_floor"), "speedup_vs_eager": ratio(us("eager")),
+        "speedup_vs_best_compile": ratio(min(compiles) if compiles else None),
+        "speedup_vs_greedy": ratio(us("autofuse greedy")), "trials": rec.get("trials"),
+        "tuning_s": rec.get("tuning_s"),
+    }  # fmt: skip
+
+
+def workload_records(folder: Path) -> list[dict]:
+    """The complete workload records of a run folder, by name."""
+    out = []
+    for p in sorted(Path(folder).glob("*.json")):
+        doc = read_json(p)
+        if p.name != RUN_FILE and doc and doc.get("complete") is True and "workload" in doc:
+            out.append(doc)
+    return out
+
+
+def write_summary(folder: Path) -> Path:
+    """``summary.csv``: one row per complete workload (written atomically)."""
+    buf = io.StringIO()
+    out = csv.DictWriter(buf, SUMMARY_COLUMNS)
+    out.writeheader()
+    for rec in workload_records(folder):
+        row = summary_row(rec)
+        out.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
+    path = Path(folder) / "summary.csv"
+    tmp = path.with_name(f".summary.csv.{os.getpid()}.tmp")
+    tmp.write_text(buf.getvalue())
+    os.replace(tmp, path)
+    return path
