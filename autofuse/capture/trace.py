@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from autofuse.capture.structural import convert_multi, convert_structural
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
 from autofuse.ir.ops import aten_table
 
@@ -341,8 +342,12 @@ def _convert(b: _Builder, n: torch.fx.Node) -> Any:
     if isinstance(val, torch.Tensor):
         out_dtype = dtype_name(val.dtype)
         converted = _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name)
+        if converted is None:
+            converted = convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name)
         if converted is not None:
             return converted
+    elif (views := convert_multi(b, packet, overload, args, kwargs, val, name)) is not None:
+        return views
     return _opaque(b, n)
 
 
