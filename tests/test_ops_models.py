@@ -186,3 +186,69 @@ def test_out_of_range_index_fails_like_eager():
     plan, _ = greedy(target_logprob, (x, t))
     with pytest.raises(Exception, match="index out of range in self"):
         execute(plan, [x, torch.tensor([1, 13, 3, 0, 7])])
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. any / all, *_like constants, where on bool expressions, in-place ops, causal masks
+# ---------------------------------------------------------------------------------------------
+
+
+def bool_reductions(x, m):
+    return m.any(), m.all(-1), (x > 0.5).any(0), x.any(), (x != x).any(1, keepdim=True), m.all()
+
+
+def constants_and_inplace(x, y):
+    h = x * 2.0
+    h.add_(1.0)  # functionalized: an out-of-place add that fuses
+    h[:, 0].mul_(3.0)  # a mutation through a view: a where over the column
+    z = torch.zeros_like(x)
+    z += h
+    c = torch.ones_like(x) + torch.full_like(x, 2.5) + x.new_zeros(x.shape) + x.new_ones(x.shape)
+    s = torch.scalar_tensor(3.0, dtype=x.dtype) * y
+    return h.relu(), z, c * y, torch.where((x > 0) & ~(y < 0) | (x == y), x, s)
+
+
+def causal_masked_softmax(s):
+    n = s.shape[-1]
+    mask = torch.ones(n, n, dtype=torch.bool, device=s.device).tril()
+    return torch.softmax(s.masked_fill(~mask, torch.finfo(s.dtype).min), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_any_all_reduce_truth_values(dtype):
+    x = rand(3, 7, dtype=dtype)
+    x[1, :] = 0.0
+    x[2, 3] = float("nan")  # NaN is true, as in eager
+    m = rand(3, 7, seed=1) > 0.3
+    m[0] = True
+    graph = capture(bool_reductions, (x, m)).graph
+    assert "any" in {n.op for n in graph.nodes}  # all(x) is not any(not x)
+    check_fused(bool_reductions, (x, m), dtype)
+    check_partitions(bool_reductions, (x, m), dtype, configs_per_group=3, max_enumerate=1, sample=4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_like_constants_and_inplace_ops_fuse(dtype):
+    x, y = rand(3, 7, dtype=dtype), rand(3, 7, dtype=dtype, seed=1)
+    graph = capture(constants_and_inplace, (x, y)).graph
+    assert not [n for n in graph.nodes if n.kind == "opaque"], graph.pretty()
+    check_fused(constants_and_inplace, (x, y), dtype)
+
+
+def test_inplace_op_on_an_input_still_mutates_it():
+    def f(x):
+        x.mul_(2.0)
+        return x + 1.0
+
+    x = rand(3, 5)
+    graph = capture(f, (x.clone(),)).graph
+    plan = build_plan(graph, Partitioner(graph).greedy().groups)
+    x1, x2 = x.clone(), x.clone()
+    out = execute(plan, [x1])[0]
+    assert torch.equal(out, f(x2)) and torch.equal(x1, x2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_mask_from_tril_fuses_into_the_softmax(dtype):
+    s = rand(2, 9, 9, dtype=dtype)
+    check_fused(causal_masked_softmax, (s,), dtype, kernels=1)

@@ -1,7 +1,7 @@
 """Capture rules for the ops real models use around their arithmetic: concatenation and its
 inverses (cat / stack, split / chunk / unbind as slice views), indexing by an index tensor
 (gather, advanced indexing, embedding, index_select), constants shaped like a tensor
-(full_like / zeros_like / ones_like) and bool reductions (any / all).
+(full_like / zeros_like / ones_like) and the bool reduction any (``all`` decomposes to it).
 
 Each rule takes the capture builder (``trace._Builder``) and one ATen call and returns the IR
 node (or, for a multi-output op, the tuple of nodes its ``getitem`` users pick from), or None
@@ -10,9 +10,12 @@ where the call is not one it lowers (it then runs as an opaque eager op).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
+
+from autofuse.ir.graph import FLOAT_DTYPES
 
 INDEX_DTYPES = ("int64", "int32")
 
@@ -68,6 +71,23 @@ def convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name):
         if b.nodes[idx].dtype not in INDEX_DTYPES:
             return None
         return b.like("take", (src, idx), val, name, dim=dim, wrap=True)
+    if packet in ("full_like", "zeros_like", "ones_like") and overload == "default":
+        value = {"zeros_like": 0, "ones_like": 1}.get(packet, args[1] if len(args) > 1 else None)
+        if not isinstance(value, numbers.Number):
+            return None
+        v = float(value) if out_dtype in FLOAT_DTYPES else value
+        v = bool(v) if out_dtype == "bool" else v
+        return b.shaped("const", (), tuple(val.shape), out_dtype, name, value=v)
+    if packet == "any" and overload in ("default", "dim", "dims"):
+        x = env[args[0]]
+        ndim = len(b.nodes[x].shape)
+        dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), ndim)
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        if overload == "default" or not ndim:
+            dims, keepdim = tuple(range(ndim)), False
+        if not dims:  # a 0-d tensor: any / all is its truth value
+            return b.like("ne", (x, b.const(0, b.nodes[x].dtype, name + "_zero")), val, name)
+        return b.like(packet, (x,), val, name, dims=dims, keepdim=bool(keepdim))
     return None
 
 
@@ -94,3 +114,12 @@ def convert_multi(b, packet, overload, args, kwargs, val, name) -> tuple[int, ..
         out.append(b.view("slice", src, v.shape, f"{name}_{k}", dim=dim, start=start, step=1))
         start += v.shape[dim]
     return tuple(out)
+
+
+def mutates(gm: torch.fx.GraphModule) -> bool:
+    """The traced graph holds an in-place ATen op (``add_``, ``copy_`` into a view...)."""
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is not None and schema.is_mutable:
+            return True
+    return False

@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from autofuse.capture.structural import convert_multi, convert_structural
+from autofuse.capture.structural import convert_multi, convert_structural, mutates
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
 from autofuse.ir.ops import aten_table
 
@@ -181,6 +181,9 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
     try:
         with torch.no_grad():
             gm = make_fx(flat_fn, decomposition_table=decomposition_table())(*flat_inputs)
+            if mutates(gm):  # in-place ops (add_, x[:, 0].mul_()): trace their functional form
+                fn_ = torch.func.functionalize(flat_fn, remove="mutations")
+                gm = make_fx(fn_, decomposition_table=decomposition_table())(*flat_inputs)
     except CaptureError:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with context

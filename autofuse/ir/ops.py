@@ -300,6 +300,15 @@ def _indexed(node: Any, c: list[str], dt: str) -> str:
     raise NoLowering(f"{node.op} is rendered from its index (kernels/indexed.py)")
 
 
+def _eager_bool_reduce(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(node: Any, x: torch.Tensor) -> torch.Tensor:
+        for d in sorted(node.attr("dims"), reverse=True):
+            x = fn(x, dim=d, keepdim=node.attr("keepdim"))
+        return x
+
+    return run
+
+
 def _reduce(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     def run(node: Any, x: torch.Tensor) -> torch.Tensor:
         return fn(x, dim=list(node.attr("dims")), keepdim=node.attr("keepdim"))
@@ -404,6 +413,18 @@ _ENTRIES: tuple[OpDef, ...] = (
     OpDef("amax", "reduction", 1, (), _reduce(torch.amax), identity="-inf", combine="max"),
     OpDef("amin", "reduction", 1, (), _reduce(torch.amin), identity="inf", combine="min"),
     OpDef("prod", "reduction", 1, (), _eager_prod, identity="1", combine="*"),
+    # bool reduction: the input's truth value as int32 0 / 1, reduced by max (all() is
+    # captured as not any(not x))
+    OpDef(
+        "any",
+        "reduction",
+        1,
+        (),
+        _eager_bool_reduce(torch.any),
+        identity="0",
+        combine="max",
+        bool_input=True,
+    ),  # fmt: skip
     # views
     OpDef("permute", "view", 1, (), _view("permute", "dims")),
     OpDef("expand", "view", 1, (), _view("expand", "shape")),

@@ -253,6 +253,8 @@ class Emitter:
     def acc_dtype(self, r: int) -> str:
         """Accumulator dtype of reduction ``r``: fp32 for floats, int64 for integer sums."""
         node = self.g[r]
+        if op_def(node.op).bool_input:
+            return "int32"
         acc = compute_dtype(self.g[node.inputs[0]].dtype)
         if node.op in ("sum", "mean", "prod") and not is_float(acc):
             acc = compute_dtype(node.dtype) if is_float(node.dtype) else "int64"
@@ -275,7 +277,10 @@ class Emitter:
         node = self.g[r]
         src = self.value(node.inputs[0], self.full)
         acc = self.acc_dtype(r)
-        return src, f"tl.where(xmask & rmask, {cast(src, acc)}, {identity(node.op, acc)})"
+        code = cast(src, acc)
+        if op_def(node.op).bool_input:  # any / all: the truth value, not an integer cast
+            code = f"({cast(src, 'bool')}).to(tl.int32)"
+        return src, f"tl.where(xmask & rmask, {code}, {identity(node.op, acc)})"
 
     def _combine(self, op: str, acc: str, val: str, dtype: str) -> str:
         return combine(op, acc, val, dtype)
