@@ -252,3 +252,73 @@ def test_inplace_op_on_an_input_still_mutates_it():
 def test_causal_mask_from_tril_fuses_into_the_softmax(dtype):
     s = rand(2, 9, 9, dtype=dtype)
     check_fused(causal_masked_softmax, (s,), dtype, kernels=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. vector_norm / F.normalize, group_norm, batch_norm (inference and training), column stats
+# ---------------------------------------------------------------------------------------------
+
+
+def vector_norms(x):
+    vn = torch.linalg.vector_norm
+    return (
+        F.normalize(x, dim=-1),
+        vn(x, 1, -1),
+        vn(x, float("inf"), -1),
+        vn(x, float("-inf"), 0),
+        vn(x, 2, (0, 1)),
+        vn(x, 3.0, 0),
+    )
+
+
+def group_norm_silu(x, w, b):
+    return F.silu(F.group_norm(x, 2, w, b, eps=1e-5))
+
+
+def batch_norms(x, w, b, rm, rv):
+    inference = F.batch_norm(x, rm, rv, w, b, training=False, eps=1e-5)
+    training = F.batch_norm(x, None, None, w, b, training=True, eps=1e-5)
+    return F.relu(inference), training
+
+
+def column_stats(x):
+    return x.mean(0), x.var(0), x.mean((2, 3)) if x.dim() == 4 else x.std(0, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vector_norms_are_reductions(dtype):
+    x = rand(5, 11, dtype=dtype)
+    x[0, 0], x[1, :] = -40.0, 0.0  # a zero row: normalize divides by eps
+    graph = capture(vector_norms, (x,)).graph
+    assert not [n for n in graph.nodes if n.kind == "opaque"]
+    check_fused(vector_norms, (x,), dtype)
+    check_partitions(vector_norms, (x,), dtype, configs_per_group=3, max_enumerate=1, sample=4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_group_norm_silu_has_no_eager_step(dtype):
+    # two kernels: the group statistics and normalization over x viewed as [N, G, C/G * HxW],
+    # then the per-channel affine and SiLU over [N, C, H, W] (a reduction kernel stores only its
+    # domain's shape or a row shape, and the view back to x's shape is not one of them)
+    x = rand(2, 6, 3, 5, dtype=dtype)
+    x[0, :3] = x[0, :3] * 50.0 + 1e3  # a group far from zero (eager's CPU group_norm is off by
+    # 0.2 on a constant group of 1e4, where autofuse gives the exact 0)
+    w, b = rand(6, dtype=dtype, seed=1), rand(6, dtype=dtype, seed=2)
+    check_fused(group_norm_silu, (x, w, b), dtype, kernels=2)
+    check_partitions(group_norm_silu, (x, w, b), dtype, configs_per_group=3, max_enumerate=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_norm_inference_and_training(dtype):
+    x = rand(3, 4, 3, 5, dtype=dtype)
+    w, b = rand(4, dtype=dtype, seed=1), rand(4, dtype=dtype, seed=2)
+    rm, rv = rand(4, dtype=dtype, seed=3), (rand(4, seed=4).abs() + 0.5).to(dtype)
+    graph = capture(batch_norms, (x, w, b, rm, rv)).graph
+    assert not [n for n in graph.nodes if n.kind == "opaque"]
+    check_fused(batch_norms, (x, w, b, rm, rv), dtype, kernels=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_column_stats_and_global_average_pool(dtype):
+    check_fused(column_stats, (rand(7, 5, dtype=dtype),), dtype)
+    check_fused(column_stats, (rand(2, 3, 5, 7, dtype=dtype),), dtype)
