@@ -322,3 +322,26 @@ def test_batch_norm_inference_and_training(dtype):
 def test_column_stats_and_global_average_pool(dtype):
     check_fused(column_stats, (rand(7, 5, dtype=dtype),), dtype)
     check_fused(column_stats, (rand(2, 3, 5, 7, dtype=dtype),), dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model-style functions of experiments/model_functions.py
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_model_functions_equal_eager_with_no_eager_step(dtype):
+    import autofuse
+    from experiments.model_functions import MODEL_FUNCTIONS, NO_EAGER_STEP
+
+    steps = {}
+    for w in MODEL_FUNCTIONS:
+        args = w.inputs("cpu", dtype)
+        fast = autofuse.optimize(w.fn, args)
+        out = fast(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        for k, (o, r) in enumerate(zip(outs, reference(w.fn, args, dtype), strict=True)):
+            assert_close(o, r, dtype, f"{w.name} out {k}")
+        steps[w.name] = [fast.plan.graph[s.node].attr("target") for s in fast.plan.fallbacks]
+    print({name: len(s) for name, s in steps.items()})  # eager steps per function
+    assert not {n: s for n, s in steps.items() if n in NO_EAGER_STEP and s}
