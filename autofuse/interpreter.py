@@ -3,7 +3,8 @@
 The interpreter stores bf16 as uint16 and its ``create_dot`` multiplies the raw bit patterns
 (triton-lang/triton#11584), so a bf16 ``tl.dot`` returns garbage on CPU. The patch converts bf16
 dot operands to fp32 first, which is what the GPU's bf16 MMA computes (exact products, fp32
-accumulation). Nothing changes on a GPU.
+accumulation). The interpreter also ignores ``tl.device_assert`` (it builds with debug off):
+the second patch turns it on. Nothing changes on a GPU.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def apply_patches() -> None:
     import triton.language as tl
     from triton.runtime import interpreter as interp
 
+    _run_device_asserts(interp)
     orig = interp.InterpreterBuilder.create_dot
     if getattr(orig, "_autofuse_patched", False):
         _APPLIED = True
@@ -42,3 +44,24 @@ def apply_patches() -> None:
     create_dot._autofuse_patched = True
     interp.InterpreterBuilder.create_dot = create_dot
     _APPLIED = True
+
+
+def _run_device_asserts(interp) -> None:
+    """The interpreter builds every kernel with ``debug=False``, so ``tl.device_assert`` (an
+    out-of-range gather / embedding index) did nothing on CPU while a GPU kernel built with
+    ``debug=True`` traps. Build interpreted kernels in debug mode too, without Triton's integer
+    overflow checks (which debug mode would also turn on)."""
+    import dataclasses
+
+    init = interp.InterpreterBuilder.__init__
+    if getattr(init, "_autofuse_patched", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.options = dataclasses.replace(self.options, debug=True, sanitize_overflow=False)
+
+    __init__._autofuse_patched = True
+    interp.InterpreterBuilder.__init__ = __init__
+    shared = interp.interpreter_builder  # the instance every interpreted kernel uses
+    shared.options = dataclasses.replace(shared.options, debug=True, sanitize_overflow=False)

@@ -9,7 +9,6 @@ node that runs as its eager ATen op.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,9 +16,10 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch._decomp import core_aten_decompositions, get_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from autofuse.capture.decompositions import decomposition_table
+from autofuse.capture.structural import convert_multi, convert_structural, mutates
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
 from autofuse.ir.ops import aten_table
 
@@ -33,78 +33,6 @@ class CaptureError(ValueError):
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-# ---------------------------------------------------------------------------------------------
-# Decompositions
-# ---------------------------------------------------------------------------------------------
-
-
-def _moment_mean(x, dims, n):
-    """The mean over ``dims`` (kept) for var / var_mean / std / layer_norm, finite wherever the
-    true mean is, as eager's Welford moments are: sum(x) / n overflows on a row of finfo.min
-    (a masked row) and layer_norm then gave NaN where eager gives 0. The sum of x * 2^-k, with
-    2^k >= 2n (an exact scaling), cannot overflow for finite inputs and is inf only where an
-    input is; the finite mean is clamped into the dtype's range (it may round an ulp past it)."""
-    if not x.is_floating_point() or n == 0:
-        return torch.mean(x, dims, keepdim=True)
-    k = math.ceil(math.log2(n)) + 1
-    s = torch.sum(x * 2.0**-k, dims, keepdim=True)
-    m = s * (2.0**k / n)
-    fi = torch.finfo(x.dtype)
-    return torch.where(s.abs() == math.inf, m, m.clamp(fi.min, fi.max))
-
-
-def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None):
-    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
-    n = math.prod(x.shape[d] for d in dims) if dims else 1
-    corr = 1 if correction is None else correction
-    mean = _moment_mean(x, dims, n) if mean is None else mean
-    diff = x - mean
-    return torch.sum(diff * diff, dims, keepdim=keepdim) / max(n - corr, 0)
-
-
-def _var_mean_decomp(x, dim=None, *, correction=None, keepdim=False):
-    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
-    mean = _moment_mean(x, dims, math.prod(x.shape[d] for d in dims) if dims else 1)
-    var = _var_decomp(x, dims, correction=correction, keepdim=keepdim, mean=mean)
-    return var, (mean if keepdim else mean.squeeze(dims))
-
-
-def _std_decomp(x, dim=None, *, correction=None, keepdim=False):
-    return torch.sqrt(_var_decomp(x, dim, correction=correction, keepdim=keepdim))
-
-
-def decomposition_table() -> dict:
-    table = dict(core_aten_decompositions())
-    table.update(
-        get_decompositions(
-            [
-                aten._softmax,
-                aten._log_softmax,
-                aten.native_layer_norm,
-                aten.gelu,
-                aten.silu,
-                aten.hardsigmoid,
-                aten.hardswish,
-                aten.masked_fill.Scalar,
-                aten.masked_fill.Tensor,
-                aten.linear,
-                aten.addcmul,
-                aten.addcdiv,
-                aten.leaky_relu,
-                aten.elu,
-                aten.softplus,
-                aten.mish,
-                aten.rms_norm,
-            ]
-        )
-    )
-    for op in (aten.var.correction, aten.var.dim):
-        table[op] = _var_decomp
-    table[aten.var_mean.correction] = _var_mean_decomp
-    table[aten.std.correction] = _std_decomp
-    return table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,6 +108,9 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
     try:
         with torch.no_grad():
             gm = make_fx(flat_fn, decomposition_table=decomposition_table())(*flat_inputs)
+            if mutates(gm):  # in-place ops (add_, x[:, 0].mul_()): trace their functional form
+                fn_ = torch.func.functionalize(flat_fn, remove="mutations")
+                gm = make_fx(fn_, decomposition_table=decomposition_table())(*flat_inputs)
     except CaptureError:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with context
@@ -344,8 +275,12 @@ def _convert(b: _Builder, n: torch.fx.Node) -> Any:
     if isinstance(val, torch.Tensor):
         out_dtype = dtype_name(val.dtype)
         converted = _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name)
+        if converted is None:
+            converted = convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name)
         if converted is not None:
             return converted
+    elif (views := convert_multi(b, packet, overload, args, kwargs, val, name)) is not None:
+        return views
     return _opaque(b, n)
 
 

@@ -52,6 +52,11 @@ class OpDef:
     # reductions: identity value ("0", "1", "-inf", "inf") and the combine of two partials
     identity: str | None = None
     combine: str | None = None  # "+", "*", "max", "min"
+    # reductions whose input counts as a bool (any / all): reduced as int32 0 / 1
+    bool_input: bool = False
+    # ops whose value selects where to read its inputs (cat, take, gather): the emitter's
+    # ``kernels/indexed.py`` renders them (``triton`` only refuses a direct rendering)
+    indexed: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -272,6 +277,38 @@ def _eager_slice(node: Any, x: torch.Tensor) -> torch.Tensor:
     return x[(slice(None),) * dim + (slice(start, start + step * node.shape[dim], step),)]
 
 
+def _eager_cat(node: Any, *xs: torch.Tensor) -> torch.Tensor:
+    return torch.cat(xs, node.attr("dim"))
+
+
+def _eager_take(node: Any, src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``src`` indexed along ``dim`` by the index tensor (``x[..., idx]``, embedding,
+    index_select): shape src[:dim] + idx + src[dim + 1:]; ``wrap``: negative indices count
+    from the end (advanced indexing), else they are out of range (embedding, index_select)."""
+    d = node.attr("dim")
+    if node.attr("wrap"):
+        idx = torch.where(idx < 0, idx + src.shape[d], idx)
+    flat = torch.index_select(src, d, idx.reshape(-1))
+    return flat.reshape(src.shape[:d] + idx.shape + src.shape[d + 1 :])
+
+
+def _eager_gather(node: Any, src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return torch.gather(src, node.attr("dim"), idx)
+
+
+def _indexed(node: Any, c: list[str], dt: str) -> str:
+    raise NoLowering(f"{node.op} is rendered from its index (kernels/indexed.py)")
+
+
+def _eager_bool_reduce(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(node: Any, x: torch.Tensor) -> torch.Tensor:
+        for d in sorted(node.attr("dims"), reverse=True):
+            x = fn(x, dim=d, keepdim=node.attr("keepdim"))
+        return x
+
+    return run
+
+
 def _reduce(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     def run(node: Any, x: torch.Tensor) -> torch.Tensor:
         return fn(x, dim=list(node.attr("dims")), keepdim=node.attr("keepdim"))
@@ -366,12 +403,28 @@ _ENTRIES: tuple[OpDef, ...] = (
     OpDef("cast", "pointwise", 1, (), _plain(lambda x: x), _cast, "cast"),
     OpDef("const", "pointwise", 0),
     OpDef("iota", "pointwise", 0),
+    # values that select where to read their inputs (kernels/indexed.py)
+    OpDef("cat", "pointwise", 0, (), _eager_cat, _indexed, "raw", indexed=True),
+    OpDef("take", "pointwise", 2, (), _eager_take, _indexed, "raw", indexed=True),
+    OpDef("gather", "pointwise", 2, (), _eager_gather, _indexed, "raw", indexed=True),
     # reductions
     OpDef("sum", "reduction", 1, (), _reduce(torch.sum), identity="0", combine="+"),
     OpDef("mean", "reduction", 1, (), _reduce(torch.mean), identity="0", combine="+"),
     OpDef("amax", "reduction", 1, (), _reduce(torch.amax), identity="-inf", combine="max"),
     OpDef("amin", "reduction", 1, (), _reduce(torch.amin), identity="inf", combine="min"),
     OpDef("prod", "reduction", 1, (), _eager_prod, identity="1", combine="*"),
+    # bool reduction: the input's truth value as int32 0 / 1, reduced by max (all() is
+    # captured as not any(not x))
+    OpDef(
+        "any",
+        "reduction",
+        1,
+        (),
+        _eager_bool_reduce(torch.any),
+        identity="0",
+        combine="max",
+        bool_input=True,
+    ),  # fmt: skip
     # views
     OpDef("permute", "view", 1, (), _view("permute", "dims")),
     OpDef("expand", "view", 1, (), _view("expand", "shape")),

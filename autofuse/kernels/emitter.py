@@ -18,8 +18,9 @@ from typing import Any
 
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
-from autofuse.ir.ops import Helper
+from autofuse.ir.ops import Helper, op_def
 from autofuse.kernels.base import FusionRefused, GroupInfo, Kernel, KernelMeta, describe
+from autofuse.kernels.indexed import indexed_value
 from autofuse.kernels.render import (
     TL_DTYPE,
     Val,
@@ -63,6 +64,8 @@ class Emitter:
         self.regions: list[set[int]] = [set()]  # loaded nodes read outside / in each loop
         self.region = 0
         self.dots = 0
+        self.guards: list[tuple[str, int]] = []  # (condition, class) every load must also meet
+        self.checked = False  # the kernel asserts its indirect indices are in range
         self.int64 = self._needs_int64()
         dom, rd = info.domain, info.reduce_dims
         if self.red:
@@ -114,6 +117,13 @@ class Emitter:
             return "xmask & rmask"
         return "xmask"
 
+    def active_mask(self, cls: int) -> str | None:
+        """The lanes of class ``cls`` whose value is used: in range, and selected by every
+        enclosing cat branch / in-range indirect index (``guards``) of a class it has."""
+        parts = [self.mask_for(cls)] + [g for g, c in self.guards if c <= cls]
+        parts = [p for p in parts if p]
+        return " & ".join(parts) if parts else None
+
     def value(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]
         if node.kind == "view":
@@ -123,7 +133,7 @@ class Emitter:
         if node.op == "iota":  # arange: its value is the index itself, computed in the kernel
             e = index[0].scale(node.attr("step")).shift(node.attr("start"))
             cd = compute_dtype(node.dtype)
-            if not e.vars:
+            if not e.terms:
                 return Val(str(e.const), 0, cd, True)
             return self.tmp(f"({e.render()}).to({TL_DTYPE[cd]})", self.cls_of(e), cd, node.name)
         key = (i, index)
@@ -134,6 +144,8 @@ class Emitter:
             v = self.load(i, index)
         elif node.kind in ("reduction", "matmul"):
             v = self.reduced(i, index)
+        elif op_def(node.op).indexed:
+            v = indexed_value(self, i, index)
         elif (shifted := self.shifted_exp(node, index)) is not None:
             v = self.tmp(shifted[0], shifted[1], compute_dtype(node.dtype), node.name)
         else:
@@ -197,7 +209,7 @@ class Emitter:
         strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
         off = linearize(index, strides, node.shape)
         cls = self.cls_of(off)
-        mask = self.mask_for(cls)
+        mask = self.active_mask(cls)
         cd = compute_dtype(node.dtype)
         ptr = f"{self.ptr[i]} + ({off.render()})"
         self.note_load(i)
@@ -241,6 +253,8 @@ class Emitter:
     def acc_dtype(self, r: int) -> str:
         """Accumulator dtype of reduction ``r``: fp32 for floats, int64 for integer sums."""
         node = self.g[r]
+        if op_def(node.op).bool_input:
+            return "int32"
         acc = compute_dtype(self.g[node.inputs[0]].dtype)
         if node.op in ("sum", "mean", "prod") and not is_float(acc):
             acc = compute_dtype(node.dtype) if is_float(node.dtype) else "int64"
@@ -263,7 +277,10 @@ class Emitter:
         node = self.g[r]
         src = self.value(node.inputs[0], self.full)
         acc = self.acc_dtype(r)
-        return src, f"tl.where(xmask & rmask, {cast(src, acc)}, {identity(node.op, acc)})"
+        code = cast(src, acc)
+        if op_def(node.op).bool_input:  # any / all: the truth value, not an integer cast
+            code = f"({cast(src, 'bool')}).to(tl.int32)"
+        return src, f"tl.where(xmask & rmask, {code}, {identity(node.op, acc)})"
 
     def _combine(self, op: str, acc: str, val: str, dtype: str) -> str:
         return combine(op, acc, val, dtype)
@@ -383,7 +400,10 @@ class Emitter:
         self.line("# loads hoisted above the reductions")
         for i in self.info.loads:
             users = [u for u in g.compute_users[i] if u in self.members]
-            if users and all(g[u].kind != "view" and g[u].shape == dom for u in users):
+            if users and all(
+                g[u].kind != "view" and g[u].shape == dom and not op_def(g[u].op).indexed
+                for u in users
+            ):
                 self.value(i, broadcast_index(g[i].shape, dom, self.full))
 
     def mask_line(self, axis: str, shape: str) -> str:
@@ -534,7 +554,7 @@ def render_loop_kernel(
         "#   writes: "
         + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
         f"#   config: {config.label()}",
-        "@triton.jit",
+        "@triton.jit(debug=True)" if em.checked else "@triton.jit",
         f"def {name}({', '.join(params + const_params)}):",
     ]
     helpers = [h.source for h in sorted(em.helpers, key=lambda h: h.name)]

@@ -1,0 +1,105 @@
+"""autofuse's decomposition table: what make_fx takes down to primitive ATen ops before capture.
+
+Core ATen's decompositions, plus softmax, log_softmax, layer_norm, gelu, silu, ... and norms
+(vector_norm, batch_norm, group_norm) taken to sums / maxima the reduction kernels compute; var,
+var_mean and std by moments that stay finite where eager's do.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+
+def _moment_mean(x, dims, n):
+    """The mean over ``dims`` (kept) for var / var_mean / std / layer_norm, finite wherever the
+    true mean is, as eager's Welford moments are: sum(x) / n overflows on a row of finfo.min
+    (a masked row) and layer_norm then gave NaN where eager gives 0. The sum of x * 2^-k, with
+    2^k >= 2n (an exact scaling), cannot overflow for finite inputs and is inf only where an
+    input is; the finite mean is clamped into the dtype's range (it may round an ulp past it)."""
+    if not x.is_floating_point() or n == 0:
+        return torch.mean(x, dims, keepdim=True)
+    k = math.ceil(math.log2(n)) + 1
+    s = torch.sum(x * 2.0**-k, dims, keepdim=True)
+    m = s * (2.0**k / n)
+    fi = torch.finfo(x.dtype)
+    return torch.where(s.abs() == math.inf, m, m.clamp(fi.min, fi.max))
+
+
+def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None):
+    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
+    n = math.prod(x.shape[d] for d in dims) if dims else 1
+    corr = 1 if correction is None else correction
+    mean = _moment_mean(x, dims, n) if mean is None else mean
+    diff = x - mean
+    return torch.sum(diff * diff, dims, keepdim=keepdim) / max(n - corr, 0)
+
+
+def _var_mean_decomp(x, dim=None, *, correction=None, keepdim=False):
+    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
+    mean = _moment_mean(x, dims, math.prod(x.shape[d] for d in dims) if dims else 1)
+    var = _var_decomp(x, dims, correction=correction, keepdim=keepdim, mean=mean)
+    return var, (mean if keepdim else mean.squeeze(dims))
+
+
+def _std_decomp(x, dim=None, *, correction=None, keepdim=False):
+    return torch.sqrt(_var_decomp(x, dim, correction=correction, keepdim=keepdim))
+
+
+def _group_norm_decomp(x, weight, bias, n, c, hw, group, eps):
+    """native_group_norm as a row reduction: x viewed as [N, G, C/G * HxW] (each group one
+    row), normalized in fp32 for 16-bit inputs; mean and rstd per (N, G) as eager returns."""
+    low = x.dtype in (torch.float16, torch.bfloat16)
+    xg = x.reshape(n, group, -1)
+    xg = xg.float() if low else xg  # cast over the reduction's domain: one kernel with it
+    var, mean = _var_mean_decomp(xg, [2], correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    y = ((xg - mean) * rstd).reshape(x.shape)
+    per_channel = (1, c) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        y = y * weight.reshape(per_channel)
+    if bias is not None:
+        y = y + bias.reshape(per_channel)
+    return y.to(x.dtype), mean.reshape(n, group).to(x.dtype), rstd.reshape(n, group).to(x.dtype)
+
+
+def decomposition_table() -> dict:
+    table = dict(core_aten_decompositions())
+    table.update(
+        get_decompositions(
+            [
+                aten._softmax,
+                aten._log_softmax,
+                aten.native_layer_norm,
+                aten.gelu,
+                aten.silu,
+                aten.hardsigmoid,
+                aten.hardswish,
+                aten.masked_fill.Scalar,
+                aten.masked_fill.Tensor,
+                aten.linear,
+                aten.addcmul,
+                aten.addcdiv,
+                aten.leaky_relu,
+                aten.elu,
+                aten.softplus,
+                aten.mish,
+                aten.rms_norm,
+                aten.linalg_vector_norm,
+                aten.native_batch_norm,
+                aten._native_batch_norm_legit,
+                aten._native_batch_norm_legit_no_training,
+                aten._native_batch_norm_legit_functional,
+            ]
+        )
+    )
+    for op in (aten.var.correction, aten.var.dim):
+        table[op] = _var_decomp
+    table[aten.var_mean.correction] = _var_mean_decomp
+    table[aten.std.correction] = _std_decomp
+    table[aten.native_group_norm.default] = _group_norm_decomp
+    return table

@@ -1,0 +1,125 @@
+"""Capture rules for the ops real models use around their arithmetic: concatenation and its
+inverses (cat / stack, split / chunk / unbind as slice views), indexing by an index tensor
+(gather, advanced indexing, embedding, index_select), constants shaped like a tensor
+(full_like / zeros_like / ones_like) and the bool reduction any (``all`` decomposes to it).
+
+Each rule takes the capture builder (``trace._Builder``) and one ATen call and returns the IR
+node (or, for a multi-output op, the tuple of nodes its ``getitem`` users pick from), or None
+where the call is not one it lowers (it then runs as an opaque eager op).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+
+from autofuse.ir.graph import FLOAT_DTYPES
+
+INDEX_DTYPES = ("int64", "int32")
+
+
+def _dtype(t: torch.dtype) -> str:
+    return str(t).removeprefix("torch.")
+
+
+def _dims(dims: Any, ndim: int) -> tuple[int, ...]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted({d % max(ndim, 1) for d in dims}))
+
+
+def convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name):  # noqa: C901
+    """One ATen call with a tensor result -> an IR node, or None."""
+    env = b.env
+    if packet == "cat" and overload == "default":
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        # legacy: 1-D empty tensors are skipped by torch.cat whatever the other shapes
+        parts = [env[a] for a in args[0] if b.nodes[env[a]].shape != (0,)]
+        if not parts or any(isinstance(p, tuple) for p in parts):
+            return None
+        dim = dim % len(val.shape)
+        if len(parts) == 1:
+            return b.like("cast", parts, val, name, dtype=out_dtype)
+        return b.like("cat", parts, val, name, dim=dim)
+    if packet == "gather" and overload == "default" and not kwargs.get("sparse_grad"):
+        src, idx = env[args[0]], env[args[2]]
+        if b.nodes[idx].dtype not in INDEX_DTYPES:
+            return None
+        dim = args[1] % max(len(b.nodes[src].shape), 1)
+        return b.like("gather", (src, idx), val, name, dim=dim)
+    if packet in ("index_select", "embedding") and overload == "default":
+        if packet == "embedding":
+            src, idx, dim = env[args[0]], env[args[1]], 0
+        else:
+            src, idx = env[args[0]], env[args[2]]
+            dim = args[1] % max(len(b.nodes[src].shape), 1)
+        if b.nodes[idx].dtype not in INDEX_DTYPES or not b.nodes[src].shape:
+            return None
+        return b.like("take", (src, idx), val, name, dim=dim, wrap=False)
+    if packet == "index" and overload == "Tensor":
+        # one index tensor (after any number of full slices, given as None): a gather along
+        # that dim; several index tensors or a bool mask (data-dependent shape) stay opaque
+        given = [(d, a) for d, a in enumerate(args[1]) if a is not None]
+        if len(given) != 1:
+            return None
+        dim, a = given[0]
+        src, idx = env[args[0]], env[a]
+        if b.nodes[idx].dtype not in INDEX_DTYPES:
+            return None
+        return b.like("take", (src, idx), val, name, dim=dim, wrap=True)
+    if packet in ("full_like", "zeros_like", "ones_like") and overload == "default":
+        value = {"zeros_like": 0, "ones_like": 1}.get(packet, args[1] if len(args) > 1 else None)
+        if not isinstance(value, numbers.Number):
+            return None
+        v = float(value) if out_dtype in FLOAT_DTYPES else value
+        v = bool(v) if out_dtype == "bool" else v
+        return b.shaped("const", (), tuple(val.shape), out_dtype, name, value=v)
+    if packet == "any" and overload in ("default", "dim", "dims"):
+        x = env[args[0]]
+        ndim = len(b.nodes[x].shape)
+        dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), ndim)
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        if overload == "default" or not ndim:
+            dims, keepdim = tuple(range(ndim)), False
+        if not dims:  # a 0-d tensor: any / all is its truth value
+            return b.like("ne", (x, b.const(0, b.nodes[x].dtype, name + "_zero")), val, name)
+        return b.like(packet, (x,), val, name, dims=dims, keepdim=bool(keepdim))
+    return None
+
+
+def convert_multi(b, packet, overload, args, kwargs, val, name) -> tuple[int, ...] | None:
+    """A multi-output view op (split, split_with_sizes, unbind) -> one view node per output,
+    for ``getitem`` to pick; None for anything else."""
+    if packet not in ("split", "split_with_sizes", "unbind") or not isinstance(val, (list, tuple)):
+        return None
+    src = b.env[args[0]]
+    if isinstance(src, tuple):
+        return None
+    shape = b.nodes[src].shape
+    if packet == "unbind":
+        dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % len(shape)
+        out = []
+        for k, v in enumerate(val):
+            kept = shape[:dim] + (1,) + shape[dim + 1 :]
+            s = b.view("slice", src, kept, f"{name}_{k}_s", dim=dim, start=k, step=1)
+            out.append(b.view("reshape", s, v.shape, f"{name}_{k}", shape=tuple(v.shape)))
+        return tuple(out)
+    dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % len(shape)
+    out, start = [], 0
+    for k, v in enumerate(val):
+        out.append(b.view("slice", src, v.shape, f"{name}_{k}", dim=dim, start=start, step=1))
+        start += v.shape[dim]
+    return tuple(out)
+
+
+def mutates(gm: torch.fx.GraphModule) -> bool:
+    """The traced graph holds an in-place ATen op (``add_``, ``copy_`` into a view...)."""
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is not None and schema.is_mutable:
+            return True
+    return False
