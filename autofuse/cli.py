@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="explain and optimize the seed article's two examples")
     d.add_argument("--trials", type=int, default=10, help="search trials (0: greedy plan only)")
-    d.add_argument("--cache-dir", default=".autofuse_cache")
+    d.add_argument("--cache-dir", default=None, help="default: the cache home")
     d.set_defaults(func=demo)
     c = sub.add_parser("cache", help="inspect the plan cache")
     c.add_argument("action", choices=["list"])

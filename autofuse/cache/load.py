@@ -17,6 +17,7 @@ from autofuse.cache.keys import (
     CacheMissWarning,
     key_for,
 )
+from autofuse.settings import cache_home
 
 # ---------------------------------------------------------------------------------------------
 # The production entry point
@@ -52,7 +53,7 @@ def load(
     fn: Callable[..., Any],
     example_inputs: Sequence[Any],
     *,
-    cache_dir: str | os.PathLike = ".autofuse_cache",
+    cache_dir: str | os.PathLike | None = None,
     strict: bool = False,
     options: dict | None = None,
 ) -> Callable[..., Any]:
@@ -64,6 +65,7 @@ def load(
     from autofuse.capture.trace import capture
     from autofuse.runner import OptimizedFunction
 
+    cache_dir = cache_home(cache_dir)
     captured = capture(fn, example_inputs)
     key = key_for(captured, example_inputs, options)
     plan, meta, problem = _read_entry(cache_dir, key)

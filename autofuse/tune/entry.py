@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from autofuse.cache.disk import load_plan, save_plan
-from autofuse.cache.keys import key_for
+from autofuse.cache.keys import DeviceInfo, inputs_device, key_for, key_parts
 from autofuse.capture import Captured
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan
+from autofuse.settings import cache_home
 
 
 def tune_and_cache(
@@ -26,7 +27,7 @@ def tune_and_cache(
     ``cache_dir`` (``(plan, TuneResult)``)."""
     from autofuse.tune.tuner import tune
 
-    cache_dir = options.setdefault("cache_dir", ".autofuse_cache")
+    cache_dir = options["cache_dir"] = cache_home(options.get("cache_dir"))
     key = key_for(captured, example_inputs)
     if not retune:
         plan = load_plan(cache_dir, key)
@@ -43,6 +44,10 @@ def tune_and_cache(
         "source": result.source,
         "trials": result.trials,
         "kernel_times_s": {k: v[0] for k, v in result.kernel_times.items()},
+        "baselines_s": {  # for speedups in `autofuse cache list / show`
+            k: getattr(result, f"{k}_value", None) for k in ("greedy", "unfused", "eager")
+        },
+        "key_parts": key_parts(captured, DeviceInfo.current(inputs_device(example_inputs))),
     }
     save_plan(cache_dir, key, result.plan, meta)
     return result.plan, result

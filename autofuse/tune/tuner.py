@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from autofuse.measure import (
 )
 from autofuse.partition.partitioner import Partition, Partitioner
 from autofuse.plan.runtime import Plan, build_plan, eager_group
+from autofuse.settings import cache_home
 
 
 @dataclass(frozen=True)
@@ -266,7 +268,7 @@ def tune(
     *,
     trials: int | None = None,
     time_budget: float | None = None,
-    cache_dir: str = ".autofuse_cache",
+    cache_dir: str | os.PathLike | None = None,
     storage: str | None = None,
     sampler: str | search.SamplerSpec = "tpe",
     verify: bool = True,
@@ -299,7 +301,9 @@ def tune(
     objective = Objective(graph, space, memo, eager, values)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu-model"
     name = study_name or f"autofuse-{captured.source_name}-{graph.key}-{device.replace(' ', '_')}"
-    study = search.Study.open(name, storage=storage, cache_dir=cache_dir, sampler=sampler)
+    study = search.Study.open(
+        name, storage=storage, cache_dir=cache_home(cache_dir), sampler=sampler
+    )
     greedy, unfused = space.greedy(), space.unfused()
     study.enqueue(objective.params_for(greedy))
     study.enqueue(objective.params_for(unfused))
