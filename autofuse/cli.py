@@ -1,4 +1,5 @@
-"""Command line: ``autofuse demo`` (the seed article's examples), ``autofuse cache list``."""
+"""Command line: ``autofuse demo`` (the seed article's examples), ``autofuse cache list | show
+| clear | export | import`` (autofuse/cache/commands.py)."""
 
 from __future__ import annotations
 
@@ -50,12 +51,10 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cache_list(args: argparse.Namespace) -> int:
-    from autofuse import cache
+def cache_cmd(args: argparse.Namespace) -> int:
+    from autofuse.cache.commands import cache_command
 
-    for e in cache.list_entries(args.cache_dir):
-        print(e)
-    return 0
+    return cache_command(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,10 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--trials", type=int, default=10, help="search trials (0: greedy plan only)")
     d.add_argument("--cache-dir", default=None, help="default: the cache home")
     d.set_defaults(func=demo)
-    c = sub.add_parser("cache", help="inspect the plan cache")
-    c.add_argument("action", choices=["list"])
-    c.add_argument("--cache-dir", default=".autofuse_cache")
-    c.set_defaults(func=cache_list)
+    c = sub.add_parser("cache", help="list, show, clear, export or import cached plans")
+    c.add_argument("action", choices=["list", "show", "clear", "export", "import"])
+    c.add_argument("target", nargs="?", help="KEY (show, clear, export) or a bundle (import)")
+    c.add_argument("--all", action="store_true", help="export: every entry")
+    c.add_argument("-o", "--out", help="export: the bundle file to write (e.g. plans.afz)")
+    c.add_argument("--loose", action="store_true", help="import: accept entries built for "
+                   "another device or versions (their kernels are recompiled here)")  # fmt: skip
+    c.add_argument("--cache-dir", default=None, help="default: the cache home")
+    c.set_defaults(func=cache_cmd)
     args = p.parse_args(argv)
     return args.func(args)
 
