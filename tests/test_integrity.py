@@ -307,3 +307,40 @@ def test_a_binary_for_another_build_is_recompiled_or_refused(with_binary, monkey
     store = cache.load_plan(None, key).steps[0].store
     with pytest.raises(binaries.BinaryMismatch, match="capability"):
         store.restore(object(), align)
+
+
+@pytest.mark.gpu
+def test_a_fresh_process_launches_the_stored_binary(home, tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    args = tuple(torch.randn(33, 17, device="cuda") for _ in range(2))
+    fn_src = "def g(x, w):\n    return torch.tanh(x * w) * 1.2345\n"
+    space = {"torch": torch}
+    exec(fn_src, space)
+    captured, plan = _plan(space["g"], args)
+    cache.save_plan(None, cache.key_for(captured, args), plan, {"function": "g"})
+    fast = cache.load(space["g"], args, strict=True)
+    want = fast(*args)  # compiles, and stores the binary in the entry
+    assert list((home / "plans").glob("*/bin/*.json"))
+    torch.save(args, tmp_path / "in.pt")
+    script = textwrap.dedent(f"""
+        import torch, warnings
+        warnings.simplefilter("error")
+        from autofuse import cache
+        from autofuse.plan import launcher
+        {fn_src.replace(chr(10), chr(10) + "        ")}
+        args = torch.load({str(tmp_path / "in.pt")!r})
+        out = cache.load(g, args, strict=True)(*args)
+        torch.save(out.cpu(), {str(tmp_path / "out.pt")!r})
+        print(launcher.stats())
+    """)
+    env = {**os.environ, "AUTOFUSE_CACHE_DIR": str(home), "PYTHONPATH": str(Path(__file__).parents[1]),
+           "TRITON_CACHE_DIR": str(tmp_path / "empty-triton-cache")}  # fmt: skip
+    env.pop("AUTOFUSE_KERNEL_DIR", None)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "'restored': 1" in r.stdout, r.stdout
+    assert torch.equal(torch.load(tmp_path / "out.pt"), want.cpu())

@@ -56,8 +56,12 @@ def load(
     cache_dir: str | os.PathLike | None = None,
     strict: bool = False,
     options: dict | None = None,
+    cuda_graph: bool = False,
 ) -> Callable[..., Any]:
     """Run ``fn`` with the plan cached for these inputs: no tuning, no optuna.
+
+    ``cuda_graph=True`` replays the plan as one CUDA graph over static input buffers (on CUDA;
+    off, with one note, under the interpreter): see ``autofuse/plan/graphs.py``.
 
     On a miss (or an unusable entry) it returns ``fn`` itself, run in eager, after one warning
     per key; with ``strict=True`` it raises :class:`CacheMiss` instead.
@@ -72,7 +76,7 @@ def load(
     if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)
         plan, problem = None, f"{entry_dir(cache_dir, key) / PLAN_FILE}: holds another graph"
     if plan is not None:
-        opt = OptimizedFunction(captured, plan, fn)
+        opt = OptimizedFunction(captured, plan, fn, cuda_graph=cuda_graph)
         opt.cache_key = key
         opt.cache_metadata = meta
         return opt

@@ -57,6 +57,15 @@ class KernelStep:
     def launcher(self) -> Launcher:
         return launcher_for(self.kernel, self.store)
 
+    @cached_property
+    def arg_spec(self) -> tuple[tuple[bool, Any], ...]:
+        """``kernel_args`` prebuilt: (True, buffer index) or (False, constant) per argument."""
+        n_in = len(self.kernel.info.loads)
+        return tuple(
+            (True, k) if kind == "in" else (True, n_in + k) if kind == "out" else (False, k)
+            for kind, k in self.kernel.layout
+        )
+
 
 @dataclass(frozen=True)
 class EagerStep:
@@ -311,7 +320,8 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
     specs = run.plan.out_specs
     outs = [torch.empty(specs[s][0], dtype=specs[s][1], device=run.device) for s in info.stored]
     try:
-        launcher(kernel_args(kernel, [*ins, *outs]))
+        bufs = [*ins, *outs]
+        launcher([bufs[v] if buf else v for buf, v in step.arg_spec])
     except Exception as e:  # noqa: BLE001 - a kernel that cannot be built must not lose the call
         if not _build_error(e) or settings().strict:
             raise
@@ -390,9 +400,14 @@ def _inputs_match(plan: Plan, inputs: Sequence[Any]) -> bool:
 
 def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run a plan on the flat list of graph inputs; returns the flat list of graph outputs."""
-    graph = plan.graph
     if not _inputs_match(plan, inputs):
-        check_inputs(graph, inputs)  # raises, naming the input, or accepts (size-1 strides)
+        check_inputs(plan.graph, inputs)  # raises, naming the input, or accepts (size-1 strides)
+    return run_plan(plan, inputs)
+
+
+def run_plan(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``execute`` without the input check (the caller has made it)."""
+    graph = plan.graph
     device = inputs[0].device if inputs else torch.device("cpu")
     run = _Run(plan, device)
     for idx, x in zip(graph.inputs, inputs):
