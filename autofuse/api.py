@@ -18,6 +18,7 @@ import torch
 
 from autofuse.capture.trace import capture
 from autofuse.partition.partitioner import Partitioner
+from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.runtime import build_plan
 from autofuse.report import Explanation, summarize
 from autofuse.runner import OptimizedFunction, describe_refusals
@@ -51,7 +52,9 @@ def optimize(
     configs by measurement (GPU) or by the cost model (CPU, labelled "modeled"); further
     options: ``cache_dir``, ``storage``, ``sampler`` ("tpe" | "random" | "exhaustive"),
     ``verify``, ``isolate``, ``progress``, ``retune``, ``polish`` (configs timed per kernel of
-    the best plan by hill climbing after the search, default 16; 0 turns it off). The winner
+    the best plan by hill climbing after the search, default 16; 0 turns it off),
+    ``cuda_graph`` (replay the plan as one CUDA graph over static input buffers; off under the
+    interpreter, see ``autofuse/plan/graphs.py``). The winner
     is cached under ``cache_dir`` and reused by later calls (and by ``autofuse.load`` in
     production). Unknown option names raise ``TypeError``.
 
@@ -68,6 +71,7 @@ def optimize(
 
     check_options(options, OPTIMIZE, "autofuse.optimize")
     example_kwargs = dict(options.pop("example_kwargs", None) or {})
+    cuda_graph = bool(options.pop("cuda_graph", False))
     try:
         captured = None if example_kwargs else capture(fn, example_inputs)
     except CaptureError:
@@ -85,6 +89,8 @@ def optimize(
     else:
         plan = build_plan(graph, space.greedy().groups, label="greedy")
         opt = OptimizedFunction(captured, plan, fn)
+    if cuda_graph:
+        opt.graphs = GraphReplay(opt.plan)
     attach(opt, fn, example_inputs, {k: v for k, v in options.items() if k != "study_name"})
     return opt
 

@@ -1,5 +1,6 @@
-"""Command line: ``autofuse demo`` (the seed article's examples), ``autofuse cache list``,
-``autofuse tune SPEC`` (overnight tuning of a list of workloads) and ``autofuse report DIR``."""
+"""Command line: ``autofuse demo`` (the seed article's examples), ``autofuse cache list | show
+| clear | export | import`` (autofuse/cache/commands.py), ``autofuse tune SPEC`` (overnight
+tuning of a list of workloads) and ``autofuse report DIR``."""
 
 from __future__ import annotations
 
@@ -51,12 +52,10 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cache_list(args: argparse.Namespace) -> int:
-    from autofuse import cache
+def cache_cmd(args: argparse.Namespace) -> int:
+    from autofuse.cache.commands import cache_command
 
-    for e in cache.list_entries(args.cache_dir):
-        print(e)
-    return 0
+    return cache_command(args)
 
 
 def tune(args: argparse.Namespace) -> int:
@@ -77,12 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="explain and optimize the seed article's two examples")
     d.add_argument("--trials", type=int, default=10, help="search trials (0: greedy plan only)")
-    d.add_argument("--cache-dir", default=".autofuse_cache")
+    d.add_argument("--cache-dir", default=None, help="default: the cache home")
     d.set_defaults(func=demo)
-    c = sub.add_parser("cache", help="inspect the plan cache")
-    c.add_argument("action", choices=["list"])
-    c.add_argument("--cache-dir", default=".autofuse_cache")
-    c.set_defaults(func=cache_list)
+    c = sub.add_parser("cache", help="list, show, clear, export or import cached plans")
+    c.add_argument("action", choices=["list", "show", "clear", "export", "import"])
+    c.add_argument("target", nargs="?", help="KEY (show, clear, export) or a bundle (import)")
+    c.add_argument("--all", action="store_true", help="export: every entry")
+    c.add_argument("-o", "--out", help="export: the bundle file to write (e.g. plans.afz)")
+    c.add_argument("--loose", action="store_true", help="import: accept entries built for "
+                   "another device or versions (their kernels are recompiled here)")  # fmt: skip
+    c.add_argument("--cache-dir", default=None, help="default: the cache home")
+    c.set_defaults(func=cache_cmd)
     from autofuse.tune.overnight import add_parser
 
     add_parser(sub)

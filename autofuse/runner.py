@@ -12,6 +12,8 @@ import torch.utils._pytree as pytree
 from autofuse.capture import Captured
 from autofuse.partition import Partition
 from autofuse.plan import InputError, Plan, execute
+from autofuse.plan.graphs import GraphReplay
+from autofuse.plan.runtime import _inputs_match, run_plan
 from autofuse.report import format_summary, summarize
 
 
@@ -28,7 +30,14 @@ def describe_refusals(graph, partition: Partition) -> tuple[str, ...]:
 class OptimizedFunction:
     """Runs a plan like the original function: same arguments, same result structure."""
 
-    def __init__(self, captured: Captured, plan: Plan, fn: Any = None, tuning: Any = None) -> None:
+    def __init__(
+        self,
+        captured: Captured,
+        plan: Plan,
+        fn: Any = None,
+        tuning: Any = None,
+        cuda_graph: bool = False,
+    ) -> None:
         self.captured = captured
         self.plan = plan
         self._module = fn if isinstance(fn, torch.nn.Module) else None
@@ -46,6 +55,10 @@ class OptimizedFunction:
             and captured.in_spec == pytree.tree_flatten(tuple(range(n)))[1]
         )
         self._leaf_out = captured.out_spec.is_leaf()
+        spec = captured.out_spec  # a flat tuple of outputs needs no pytree walk either
+        self._tuple_out = spec == pytree.tree_flatten(tuple(range(spec.num_leaves)))[1]
+        # cuda_graph=True: replay the whole plan as one CUDA graph (plan/graphs.py)
+        self.graphs = GraphReplay(plan) if cuda_graph and plan is not None else None
 
     def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
         c = self.captured
@@ -73,6 +86,14 @@ class OptimizedFunction:
         return tensors
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # the common call: plain tensors with exactly the captured shapes, dtypes and strides
+        # (one guard check), none requiring grad: no routing, no re-check, no pytree
+        if self._flat_call and not kwargs and _inputs_match(self.plan, args):
+            if not (torch.is_grad_enabled() and any(a.requires_grad for a in args)):
+                outs = None if self.graphs is None else self.graphs(args)
+                if outs is None:
+                    outs = run_plan(self.plan, args)
+                return self._wrap(outs)
         if kwargs or self._training is not None or torch.is_grad_enabled():
             from autofuse.frontend.routing import call_routed, route
 
@@ -82,8 +103,13 @@ class OptimizedFunction:
         flat = self.flat_inputs(args)
         with torch.no_grad():
             outs = execute(self.plan, flat)
+        return self._wrap(outs)
+
+    def _wrap(self, outs: list[torch.Tensor]) -> Any:
         if self._leaf_out:
             return outs[0]
+        if self._tuple_out:
+            return tuple(outs)
         return pytree.tree_unflatten(outs, self.captured.out_spec)
 
     def report(self) -> str:

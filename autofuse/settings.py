@@ -3,8 +3,11 @@
 ``settings()`` reads every ``AUTOFUSE_*`` variable in one place (``reload_settings()`` reads
 them again, for tests and for programs that change the environment on purpose):
 
-- ``AUTOFUSE_CACHE_DIR``: the cache home (plans, kernels, studies); default a per-user folder,
-  ``$XDG_CACHE_HOME/autofuse`` or ``~/.cache/autofuse``. A ``cache_dir=`` argument overrides it.
+- ``AUTOFUSE_CACHE_DIR``: the cache home: plans with their kernels and compiled binaries
+  (``plans/``), kernel sources to import (``kernels/``) and tuning studies (the SQLite file);
+  default a per-user folder, ``$XDG_CACHE_HOME/autofuse`` or ``~/.cache/autofuse``. A
+  ``cache_dir=`` argument overrides it; ``cache_dir=None`` everywhere means the home
+  (``cache_home()``).
 - ``AUTOFUSE_KERNEL_DIR``: where generated kernel sources are written to be imported; default
   ``<cache home>/kernels``.
 - ``AUTOFUSE_STRICT``: a kernel that fails to build raises instead of running its ops in eager.
@@ -74,6 +77,11 @@ def settings() -> Settings:
         lean_launch=_flag("AUTOFUSE_LEAN_LAUNCH", True),
         logs=parse_logs(os.environ.get("AUTOFUSE_LOGS", "")),
     )
+
+
+def cache_home(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``cache_dir`` itself, or the settings' cache home when it is None."""
+    return settings().cache_dir if cache_dir is None else Path(cache_dir)
 
 
 def reload_settings() -> Settings:

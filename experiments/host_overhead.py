@@ -3,8 +3,10 @@ the wall time per call is what the CPU spends launching it (the GPU waits on the
 
     python -m experiments.host_overhead --out $OUT
 
-Compares eager, torch.compile (default), an autofuse plan on the lean launch path and the same
-plan through ``JITFunction.__getitem__`` every call.
+Compares eager, torch.compile (default and reduce-overhead), an autofuse plan on the lean launch
+path, the same plan through ``JITFunction.__getitem__`` every call, and with and without
+``cuda_graph=True`` (one and two kernels). ``python -m experiments.host_path`` measures the
+Python part of a call on any machine (launch stubbed).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from experiments.bench import stamp
 
 def tiny(x, w):
     return torch.sigmoid(x * w + 1.0)
+
+
+def two_kernels(x, w):
+    y = torch.sigmoid(x * w + 1.0)
+    return y.sum(), y * 2.0
 
 
 def per_call_us(fn, args, n: int = 3000) -> float:
@@ -55,6 +62,18 @@ def main() -> None:
     rows["autofuse via JITFunction"] = per_call_us(opt, (x, w))
     for ln in launchers:
         ln.lean = True
+    # the whole plan replayed as one CUDA graph (inputs copied into static buffers, outputs
+    # copied out), against torch.compile's own CUDA graphs
+    graphed = autofuse.optimize(tiny, (x, w), cuda_graph=True)
+    rows["autofuse cuda_graph=True"] = per_call_us(graphed, (x, w))
+    assert graphed.graphs.graph is not None, graphed.graphs.off
+    rows["torch.compile reduce-overhead"] = per_call_us(
+        torch.compile(tiny, mode="reduce-overhead"), (x, w)
+    )
+    two = autofuse.optimize(two_kernels, (x, w))
+    two_graphed = autofuse.optimize(two_kernels, (x, w), cuda_graph=True)
+    rows["autofuse 2 kernels"] = per_call_us(two, (x, w))
+    rows["autofuse 2 kernels cuda_graph=True"] = per_call_us(two_graphed, (x, w))
     for k, v in rows.items():
         print(f"{k:28s} {v:7.2f} us per call", flush=True)
     out = Path(a.out)

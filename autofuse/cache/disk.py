@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from autofuse.cache.binaries import BinaryStore
 from autofuse.cache.codec import (
     _canonical,
     _decode_graph,
@@ -58,17 +59,19 @@ from autofuse.cache.keys import (
     key_parts,
 )
 from autofuse.plan.runtime import EagerStep, KernelStep, Plan
+from autofuse.settings import cache_home, settings
 
 # ---------------------------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------------------------
 
 
-def plans_dir(cache_dir: str | os.PathLike) -> Path:
-    return Path(cache_dir) / PLANS
+def plans_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``<cache_dir>/plans`` (``cache_dir=None``: the settings' cache home)."""
+    return cache_home(cache_dir) / PLANS
 
 
-def entry_dir(cache_dir: str | os.PathLike, key: str) -> Path:
+def entry_dir(cache_dir: str | os.PathLike | None, key: str) -> Path:
     _check_key(key)
     return plans_dir(cache_dir) / key
 
@@ -293,7 +296,7 @@ def save_plan(
 def store(
     optimized: Any,
     example_inputs: Sequence[Any],
-    cache_dir: str | os.PathLike = ".autofuse_cache",
+    cache_dir: str | os.PathLike | None = None,
     options: dict | None = None,
     metadata: dict | None = None,
 ) -> Path:
@@ -411,7 +414,17 @@ def _decode_plan(entry: Path, payload: dict) -> Plan:
                 raise _Corrupt(
                     file, f"kernel source of {k['name']} does not match its sha256 (modified?)"
                 )
-            steps.append(KernelStep(_decode_kernel(k, data.decode("utf-8"))))
+            store = BinaryStore(entry, file.name, k["name"], k["source_sha256"]).scan()
+            for path, problem in store.problems:
+                if settings().strict:
+                    raise _Corrupt(path, f"binary of {k['name']} {problem}")
+                warnings.warn(
+                    f"autofuse cache: {path}: binary of {k['name']} {problem}; the kernel is "
+                    "recompiled from its verified source",
+                    CacheWarning,
+                    stacklevel=2,
+                )
+            steps.append(KernelStep(_decode_kernel(k, data.decode("utf-8")), store=store))
         return Plan(graph, tuple(steps), str(payload.get("label", "plan")))
     except _Corrupt:
         raise
@@ -464,7 +477,7 @@ def load_metadata(cache_dir: str | os.PathLike, key: str) -> dict | None:
     return meta if plan is not None else None
 
 
-def list_entries(cache_dir: str | os.PathLike = ".autofuse_cache") -> list[EntryInfo]:
+def list_entries(cache_dir: str | os.PathLike | None = None) -> list[EntryInfo]:
     """Every entry of the cache, verified (corrupt ones are listed with their problem)."""
     root = plans_dir(cache_dir)
     if not root.is_dir():

@@ -154,7 +154,11 @@ def key_parts(captured: Captured, device: DeviceInfo, options: dict | None = Non
 
 def plan_key(captured: Captured, device: DeviceInfo, options: dict | None = None) -> str:
     """A hash of everything that changes the generated code or the output of the plan."""
-    parts = key_parts(captured, device, options)
+    return key_of_parts(key_parts(captured, device, options))
+
+
+def key_of_parts(parts: dict) -> str:
+    """The key of :func:`key_parts` (a bundle imported for another device is re-keyed)."""
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 

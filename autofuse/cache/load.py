@@ -18,6 +18,7 @@ from autofuse.cache.keys import (
     CacheMissWarning,
     key_for,
 )
+from autofuse.settings import cache_home
 
 # ---------------------------------------------------------------------------------------------
 # The production entry point
@@ -53,11 +54,15 @@ def load(
     fn: Callable[..., Any],
     example_inputs: Sequence[Any],
     *,
-    cache_dir: str | os.PathLike = ".autofuse_cache",
+    cache_dir: str | os.PathLike | None = None,
     strict: bool = False,
     options: dict | None = None,
+    cuda_graph: bool = False,
 ) -> Callable[..., Any]:
     """Run ``fn`` with the plan cached for these inputs: no tuning, no optuna.
+
+    ``cuda_graph=True`` replays the plan as one CUDA graph over static input buffers (on CUDA;
+    off, with one note, under the interpreter): see ``autofuse/plan/graphs.py``.
 
     On a miss (or an unusable entry) it returns ``fn`` itself, run in eager, after one warning
     per key; with ``strict=True`` it raises :class:`CacheMiss` instead.
@@ -65,6 +70,7 @@ def load(
     from autofuse.capture.trace import capture
     from autofuse.runner import OptimizedFunction
 
+    cache_dir = cache_home(cache_dir)
     captured = capture(fn, example_inputs)
     key = key_for(captured, example_inputs, options)
     plan, meta, problem = _read_entry(cache_dir, key)
@@ -72,7 +78,7 @@ def load(
         plan, problem = None, f"{entry_dir(cache_dir, key) / PLAN_FILE}: holds another graph"
     logs.emit("cache", f"{'hit' if plan is not None else 'miss'}: {_fn_name(fn)} (key {key})")
     if plan is not None:
-        opt = OptimizedFunction(captured, plan, fn)
+        opt = OptimizedFunction(captured, plan, fn, cuda_graph=cuda_graph)
         opt.cache_key = key
         opt.cache_metadata = meta
         return opt

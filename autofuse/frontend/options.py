@@ -28,7 +28,7 @@ TUNING = frozenset(
         "retune",
     }
 )
-OPTIMIZE = TUNING | {"example_kwargs"}
+OPTIMIZE = TUNING | {"example_kwargs", "cuda_graph"}
 BACKEND = TUNING
 
 

@@ -1,19 +1,23 @@
 """Generated kernel source -> an importable module -> its ``@triton.jit`` function.
 
-``triton.jit`` needs a real file: each source is written to ``<kernel dir>/<name>_<sha>.py``
-(the settings' kernel folder, under the cache home). A file found there is used only when its
-bytes are the source's own: an edited or truncated copy is rewritten before it is imported, so
-nothing runs that was not generated (or checked against the plan's digest) in this process.
+Nothing runs unchecked: the module is executed from the source string itself (which a cached
+plan checked against its entry's sha256 when it was decoded), never from bytes read back from
+disk, and ``inspect`` / Triton see those same lines (``linecache`` is primed with them). A copy
+is still written to ``<kernel dir>/<name>_<sha>.py`` (the settings' kernel folder, under the
+cache home) for tracebacks and readers; a copy there whose bytes differ from the source (edited,
+truncated, emptied) is reported once with :class:`KernelFileWarning` and rewritten.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import linecache
 import os
 import sys
 import tempfile
 import threading
+import types
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +39,41 @@ def kernel_dir() -> Path:
     return path
 
 
+class KernelFileWarning(UserWarning):
+    """A kernel file in the kernel folder did not hold its source (it was rewritten)."""
+
+
 def _write_checked(path: Path, data: bytes) -> None:
     """``path`` holds exactly ``data`` afterwards (written atomically when it did not)."""
     try:
-        if path.read_bytes() == data:
-            return
+        old = path.read_bytes()
     except OSError:
-        pass
+        old = None
+    if old == data:
+        return
+    if old is not None:
+        warnings.warn(
+            f"autofuse: kernel file {path} does not hold its generated source ({len(old)} bytes, "
+            f"expected {len(data)} with sha256 {hashlib.sha256(data).hexdigest()[:16]}...; "
+            "edited, truncated or emptied?); it is rewritten and the verified source runs",
+            KernelFileWarning,
+            stacklevel=4,
+        )
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def load_kernel(source: str, name: str) -> Any:
-    """Import ``source`` and return its function ``name`` (imported once per process)."""
+    """Execute ``source`` as a module and return its function ``name`` (once per process)."""
     key = (source, name)  # str hashes are cached: a hit costs a dict lookup
     fn = _LOADED.get(key)
     if fn is not None:
@@ -62,13 +86,17 @@ def load_kernel(source: str, name: str) -> Any:
         digest = hashlib.sha256(data).hexdigest()[:20]
         path = kernel_dir() / f"{name}_{digest}.py"
         _write_checked(path, data)
+        filename = str(path)
+        code = compile(data, filename, "exec", dont_inherit=True)
+        # inspect.getsource (triton.jit reads its function's source) sees these verified lines,
+        # not the file: an entry with mtime None is never re-read by linecache.checkcache
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         mod_name = f"autofuse_generated_{name}_{digest}"
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
+        module = types.ModuleType(mod_name)
+        module.__file__ = filename
         sys.modules[mod_name] = module
         try:
-            spec.loader.exec_module(module)
+            exec(code, module.__dict__)
         except BaseException:
             sys.modules.pop(mod_name, None)
             raise

@@ -10,6 +10,10 @@ path keys its binaries on that, so a misaligned buffer gets (and keeps) its own 
 H200 host a one-kernel plan took 31.0 us per call this way and 35.2 us through ``JITFunction``
 (results/h200/host_overhead_5af5d14.json).
 
+A plan decoded from a cache entry carries the entry's binaries (``store``): the first launch
+for a given alignment uses the verified stored binary when there is one (no compile), and a
+first compile stores its binary there (``autofuse/cache/binaries.py``).
+
 Off under Triton's interpreter, on CPU tensors, with ``AUTOFUSE_LEAN_LAUNCH=0``, and for any
 kernel whose first launch returns something that is not a compiled kernel (other Triton
 versions): those take the regular path every time.
@@ -25,7 +29,7 @@ import torch
 from autofuse.interpreter import interpreting
 from autofuse.settings import settings
 
-_STATS = {"lean": 0, "regular": 0}
+_STATS = {"lean": 0, "regular": 0, "restored": 0}
 
 
 def lean_enabled() -> bool:
@@ -36,7 +40,12 @@ class Launcher:
     """Launches one jitted kernel on one grid with fixed meta-parameters."""
 
     def __init__(
-        self, fn: Any, grid: tuple[int, ...], meta: dict[str, Any], scratch: bool = False
+        self,
+        fn: Any,
+        grid: tuple[int, ...],
+        meta: dict[str, Any],
+        scratch: bool = False,
+        store: Any = None,
     ) -> None:
         self.fn, self.meta = fn, dict(meta)
         self.scratch = scratch  # builds TMA descriptors on the device: needs an allocator
@@ -48,6 +57,9 @@ class Launcher:
         self.n_params = len(names)
         self.binaries: dict[tuple[bool, ...], Any] = {}
         self.lean = lean_enabled() and bool(names)
+        # a cache entry's binaries (cache/binaries.py): restore(fn, key) -> CompiledKernel|None
+        # and save(key, compiled) after a first compile
+        self.store = store
 
     def __call__(self, args: Sequence[Any]) -> None:
         if self.scratch:
@@ -62,9 +74,31 @@ class Launcher:
             _STATS["lean"] += 1
             run(*args, *self.consts)
             return
+        if self.store is not None and self._restore(key, args):
+            return
         _STATS["regular"] += 1
         compiled = self.fn[self.grid](*args, **self.meta)
         self._keep(key, compiled, len(args))
+        if self.store is not None and key in self.binaries:
+            self.store.save(key, compiled)
+
+    def _restore(self, key: tuple[bool, ...], args: Sequence[Any]) -> bool:
+        """Launch a stored, verified binary instead of compiling (True when it ran)."""
+        if len(args) + len(self.const_names) != self.n_params:
+            return False
+        compiled = self.store.restore(self.fn, key)
+        if compiled is None:
+            return False
+        try:
+            run = compiled[self.grid3]  # loads the binary on the device
+        except Exception:  # noqa: BLE001 - e.g. a binary the driver refuses: compile instead
+            if settings().strict:
+                raise
+            return False
+        run(*args, *self.consts)
+        self.binaries[key] = run
+        _STATS["restored"] += 1
+        return True
 
     def _keep(self, key: tuple[bool, ...], compiled: Any, n_args: int) -> None:
         if n_args + len(self.const_names) != self.n_params or not hasattr(compiled, "function"):

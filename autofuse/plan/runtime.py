@@ -46,6 +46,8 @@ from autofuse.settings import settings
 @dataclass(frozen=True)
 class KernelStep:
     kernel: Kernel
+    # where this kernel's compiled binaries are kept (a cache entry's ``BinaryStore``), if any
+    store: Any = field(default=None, compare=False, repr=False)
 
     @property
     def nodes(self) -> tuple[int, ...]:
@@ -53,7 +55,16 @@ class KernelStep:
 
     @cached_property
     def launcher(self) -> Launcher:
-        return launcher_for(self.kernel)
+        return launcher_for(self.kernel, self.store)
+
+    @cached_property
+    def arg_spec(self) -> tuple[tuple[bool, Any], ...]:
+        """``kernel_args`` prebuilt: (True, buffer index) or (False, constant) per argument."""
+        n_in = len(self.kernel.info.loads)
+        return tuple(
+            (True, k) if kind == "in" else (True, n_in + k) if kind == "out" else (False, k)
+            for kind, k in self.kernel.layout
+        )
 
 
 @dataclass(frozen=True)
@@ -242,13 +253,15 @@ class _Run:
 _LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def launcher_for(kernel: Kernel) -> Launcher:
+def launcher_for(kernel: Kernel, store: Any = None) -> Launcher:
     key = (kernel.source, kernel.name, kernel.grid, kernel.launch_kw)
     hit = _LAUNCHERS.get(key)
     if hit is None:
         fn = load_kernel(kernel.source, kernel.name)
         scratch = kernel.meta.needs_allocator
-        hit = _LAUNCHERS[key] = Launcher(fn, kernel.grid, dict(kernel.launch_kw), scratch)
+        hit = _LAUNCHERS[key] = Launcher(fn, kernel.grid, dict(kernel.launch_kw), scratch, store)
+    elif store is not None and hit.store is None:
+        hit.store = store  # a plan from a cache entry: its binaries are used and kept there
     return hit
 
 
@@ -286,8 +299,14 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
     info = kernel.info
     if (kernel.source, kernel.name) in _BROKEN:
         return run_group_eagerly(run, info)
+    try:
+        launcher = step.launcher  # imports the kernel's source on its first use
+    except Exception as e:  # noqa: BLE001 - a kernel that cannot be loaded must not lose the call
+        if settings().strict:
+            raise
+        return _give_up(run, kernel, e, "loaded")
     ins = [run.contiguous(i) for i in info.loads]
-    if step.launcher.scratch and any(t.data_ptr() % 16 for t in ins):
+    if launcher.scratch and any(t.data_ptr() % 16 for t in ins):
         if kernel.name not in _MISALIGNED:  # a sliced input: TMA needs 16-byte aligned bases
             _MISALIGNED.add(kernel.name)
             warnings.warn(
@@ -301,23 +320,28 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
     specs = run.plan.out_specs
     outs = [torch.empty(specs[s][0], dtype=specs[s][1], device=run.device) for s in info.stored]
     try:
-        step.launcher(kernel_args(kernel, [*ins, *outs]))
+        bufs = [*ins, *outs]
+        launcher([bufs[v] if buf else v for buf, v in step.arg_spec])
     except Exception as e:  # noqa: BLE001 - a kernel that cannot be built must not lose the call
         if not _build_error(e) or settings().strict:
             raise
-        why = (
-            f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
-        )
-        _BROKEN[(kernel.source, kernel.name)] = why
-        warnings.warn(
-            f"autofuse: kernel {kernel.name} could not be built ({why}); its "
-            f"{len(info.nodes)} ops run in eager from now on",
-            KernelBuildWarning,
-            stacklevel=3,
-        )
-        return run_group_eagerly(run, info)
+        return _give_up(run, kernel, e, "built")
     for s, t in zip(info.stored, outs):
         run.env[s] = t
+
+
+def _give_up(run: _Run, kernel: Kernel, e: Exception, what: str) -> None:
+    """Mark ``kernel`` broken (one warning) and run its group's ops in eager."""
+    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+    why = f"{type(e).__name__}: {first}"
+    _BROKEN[(kernel.source, kernel.name)] = why
+    warnings.warn(
+        f"autofuse: kernel {kernel.name} could not be {what} ({why}); its "
+        f"{len(kernel.info.nodes)} ops run in eager from now on",
+        KernelBuildWarning,
+        stacklevel=4,
+    )
+    run_group_eagerly(run, kernel.info)
 
 
 def _build_error(e: Exception) -> bool:
@@ -376,9 +400,14 @@ def _inputs_match(plan: Plan, inputs: Sequence[Any]) -> bool:
 
 def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run a plan on the flat list of graph inputs; returns the flat list of graph outputs."""
-    graph = plan.graph
     if not _inputs_match(plan, inputs):
-        check_inputs(graph, inputs)  # raises, naming the input, or accepts (size-1 strides)
+        check_inputs(plan.graph, inputs)  # raises, naming the input, or accepts (size-1 strides)
+    return run_plan(plan, inputs)
+
+
+def run_plan(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``execute`` without the input check (the caller has made it)."""
+    graph = plan.graph
     device = inputs[0].device if inputs else torch.device("cpu")
     run = _Run(plan, device)
     for idx, x in zip(graph.inputs, inputs):

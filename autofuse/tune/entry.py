@@ -14,10 +14,11 @@ from typing import Any
 
 from autofuse import logs
 from autofuse.cache.disk import load_metadata, load_plan, save_plan
-from autofuse.cache.keys import key_for
+from autofuse.cache.keys import DeviceInfo, inputs_device, key_for, key_parts
 from autofuse.capture import Captured
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan
+from autofuse.settings import cache_home
 
 
 def tune_and_cache(
@@ -35,7 +36,7 @@ def tune_and_cache(
     from autofuse.tune.study import study_name
     from autofuse.tune.tuner import tune
 
-    cache_dir = options.setdefault("cache_dir", ".autofuse_cache")
+    cache_dir = options["cache_dir"] = cache_home(options.get("cache_dir"))
     key = key_for(captured, example_inputs)
     where = f"{captured.source_name} (key {key[:16]}…) in {cache_dir!r}"
     if not retune:
@@ -59,6 +60,10 @@ def tune_and_cache(
         "trials": result.trials,
         "study": result.study_name,
         "kernel_times_s": {k: v[0] for k, v in result.kernel_times.items()},
+        "baselines_s": {  # for speedups in `autofuse cache list / show`
+            k: getattr(result, f"{k}_value", None) for k in ("greedy", "unfused", "eager")
+        },
+        "key_parts": key_parts(captured, DeviceInfo.current(inputs_device(example_inputs))),
     }
     storage = options.get("storage")
     if storage is None or isinstance(storage, str):

@@ -13,6 +13,7 @@ so the result is never worse than the greedy or the unfused plan.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from autofuse.measure import (
 )
 from autofuse.partition.partitioner import Partition, Partitioner
 from autofuse.plan.runtime import Plan, build_plan, eager_group
+from autofuse.settings import cache_home
 from autofuse.tune.climb import OPTIONS, _option_switches, _polish, neighbours  # noqa: F401
 from autofuse.tune.study import OnTrial, default_measurer, group_param, isolated
 from autofuse.tune.study import study_name as _study_name
@@ -251,7 +253,7 @@ def start_search(
     example_inputs: Sequence[Any],
     space: Partitioner,
     *,
-    cache_dir: str = ".autofuse_cache",
+    cache_dir: str | os.PathLike | None = None,
     storage: Any = None,
     sampler: Any = "tpe",
     verify: bool = True,
@@ -280,7 +282,9 @@ def start_search(
     objective = Objective(graph, space, memo, eager, values)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu-model"
     name = study_name or _study_name(captured.source_name, graph.key, device)
-    study = search.Study.open(name, storage=storage, cache_dir=cache_dir, sampler=sampler)
+    study = search.Study.open(
+        name, storage=storage, cache_dir=cache_home(cache_dir), sampler=sampler
+    )
     greedy, unfused = space.greedy(), space.unfused()
     study.enqueue(objective.params_for(greedy))
     study.enqueue(objective.params_for(unfused))

@@ -1,0 +1,276 @@
+"""Export and import cache entries as one file (``autofuse cache export / import``).
+
+A bundle is a zip file: ``plans/<key>/...`` (plan.json, the kernel sources, the compiled
+binaries under ``bin/``) and ``manifest.json``: the sha256 of every file, each entry's build
+(device, torch / triton / autofuse versions, what its key was computed from) and the provenance
+of the export (host, time, versions). The manifest carries its own digest.
+
+``import_bundle`` checks everything before it installs anything: the manifest's digest, that
+the zip holds exactly the files it lists, each file's sha256 and then each entry as the cache
+reads it (plan digest, kernel digests, binaries). An entry built for another device kind or
+other versions is refused, with a message naming what differs; with ``loose=True`` it is
+installed under the key this machine computes (its binaries dropped: the kernels are compiled
+from their verified sources here). Entries are installed atomically into the cache home.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import time
+import uuid
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autofuse.cache.binaries import BIN_DIR
+from autofuse.cache.codec import _canonical, _sha
+from autofuse.cache.disk import _decode_plan, _publish, _read_doc, _read_entry, plans_dir
+from autofuse.cache.keys import (
+    _KEY_RE,
+    CACHE_FORMAT,
+    PLAN_FILE,
+    DeviceInfo,
+    _autofuse_version,
+    _Corrupt,
+    _triton_version,
+    key_of_parts,
+)
+
+BUNDLE_FORMAT = 1
+MANIFEST = "manifest.json"
+BUILD_FIELDS = ("device", "torch", "triton", "autofuse")
+_REL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?$")
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be installed: corrupted, or built for another device / versions."""
+
+
+def here() -> dict[str, str]:
+    """This machine's build: what an entry's key was computed with."""
+    return {
+        "device": DeviceInfo.current().tag(),
+        "torch": str(torch.__version__),
+        "triton": _triton_version(),
+        "autofuse": _autofuse_version(),
+    }
+
+
+def entry_build(meta: dict) -> dict[str, Any]:
+    """An entry's build, from the key parts its metadata records (or its provenance)."""
+    parts = meta.get("key_parts") if isinstance(meta.get("key_parts"), dict) else {}
+    return {
+        "device": parts.get("device") or meta.get("gpu") or "cpu-interpreter",
+        **{k: parts.get(k) or meta.get(k) for k in ("torch", "triton", "autofuse")},
+    }
+
+
+def _entry_files(entry: Path) -> list[str]:
+    out = []
+    for p in sorted(entry.rglob("*")):
+        rel = p.relative_to(entry).as_posix()
+        if p.is_file() and not any(part.startswith(".") for part in rel.split("/")):
+            out.append(rel)
+    return out
+
+
+def export_bundle(
+    out: str | os.PathLike, keys: list[str] | None = None, cache_dir: Any = None
+) -> dict:
+    """Write the entries ``keys`` (default: every valid entry) to the bundle ``out``."""
+    root = plans_dir(cache_dir)
+    if keys is None:
+        keys = sorted(p.name for p in root.iterdir() if _KEY_RE.match(p.name) and p.is_dir()) \
+            if root.is_dir() else []  # fmt: skip
+    if not keys:
+        raise BundleError(f"nothing to export: no cache entries in {root}")
+    entries: dict[str, Any] = {}
+    blobs: dict[str, bytes] = {}
+    for key in keys:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan, meta, problem = _read_entry(cache_dir, key)
+        if plan is None:
+            raise BundleError(f"entry {key}: {problem or 'no such entry in ' + str(root)}")
+        files = {}
+        for rel in _entry_files(root / key):
+            data = (root / key / rel).read_bytes()
+            blobs[f"plans/{key}/{rel}"] = data
+            files[rel] = _sha(data)
+        entries[key] = {
+            "files": files,
+            "build": entry_build(meta),
+            "function": str(meta.get("function", "")),
+            "kernels": len(plan.kernels),
+        }
+    manifest: dict[str, Any] = {
+        "autofuse_bundle": BUNDLE_FORMAT,
+        "cache_format": CACHE_FORMAT,
+        "provenance": {
+            "created": time.time(),
+            "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "host": platform.node(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "cuda": torch.version.cuda,
+            **here(),
+        },
+        "entries": entries,
+    }
+    manifest["manifest_sha256"] = _sha(_canonical(manifest))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for name, data in blobs.items():
+                z.writestr(name, data)
+            z.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return manifest
+
+
+def _corrupt(path: Any, why: str) -> BundleError:
+    return BundleError(f"bundle {os.fspath(path)} is corrupted: {why}")
+
+
+def read_bundle(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
+    """(manifest, files by name), every digest checked; raises BundleError."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+            if MANIFEST not in names:
+                raise _corrupt(path, "it has no manifest.json")
+            blobs = {n: z.read(n) for n in names}
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise BundleError(f"no bundle at {os.fspath(path)}") from None
+        raise _corrupt(path, f"{type(e).__name__}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - zlib errors and the like: a damaged file
+        raise _corrupt(path, f"{type(e).__name__}: {e}") from None
+    try:
+        manifest = json.loads(blobs.pop(MANIFEST).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _corrupt(path, f"manifest.json is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("autofuse_bundle") != BUNDLE_FORMAT:
+        raise _corrupt(path, "manifest.json is not an autofuse bundle manifest of this format")
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    if _sha(_canonical(body)) != manifest.get("manifest_sha256"):
+        raise _corrupt(path, "manifest.json does not match its sha256 (modified)")
+    listed: dict[str, str] = {}
+    for key, e in manifest["entries"].items():
+        if not _KEY_RE.match(key):
+            raise _corrupt(path, f"invalid entry key {key!r}")
+        for rel, digest in e["files"].items():
+            if not _REL_RE.match(rel) or ".." in rel.split("/"):
+                raise _corrupt(path, f"invalid file name {rel!r} in entry {key}")
+            listed[f"plans/{key}/{rel}"] = digest
+    if set(listed) != set(blobs):
+        extra, missing = sorted(set(blobs) - set(listed)), sorted(set(listed) - set(blobs))
+        raise _corrupt(path, f"files not in the manifest {extra}, missing files {missing}")
+    for name, digest in listed.items():
+        if _sha(blobs[name]) != digest:
+            raise _corrupt(path, f"{name} does not match its sha256")
+    return manifest, blobs
+
+
+def differences(build: dict, local: dict | None = None) -> list[str]:
+    local = local or here()
+    return [
+        f"{k}: bundle {build.get(k)!r}, here {local[k]!r}"
+        for k in BUILD_FIELDS
+        if build.get(k) != local[k]
+    ]
+
+
+def _rekey(entry: Path, old_key: str, local: dict) -> str:
+    """Rewrite ``entry``'s plan.json for the key this machine computes; drop its binaries."""
+    payload = _read_doc(entry)
+    meta = payload.setdefault("metadata", {})
+    parts = meta.get("key_parts")
+    if not isinstance(parts, dict) or "graph" not in parts:
+        raise BundleError(
+            f"entry {old_key} records no key parts, so it cannot be re-keyed for this machine "
+            "(it was cached by an older autofuse); tune it here instead"
+        )
+    parts = {**parts, **local}
+    key = key_of_parts(parts)
+    meta["imported_from"] = {"key": old_key, "build": entry_build(meta)}
+    meta["key_parts"] = parts
+    payload["key"] = key
+    body = _canonical(payload)
+    doc = {"autofuse_plan_cache": CACHE_FORMAT, "key": key, "payload_sha256": _sha(body)}
+    doc["payload"] = payload
+    (entry / PLAN_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    shutil.rmtree(entry / BIN_DIR, ignore_errors=True)  # built for another GPU / versions
+    return key
+
+
+def import_bundle(
+    path: str | os.PathLike, cache_dir: Any = None, loose: bool = False
+) -> list[tuple[str, str]]:
+    """Check the bundle ``path`` and install its entries; returns (key in bundle, key here)."""
+    manifest, blobs = read_bundle(path)
+    local = here()
+    refused = []
+    for key, e in manifest["entries"].items():
+        diff = differences(e.get("build") or {}, local)
+        if diff and not loose:
+            refused.append(f"entry {key} ({e.get('function') or '?'}): " + "; ".join(diff))
+    if refused:
+        raise BundleError(
+            f"bundle {os.fspath(path)} was built for another device or other versions:\n  "
+            + "\n  ".join(refused)
+            + "\nimport it with --loose (loose=True) to recompile its kernels from source here"
+        )
+    root = plans_dir(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    staged: list[tuple[str, str, Path]] = []
+    tmps: list[Path] = []
+    try:
+        for key, e in manifest["entries"].items():
+            tmp = root / f".tmp-import-{key}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            tmps.append(tmp)
+            for rel in e["files"]:
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / rel).write_bytes(blobs[f"plans/{key}/{rel}"])
+            new = _rekey(tmp, key, local) if differences(e.get("build") or {}, local) else key
+            staged.append((key, new, tmp))
+            try:  # the entry as the cache will read it: plan digest, kernels, binaries
+                payload = _read_doc(tmp)
+                if payload.get("key") != new:
+                    raise _Corrupt(tmp / PLAN_FILE, f"holds the entry {payload.get('key')!r}")
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    _decode_plan(tmp, payload)
+            except (_Corrupt, Warning) as err:
+                raise _corrupt(path, f"entry {key}: {err}") from None
+        for _, new, tmp in staged:
+            _publish(tmp, root / new)
+    finally:
+        for tmp in tmps:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return [(old, new) for old, new, _ in staged]
+
+
+def bundle_summary(path: str | os.PathLike) -> str:
+    """What a bundle holds (for messages)."""
+    manifest, _ = read_bundle(path)
+    buf = io.StringIO()
+    prov = manifest["provenance"]
+    print(f"bundle from {prov.get('host')} at {prov.get('created_iso')}", file=buf)
+    for key, e in manifest["entries"].items():
+        print(f"  {key}  {e.get('function') or '?'}  {e['build']}", file=buf)
+    return buf.getvalue()
