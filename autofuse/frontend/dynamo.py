@@ -44,7 +44,6 @@ import torch
 import torch.utils._pytree as pytree
 
 from autofuse import logs
-from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan, build_plan, execute
@@ -157,24 +156,8 @@ def compiled_graphs() -> list[CompiledGraph]:
 
 
 def _untuned_plan(graph: Graph, kind: str, metas: Sequence[Any]) -> Plan:
-    """Without a search: the greedy plan, or, on a GPU where the graph has fused matmuls, the
-    faster of it and the same plan with its matmuls run by torch (cuBLAS) and their epilogues
-    still fused, timed once each on random inputs of the graph's shapes."""
-    space = Partitioner(graph)
-    greedy = space.greedy()
-    plan = build_plan(graph, greedy.groups, label=f"greedy {kind}")
-    lib = space.library_gemms(greedy)
-    if lib is None or not _device_of(metas).startswith("cuda") or interpreting():
-        return plan
-    from autofuse.measure import time_plan
-
-    challenger = build_plan(graph, lib.groups, label=f"cuBLAS + fused epilogues {kind}")
-    inputs = [_realize(m) for m in metas]
-    times = {p.label: time_plan(p, inputs, warmup_ms=10, rep_ms=40) for p in (plan, challenger)}
-    logs.log.info(
-        "autofuse backend: %s", ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in times.items())
-    )
-    return challenger if times[challenger.label] < times[plan.label] else plan
+    """Without a search: the greedy plan (every legal fusion, default configs)."""
+    return build_plan(graph, Partitioner(graph).greedy().groups, label=f"greedy {kind}")
 
 
 def _realize(meta: torch.Tensor) -> torch.Tensor:

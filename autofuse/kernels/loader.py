@@ -1,22 +1,20 @@
 """Generated kernel source -> an importable module -> its ``@triton.jit`` function.
 
-Nothing runs unchecked: the module is executed from the source string itself (which a cached
-plan checked against its entry's sha256 when it was decoded), never from bytes read back from
-disk, and ``inspect`` / Triton see those same lines (``linecache`` is primed with them). A copy
-is still written to ``<kernel dir>/<name>_<sha>.py`` (the settings' kernel folder, under the
-cache home) for tracebacks and readers; a copy there whose bytes differ from the source (edited,
-truncated, emptied) is reported once with :class:`KernelFileWarning` and rewritten.
+Nothing runs unchecked: ``triton.jit`` needs a real file, so each source (which a cached plan
+checked against its entry's sha256 when it was decoded) is written to
+``<kernel dir>/<name>_<sha>.py`` (the settings' kernel folder, under the cache home) and imported
+from there; a file found there whose bytes differ from the source (edited, truncated, emptied)
+is reported once with :class:`KernelFileWarning` and rewritten before the import.
 """
 
 from __future__ import annotations
 
 import hashlib
-import linecache
+import importlib.util
 import os
 import sys
 import tempfile
 import threading
-import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -73,7 +71,7 @@ def _write_checked(path: Path, data: bytes) -> None:
 
 
 def load_kernel(source: str, name: str) -> Any:
-    """Execute ``source`` as a module and return its function ``name`` (once per process)."""
+    """Import ``source`` and return its function ``name`` (imported once per process)."""
     key = (source, name)  # str hashes are cached: a hit costs a dict lookup
     fn = _LOADED.get(key)
     if fn is not None:
@@ -86,17 +84,13 @@ def load_kernel(source: str, name: str) -> Any:
         digest = hashlib.sha256(data).hexdigest()[:20]
         path = kernel_dir() / f"{name}_{digest}.py"
         _write_checked(path, data)
-        filename = str(path)
-        code = compile(data, filename, "exec", dont_inherit=True)
-        # inspect.getsource (triton.jit reads its function's source) sees these verified lines,
-        # not the file: an entry with mtime None is never re-read by linecache.checkcache
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         mod_name = f"autofuse_generated_{name}_{digest}"
-        module = types.ModuleType(mod_name)
-        module.__file__ = filename
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
         try:
-            exec(code, module.__dict__)
+            spec.loader.exec_module(module)
         except BaseException:
             sys.modules.pop(mod_name, None)
             raise
