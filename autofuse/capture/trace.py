@@ -19,9 +19,9 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from autofuse.capture.decompositions import decomposition_table
+from autofuse.capture.rules import Call, convert, dtype_name
 from autofuse.capture.structural import convert_multi, convert_structural, mutates
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
-from autofuse.ir.ops import aten_table
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -29,10 +29,6 @@ prims = torch.ops.prims
 
 class CaptureError(ValueError):
     """A function, input or construct that autofuse cannot capture."""
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,29 +202,8 @@ class _Builder:
         return self.shaped(op, (src,), out_shape, s.dtype, name, **attrs)
 
 
-def _scalar_dtype(value: Any, out_dtype: str) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, float) or out_dtype in FLOAT_DTYPES:
-        return out_dtype if out_dtype in FLOAT_DTYPES else "float32"
-    return out_dtype if out_dtype != "bool" else "int64"
-
-
-_UNARY_ATEN = aten_table(1)  # ATen packet -> IR op, from the op table
-_BINARY_ATEN = aten_table(2)
-_REDUCE_ATEN = {"sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin", "prod": "prod"}
-
-
 def _packet(target: Any) -> str:
     return getattr(target, "_opname", None) or str(target).split(".")[-2]
-
-
-def _norm_dims(dims: Any, ndim: int) -> tuple[int, ...]:
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        return tuple(range(ndim))
-    if isinstance(dims, int):
-        dims = [dims]
-    return tuple(sorted({d % max(ndim, 1) for d in dims}))
 
 
 def fx_to_ir(gm: torch.fx.GraphModule) -> Graph:
@@ -301,169 +276,10 @@ def _operator_getitem():
     return operator.getitem
 
 
-def _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name):  # noqa: C901
-    env = b.env
-    if packet == "clone" and set(kwargs) <= {"memory_format"}:
-        return b.like("copy", (env[args[0]],), val, name)
-    if packet in _UNARY_ATEN and len(args) == 1 and not kwargs:
-        return b.like(_UNARY_ATEN[packet], (env[args[0]],), val, name)
-    if packet in ("add", "sub") and overload in ("Tensor", "Scalar"):
-        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
-        lhs = b.operand(args[0], _scalar_dtype(args[0], out_dtype), name + "_c0")
-        rhs = b.operand(args[1], _scalar_dtype(args[1], out_dtype), name + "_c1")
-        if alpha != 1:
-            c = b.const(alpha, _scalar_dtype(alpha, out_dtype), name + "_alpha")
-            rn = b.nodes[rhs]
-            rhs = b.shaped("mul", (rhs, c), rn.shape, out_dtype, name + "_scaled")
-        return b.like(packet, (lhs, rhs), val, name)
-    if packet in _BINARY_ATEN and overload in ("Tensor", "Scalar", "default", "") and not kwargs:
-        if len(args) != 2:
-            return None
-        lhs = b.operand(args[0], _scalar_dtype(args[0], out_dtype), name + "_c0")
-        rhs = b.operand(args[1], _scalar_dtype(args[1], out_dtype), name + "_c1")
-        return b.like(_BINARY_ATEN[packet], (lhs, rhs), val, name)
-    if packet == "where" and overload == "self":
-        ops = [
-            b.operand(a, _scalar_dtype(a, out_dtype), f"{name}_c{i}") for i, a in enumerate(args)
-        ]
-        return b.like("where", ops, val, name)
-    if packet in ("clamp", "clamp_min", "clamp_max") and overload in ("default", ""):
-        lo = args[1] if packet == "clamp" and len(args) > 1 else kwargs.get("min")
-        hi = args[2] if packet == "clamp" and len(args) > 2 else kwargs.get("max")
-        if packet == "clamp_min":
-            lo, hi = args[1], None
-        if packet == "clamp_max":
-            lo, hi = None, args[1]
-        return b.like("clamp", (env[args[0]],), val, name, lo=lo, hi=hi)
-    if packet == "pow" and overload == "Tensor_Scalar" and isinstance(args[1], numbers.Number):
-        return b.like("pow_scalar", (env[args[0]],), val, name, exponent=float(args[1]))
-    if packet in ("_to_copy", "to") and set(kwargs) <= {"dtype", "layout", "device"}:
-        src = env[args[0]]
-        return b.like("cast", (src,), val, name, dtype=out_dtype)
-    if packet == "convert_element_type":
-        return b.like("cast", (env[args[0]],), val, name, dtype=out_dtype)
-    if packet in ("scalar_tensor", "full") and (packet == "scalar_tensor" or len(args) >= 2):
-        value = args[0] if packet == "scalar_tensor" else args[1]
-        if not isinstance(value, numbers.Number):
-            return None
-        shape = () if packet == "scalar_tensor" else tuple(val.shape)
-        v = float(value) if out_dtype in FLOAT_DTYPES else value
-        return b.shaped("const", (), shape, out_dtype, name, value=v)
-    if packet == "arange" and overload in ("start_step", "start", "default"):
-        nums = [a for a in args if isinstance(a, numbers.Number)]
-        start, step = (nums[0] if len(nums) > 1 else 0), (nums[2] if len(nums) > 2 else 1)
-        if all(isinstance(v, int) for v in nums) and len(val.shape) == 1:
-            return b.like("iota", (), val, name, start=int(start), step=int(step))
-        return None
-    if packet in _REDUCE_ATEN:
-        return _convert_reduction(b, packet, overload, args, kwargs, val, out_dtype, name)
-    if packet in ("max", "min") and overload == "default" and len(args) == 1:
-        x = env[args[0]]
-        dims = tuple(range(len(b.nodes[x].shape)))
-        return b.like(
-            "amax" if packet == "max" else "amin", (x,), val, name, dims=dims, keepdim=False
-        )
-    view = _convert_view(b, packet, overload, args, val, name)
-    if view is not None:
-        return view
-    if packet == "mm" and overload == "default":
-        return b.like("mm", (env[args[0]], env[args[1]]), val, name)
-    if packet == "bmm" and overload == "default":
-        return b.like("bmm", (env[args[0]], env[args[1]]), val, name)
-    if packet == "addmm" and overload == "default":
-        beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-        if beta != 1 or alpha != 1:
-            return None
-        a, m1, m2 = (env[x] for x in args[:3])
-        mm_shape = (b.nodes[m1].shape[0], b.nodes[m2].shape[1])
-        mm = b.shaped("mm", (m1, m2), mm_shape, out_dtype, name + "_mm")
-        return b.like("add", (mm, a), val, name)
-    return None
-
-
-def _convert_reduction(b, packet, overload, args, kwargs, val, out_dtype, name):
-    x = b.env[args[0]]
-    ndim = len(b.nodes[x].shape)
-    if packet == "prod" and overload == "dim_int":
-        dims, keepdim = (
-            (args[1] % max(ndim, 1),),
-            (args[2] if len(args) > 2 else kwargs.get("keepdim", False)),
-        )
-    elif overload in ("dim_IntList", "dim", "default", "IntList", ""):
-        dims_arg = args[1] if len(args) > 1 else kwargs.get("dim")
-        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-        dims = _norm_dims(dims_arg, ndim)
-    else:
-        return None
-    dtype_kw = kwargs.get("dtype")
-    if dtype_kw is not None and dtype_name(dtype_kw) != b.nodes[x].dtype:
-        x = b.shaped(
-            "cast",
-            (x,),
-            b.nodes[x].shape,
-            dtype_name(dtype_kw),
-            name + "_cast",
-            dtype=dtype_name(dtype_kw),
-        )
-    return b.like(packet, (x,), val, name, dims=dims, keepdim=bool(keepdim))
-
-
-def _convert_view(b, packet, overload, args, val, name):  # noqa: C901
-    env = b.env
-    if packet in ("view", "_unsafe_view", "reshape", "alias", "detach", "lift_fresh_copy"):
-        src = env[args[0]]
-        return b.view("reshape", src, val.shape, name, shape=tuple(val.shape))
-    if packet == "permute":
-        src = env[args[0]]
-        nd = len(b.nodes[src].shape)
-        return b.view("permute", src, val.shape, name, dims=tuple(d % nd for d in args[1]))
-    if packet in ("t", "transpose", "numpy_T"):
-        src = env[args[0]]
-        nd = len(b.nodes[src].shape)
-        perm = list(range(nd))
-        if packet == "transpose":
-            d0, d1 = args[1] % nd, args[2] % nd
-        else:
-            d0, d1 = 0, max(nd - 1, 0)
-        perm[d0], perm[d1] = perm[d1], perm[d0]
-        return b.view("permute", src, val.shape, name, dims=tuple(perm))
-    if packet == "expand":
-        return b.view("expand", env[args[0]], val.shape, name, shape=tuple(val.shape))
-    if packet == "unsqueeze":
-        src = env[args[0]]
-        return b.view(
-            "unsqueeze", src, val.shape, name, dim=args[1] % (len(b.nodes[src].shape) + 1)
-        )
-    if packet == "squeeze":
-        src = env[args[0]]
-        return b.view("reshape", src, val.shape, name, shape=tuple(val.shape))
-    if packet == "slice" and overload == "Tensor":
-        src = env[args[0]]
-        shape = b.nodes[src].shape
-        dim = (args[1] if len(args) > 1 else 0) % len(shape)
-        start = args[2] if len(args) > 2 and args[2] is not None else 0
-        step = args[4] if len(args) > 4 else 1
-        start = start + shape[dim] if start < 0 else min(start, shape[dim])
-        return b.view("slice", src, val.shape, name, dim=dim, start=start, step=step)
-    if packet == "select" and overload == "int":
-        src = env[args[0]]
-        shape = b.nodes[src].shape
-        dim, index = args[1] % len(shape), args[2]
-        index = index + shape[dim] if index < 0 else index
-        sliced_shape = shape[:dim] + (1,) + shape[dim + 1 :]
-        s = b.view("slice", src, sliced_shape, name + "_slice", dim=dim, start=index, step=1)
-        return b.view("reshape", s, val.shape, name, shape=tuple(val.shape))
-    if packet == "broadcast_in_dim":
-        src = env[args[0]]
-        shape, bdims = tuple(args[1]), tuple(args[2])
-        mid = tuple(
-            b.nodes[src].shape[bdims.index(d)] if d in bdims else 1 for d in range(len(shape))
-        )
-        r = b.view("reshape", src, mid, name + "_r", shape=mid)
-        if mid == shape:
-            return r
-        return b.view("expand", r, shape, name, shape=shape)
-    return None
+def _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name):
+    """The IR nodes of one ATen call, by the conversion rules of its packet (``rules.py``)."""
+    call = Call(b, packet, overload, tuple(args), dict(kwargs), val, out_dtype, name)
+    return convert(call)
 
 
 def _encode(a: Any) -> Any:
