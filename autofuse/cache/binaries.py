@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import tempfile
 import threading
@@ -32,6 +31,7 @@ import torch
 
 from autofuse.cache.codec import _canonical, _sha
 from autofuse.cache.keys import CacheWarning, _triton_version
+from autofuse.files import write_atomic
 from autofuse.settings import settings
 
 BIN_DIR = "bin"
@@ -152,17 +152,7 @@ def write_binary(path: Path, payload: dict) -> None:
     doc = {"autofuse_binary": BINARY_FORMAT, "payload_sha256": _sha(_canonical(payload))}
     doc["payload"] = payload
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, json.dumps(doc, sort_keys=True).encode(), hidden=True)
 
 
 class BinaryStore:

@@ -36,6 +36,7 @@ TUNING_OPTIONS = frozenset(
         "strict",
         "seed",
         "retune",
+        "polish",
     }
 )
 

@@ -10,24 +10,11 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# the keyword arguments of tune.tune (and api._tuned's ``retune``)
-TUNING = frozenset(
-    {
-        "trials",
-        "time_budget",
-        "cache_dir",
-        "storage",
-        "sampler",
-        "verify",
-        "isolate",
-        "measurer",
-        "top_k",
-        "progress",
-        "study_name",
-        "polish",
-        "retune",
-    }
-)
+from autofuse.cache.keys import TUNING_OPTIONS
+
+# the keyword arguments of tune.tune (and api._tuned's ``retune``): the options that steer the
+# search, less the ones only a cache key reads
+TUNING = TUNING_OPTIONS - {"strict", "seed"}
 OPTIMIZE = TUNING | {"example_kwargs", "cuda_graph"}
 BACKEND = TUNING
 

@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from autofuse.files import write_atomic
 from autofuse.interpreter import apply_patches
 from autofuse.settings import settings
 
@@ -57,17 +58,7 @@ def _write_checked(path: Path, data: bytes) -> None:
             KernelFileWarning,
             stacklevel=4,
         )
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, data)
 
 
 def load_kernel(source: str, name: str) -> Any:
