@@ -126,6 +126,20 @@ def test_argmax_over_every_dim_of_3d():
     run_plan(lambda x: (x.argmax(), x.argmin(1), x.argmax(keepdim=True)), (x,), looped=True)
 
 
+def max_min_dim(x):
+    v, i = x.max(-1)
+    w, j = torch.min(x, 0, keepdim=True)
+    return v, i, w, j
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_max_min_with_dim_return_values_and_indices(dtype):
+    x = _special(torch.randn(5, 37, generator=torch.Generator().manual_seed(10)))
+    x = x if dtype == torch.float32 else torch.randint(-2, 3, (5, 37))
+    graph, plan = run_plan(max_min_dim, (x,), n_configs=2, fused={"amax", "argmax"})
+    assert not plan.fallbacks
+
+
 def fused_scan(x):
     return torch.cumsum(x.exp(), -1) / x.sum(-1, keepdim=True), x.cumsum(-1).amax(-1)
 
