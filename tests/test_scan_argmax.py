@@ -138,6 +138,8 @@ def test_max_min_with_dim_return_values_and_indices(dtype):
     x = x if dtype == torch.float32 else torch.randint(-2, 3, (5, 37))
     graph, plan = run_plan(max_min_dim, (x,), n_configs=2, fused={"amax", "argmax"})
     assert not plan.fallbacks
+    graph, plan = run_plan(lambda x: x.max(-1)[1] + 1, (x,), n_configs=1)  # the values unread
+    assert not plan.fallbacks and "amax" not in {n.op for n in graph.nodes}
 
 
 def fused_scan(x):

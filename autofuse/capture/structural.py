@@ -91,12 +91,15 @@ def convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name):
     return None
 
 
-def convert_multi(b, packet, overload, args, kwargs, val, name) -> tuple[int, ...] | None:
+def convert_multi(
+    b, packet, overload, args, kwargs, val, name, used=frozenset()
+) -> tuple[int | None, ...] | None:
     """A multi-output view op (split, split_with_sizes, unbind) -> one view node per output,
     for ``getitem`` to pick; ``max.dim`` / ``min.dim`` -> (amax, argmax) / (amin, argmin);
-    None for anything else."""
+    None for anything else. ``used``: the outputs the graph reads (only those are built for
+    ``max.dim``: the values of ``_, i = x.max(-1)`` are never computed)."""
     if packet in ("max", "min") and overload == "dim":
-        return _max_min_dim(b, packet, args, kwargs, val, name)
+        return _max_min_dim(b, packet, args, kwargs, val, name, used)
     if packet not in ("split", "split_with_sizes", "unbind") or not isinstance(val, (list, tuple)):
         return None
     src = b.env[args[0]]
@@ -119,7 +122,7 @@ def convert_multi(b, packet, overload, args, kwargs, val, name) -> tuple[int, ..
     return tuple(out)
 
 
-def _max_min_dim(b, packet, args, kwargs, val, name) -> tuple[int, ...] | None:
+def _max_min_dim(b, packet, args, kwargs, val, name, used) -> tuple[int | None, ...] | None:
     """``torch.max(x, dim)``: the row's max (NaN if the row has one) and the index of its first
     max (of its first NaN), as eager."""
     src = b.env[args[0]]
@@ -133,8 +136,8 @@ def _max_min_dim(b, packet, args, kwargs, val, name) -> tuple[int, ...] | None:
     red, arg = ("amax", "argmax") if packet == "max" else ("amin", "argmin")
     attrs = {"dims": (dim,), "keepdim": keepdim}
     return (
-        b.like(red, (src,), values, f"{name}_values", **attrs),
-        b.like(arg, (src,), indices, f"{name}_indices", **attrs),
+        b.like(red, (src,), values, f"{name}_values", **attrs) if 0 in used else None,
+        b.like(arg, (src,), indices, f"{name}_indices", **attrs) if 1 in used else None,
     )
 
 
