@@ -164,6 +164,30 @@ def _max_min(c: Call) -> Any:
     return c.like("amax" if c.packet == "max" else "amin", (x,), dims=dims, keepdim=False)
 
 
+def _scan(c: Call) -> Any:
+    """cumsum / cumprod along one dim; ``dtype=`` casts the input first, as torch does."""
+    x = c.node(0)
+    shape = c.b.nodes[x].shape
+    if c.overload != "default" or not shape or set(c.kwargs) - {"dtype"}:
+        return None
+    dim = (c.args[1] if len(c.args) > 1 else c.kwargs["dim"]) % len(shape)
+    if c.b.nodes[x].dtype != c.out_dtype:  # dtype= or an integer input (accumulates in int64)
+        x = c.b.shaped("cast", (x,), shape, c.out_dtype, c.name + "_cast", dtype=c.out_dtype)
+    return c.like(c.packet, (x,), dims=(dim,), keepdim=True)
+
+
+def _arg(c: Call) -> Any:
+    """argmax / argmin over one dim, or over every dim (``dim=None``: the flat index)."""
+    x = c.node(0)
+    ndim = len(c.b.nodes[x].shape)
+    if c.overload != "default" or ndim == 0 or c.b.nodes[x].dtype == "bool":
+        return None
+    dim = c.args[1] if len(c.args) > 1 else c.kwargs.get("dim")
+    keepdim = c.args[2] if len(c.args) > 2 else c.kwargs.get("keepdim", False)
+    dims = tuple(range(ndim)) if dim is None else (dim % ndim,)
+    return c.like(c.packet, (x,), dims=dims, keepdim=bool(keepdim))
+
+
 def _matmul(c: Call) -> Any:
     if c.overload != "default":
         return None
@@ -191,6 +215,7 @@ def _table() -> dict[str, tuple[Rule, ...]]:
     rules.update({p: (_reduction,) for p in ("sum", "mean", "amax", "amin", "prod")})
     rules.update(max=(_max_min,), min=(_max_min,), mm=(_matmul,), bmm=(_matmul,))
     rules["addmm"] = (_addmm,)
+    rules.update(cumsum=(_scan,), cumprod=(_scan,), argmax=(_arg,), argmin=(_arg,))
     return rules
 
 

@@ -91,9 +91,15 @@ def convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name):
     return None
 
 
-def convert_multi(b, packet, overload, args, kwargs, val, name) -> tuple[int, ...] | None:
+def convert_multi(
+    b, packet, overload, args, kwargs, val, name, used=frozenset()
+) -> tuple[int | None, ...] | None:
     """A multi-output view op (split, split_with_sizes, unbind) -> one view node per output,
-    for ``getitem`` to pick; None for anything else."""
+    for ``getitem`` to pick; ``max.dim`` / ``min.dim`` -> (amax, argmax) / (amin, argmin);
+    None for anything else. ``used``: the outputs the graph reads (only those are built for
+    ``max.dim``: the values of ``_, i = x.max(-1)`` are never computed)."""
+    if packet in ("max", "min") and overload == "dim":
+        return _max_min_dim(b, packet, args, kwargs, val, name, used)
     if packet not in ("split", "split_with_sizes", "unbind") or not isinstance(val, (list, tuple)):
         return None
     src = b.env[args[0]]
@@ -114,6 +120,25 @@ def convert_multi(b, packet, overload, args, kwargs, val, name) -> tuple[int, ..
         out.append(b.view("slice", src, v.shape, f"{name}_{k}", dim=dim, start=start, step=1))
         start += v.shape[dim]
     return tuple(out)
+
+
+def _max_min_dim(b, packet, args, kwargs, val, name, used) -> tuple[int | None, ...] | None:
+    """``torch.max(x, dim)``: the row's max (NaN if the row has one) and the index of its first
+    max (of its first NaN), as eager."""
+    src = b.env[args[0]]
+    if isinstance(src, tuple) or len(val) != 2 or not b.nodes[src].shape:
+        return None
+    if b.nodes[src].dtype == "bool":
+        return None
+    dim = (args[1] if len(args) > 1 else kwargs["dim"]) % len(b.nodes[src].shape)
+    keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    values, indices = val
+    red, arg = ("amax", "argmax") if packet == "max" else ("amin", "argmin")
+    attrs = {"dims": (dim,), "keepdim": keepdim}
+    return (
+        b.like(red, (src,), values, f"{name}_values", **attrs) if 0 in used else None,
+        b.like(arg, (src,), indices, f"{name}_indices", **attrs) if 1 in used else None,
+    )
 
 
 def mutates(gm: torch.fx.GraphModule) -> bool:

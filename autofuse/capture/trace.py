@@ -254,7 +254,9 @@ def _convert(b: _Builder, n: torch.fx.Node) -> Any:
             converted = convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name)
         if converted is not None:
             return converted
-    elif (views := convert_multi(b, packet, overload, args, kwargs, val, name)) is not None:
+    elif (
+        views := convert_multi(b, packet, overload, args, kwargs, val, name, _used(n))
+    ) is not None:
         return views
     return _opaque(b, n)
 
@@ -268,6 +270,11 @@ class Scalar:
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float, bool))
+
+
+def _used(n: torch.fx.Node) -> frozenset[int]:
+    """The outputs of multi-output node ``n`` that the graph reads."""
+    return frozenset(u.args[1] for u in n.users if u.target is _operator_getitem())
 
 
 def _operator_getitem():

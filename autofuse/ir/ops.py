@@ -57,6 +57,11 @@ class OpDef:
     # ops whose value selects where to read its inputs (cat, take, gather): the emitter's
     # ``kernels/indexed.py`` renders them (``triton`` only refuses a direct rendering)
     indexed: bool = False
+    # reductions whose value is not the row's combine but (kernels/rowops.py): ``scan``, the
+    # running combine along the reduced dim (cumsum, cumprod: the input's shape); ``arg``, the
+    # int64 index of the row's first winner under ``combine`` (argmax, argmin; a NaN wins)
+    scan: bool = False
+    arg: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -255,6 +260,23 @@ def _eager_prod(node: Any, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _eager_scan(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(node: Any, x: torch.Tensor) -> torch.Tensor:
+        return fn(x, node.attr("dims")[0]).to(getattr(torch, node.dtype))
+
+    return run
+
+
+def _eager_arg(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(node: Any, x: torch.Tensor) -> torch.Tensor:
+        dims, keepdim = node.attr("dims"), node.attr("keepdim")
+        if len(dims) == 1:
+            return fn(x, dim=dims[0], keepdim=keepdim)
+        return fn(x, keepdim=keepdim)  # every dim (argmax with dim=None): the flat index
+
+    return run
+
+
 def _plain(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """An eager function of the tensors alone (the node's attributes do not matter)."""
 
@@ -425,6 +447,47 @@ _ENTRIES: tuple[OpDef, ...] = (
         combine="max",
         bool_input=True,
     ),  # fmt: skip
+    # scans along one dim (the input's shape) and the index of a row's max / min
+    OpDef(
+        "cumsum",
+        "reduction",
+        1,
+        (),
+        _eager_scan(torch.cumsum),
+        identity="0",
+        combine="+",
+        scan=True,
+    ),
+    OpDef(
+        "cumprod",
+        "reduction",
+        1,
+        (),
+        _eager_scan(torch.cumprod),
+        identity="1",
+        combine="*",
+        scan=True,
+    ),
+    OpDef(
+        "argmax",
+        "reduction",
+        1,
+        (),
+        _eager_arg(torch.argmax),
+        identity="-inf",
+        combine="max",
+        arg=True,
+    ),
+    OpDef(
+        "argmin",
+        "reduction",
+        1,
+        (),
+        _eager_arg(torch.argmin),
+        identity="inf",
+        combine="min",
+        arg=True,
+    ),
     # views
     OpDef("permute", "view", 1, (), _view("permute", "dims")),
     OpDef("expand", "view", 1, (), _view("expand", "shape")),

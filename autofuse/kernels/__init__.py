@@ -1,7 +1,8 @@
 """Kernel kinds: one fusion group + one launch config -> one Triton kernel with its metadata.
 
 Each kind is a plugin (``base.KernelKind``) in its own module and owns its config class:
-``pointwise``, ``reduction``, ``gemm``, ``gemm_row``. This registry is the one place that
+``pointwise``, ``reduction``, ``scan`` (a reduction kernel with a cumsum / cumprod), ``gemm``,
+``gemm_row``. This registry is the one place that
 chooses a kind: ``analyze_group`` asks the kinds in order which one claims a set of nodes, and
 every other call finds the plugin by the kind named in the group's ``GroupInfo``.
 """
@@ -26,6 +27,7 @@ from autofuse.kernels.gemm_row import GemmRowKind, RowGemmConfig
 from autofuse.kernels.gemm_template import GemmConfig
 from autofuse.kernels.pointwise import KernelConfig, PointwiseKind
 from autofuse.kernels.reduction import ReductionKind
+from autofuse.kernels.scan import ScanKind
 
 __all__ = [
     "INLINE_OPS",
@@ -49,7 +51,13 @@ __all__ = [
     "next_pow2",
 ]
 
-KINDS: tuple[KernelKind, ...] = (GemmRowKind(), GemmKind(), ReductionKind(), PointwiseKind())
+KINDS: tuple[KernelKind, ...] = (
+    GemmRowKind(),
+    GemmKind(),
+    ScanKind(),
+    ReductionKind(),
+    PointwiseKind(),
+)
 _BY_NAME = {k.name: k for k in KINDS}
 _LOWERED = frozenset({"pointwise", "reduction", "matmul"})
 

@@ -19,6 +19,7 @@ from typing import Any
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.ir.ops import Helper, op_def
+from autofuse.kernels import rowops
 from autofuse.kernels.base import FusionRefused, GroupInfo, Kernel, KernelMeta, describe
 from autofuse.kernels.indexed import indexed_value
 from autofuse.kernels.render import (
@@ -60,6 +61,7 @@ class Emitter:
         self.ptr: dict[int, str] = {i: f"in_ptr{k}" for k, i in enumerate(info.loads)}
         self.out_ptr: dict[int, str] = {i: f"out_ptr{k}" for k, i in enumerate(info.stored)}
         self.red_val: dict[int, Val] = {}
+        self.arg_index: dict[int, Val] = {}  # looped argmax / argmin: per-lane indices
         self.helpers: set[Helper] = set()
         self.regions: list[set[int]] = [set()]  # loaded nodes read outside / in each loop
         self.region = 0
@@ -228,6 +230,8 @@ class Emitter:
         return index
 
     def reduced(self, i: int, index: tuple[Expr, ...]) -> Val:
+        if rowops.is_scan(self.g[i].op):
+            return rowops.scanned(self, i, index)
         want = tuple(e for j, e in enumerate(self.full) if j not in self.info.reduce_dims)
         got = self.row_key(i, index)
         if got != want:
@@ -253,6 +257,8 @@ class Emitter:
     def acc_dtype(self, r: int) -> str:
         """Accumulator dtype of reduction ``r``: fp32 for floats, int64 for integer sums."""
         node = self.g[r]
+        if rowops.is_row_op(node.op):
+            return rowops.acc_dtype(self, r)
         if op_def(node.op).bool_input:
             return "int32"
         acc = compute_dtype(self.g[node.inputs[0]].dtype)
@@ -291,6 +297,8 @@ class Emitter:
 
     def finish_reduction(self, r: int, acc: Val, acc_dtype: str) -> None:
         node = self.g[r]
+        if rowops.is_row_op(node.op):
+            return rowops.finish(self, r, acc, acc_dtype)
         self.set_reduced(r, self.row_reduce(node.op, acc.code, acc_dtype), acc_dtype)
 
     def set_reduced(self, r: int, expr: str, acc_dtype: str) -> None:
@@ -427,6 +435,8 @@ class Emitter:
                 f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype
             )
             accs[r] = (acc, acc_dtype)
+            if rowops.is_row_op(self.g[r].op):
+                rowops.start_index(self, r)
         online = {s: m for s, m in self.online.items() if m in phase}
         for s in online:
             accs[s] = (
@@ -442,6 +452,9 @@ class Emitter:
             node = self.g[r]
             acc, acc_dtype = accs[r]
             src, val = self.masked_input(r)
+            if rowops.is_row_op(node.op):
+                rowops.accumulate(self, r, acc, val)
+                continue
             if r not in partner:
                 self.line(f"{acc.code} = {self._combine(node.op, acc.code, val, acc_dtype)}")
                 continue

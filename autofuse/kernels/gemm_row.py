@@ -35,6 +35,7 @@ from autofuse.kernels.render import (
     literal,
     minmax,
 )
+from autofuse.kernels.rowops import is_row_op
 from autofuse.kernels.views import broadcast_index, view_source_index
 
 
@@ -202,6 +203,9 @@ def analyze_gemm_row_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
     mms = [m for m in sorted(members) if graph[m].kind == "matmul"]
     if len(mms) != 1:
         raise FusionRefused("a row-reduction epilogue takes exactly one matmul")
+    for m in sorted(members):
+        if is_row_op(graph[m].op):
+            raise FusionRefused(f"{describe(graph, m)}: no scan or argmax in a GEMM's epilogue")
     mm = mms[0]
     node = graph[mm]
     for j in node.inputs:

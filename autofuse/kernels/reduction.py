@@ -78,8 +78,12 @@ class ReductionKind:
             stored=stored,
             loads=loaded_nodes(graph, members),
         )
-        Emitter(graph, info, KernelConfig(16, 16)).emit()  # index checks
+        Emitter(graph, info, self.probe_config(info)).emit()  # index checks
         return info
+
+    def probe_config(self, info: GroupInfo) -> KernelConfig:
+        """The config ``analyze`` renders the group under, for its index checks."""
+        return KernelConfig(16, 16)
 
     def config_space(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
         r = next_pow2(info.rnumel)

@@ -1,0 +1,132 @@
+"""Row ops whose value is not the row's combine, rendered inside the loop kernels' emitter.
+
+*Scans* (``cumsum``, ``cumprod``; ``OpDef.scan``): the running combine along the reduced dim,
+a value per element of the domain. The row is one block (the ``scan`` kind keeps its kernels
+persistent) and is scanned by ``tl.associative_scan``; the masked lanes, past the row's end,
+hold the identity. *Arg reductions* (``argmax``, ``argmin``; ``OpDef.arg``): the index (int64)
+of the row's first max (min), a NaN beating every number as in eager, by ``tl.reduce`` over
+(value, index) pairs. Masked lanes hold the identity and an index past every real one, so they
+never win a tie. Looped kernels keep one (value, index) pair per lane across the row's chunks
+(each lane sees its indices in increasing order) and reduce the lanes at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofuse.ir.ops import PROD, Helper, op_def
+from autofuse.kernels.base import FusionRefused, describe
+from autofuse.kernels.render import TL_DTYPE, Val, compute_dtype
+
+ADD = Helper("_af_add", "@triton.jit\ndef _af_add(a, b):\n    return a + b\n")
+_ARG_DOC = "    # the {w} value wins, a NaN beats every number, ties go to the lower index\n"
+ARGMAX = Helper(
+    "_af_argmax",
+    "@triton.jit\ndef _af_argmax(a, ia, b, ib):\n"
+    + _ARG_DOC.format(w="larger")
+    + "    win = (a > b) | ((a != a) & (b == b))\n"
+    "    tie = (a == b) | ((a != a) & (b != b))\n"
+    "    pick = win | (tie & (ia < ib))\n"
+    "    return tl.where(pick, a, b), tl.where(pick, ia, ib)\n",
+)
+ARGMIN = Helper(
+    "_af_argmin",
+    "@triton.jit\ndef _af_argmin(a, ia, b, ib):\n"
+    + _ARG_DOC.format(w="smaller")
+    + "    win = (a < b) | ((a != a) & (b == b))\n"
+    "    tie = (a == b) | ((a != a) & (b != b))\n"
+    "    pick = win | (tie & (ia < ib))\n"
+    "    return tl.where(pick, a, b), tl.where(pick, ia, ib)\n",
+)
+NO_INDEX = "2147483647"  # the index of a masked lane: past every real one
+MAX_ROW = 32768  # the longest row a scan kernel holds in one block
+
+
+def is_row_op(op: str) -> bool:
+    d = op_def(op)
+    return d.scan or d.arg
+
+
+def is_scan(op: str) -> bool:
+    return op_def(op).scan
+
+
+def acc_dtype(em: Any, r: int) -> str:
+    """A scan accumulates in its output's compute dtype (int64 for integer inputs, or the
+    ``dtype=`` asked for: capture casts the input to it); an arg reduction compares values in
+    its input's compute dtype."""
+    node = em.g[r]
+    if op_def(node.op).scan:
+        return compute_dtype(node.dtype)
+    return compute_dtype(em.g[node.inputs[0]].dtype)
+
+
+def start_index(em: Any, r: int) -> None:
+    """A looped arg reduction's per-lane index accumulator, beside its value accumulator."""
+    node = em.g[r]
+    if op_def(node.op).scan:
+        raise FusionRefused(
+            f"{describe(em.g, r)} is a scan: it needs its whole row in one block (RBLOCK >= "
+            f"{em.info.rnumel}), got RBLOCK={em.cfg.RBLOCK}"
+        )
+    if em.info.rnumel >= int(NO_INDEX):
+        raise FusionRefused(f"{describe(em.g, r)}: a row of 2**31 elements or more")
+    em.arg_index[r] = em.tmp(f"tl.full([XBLOCK, RBLOCK], {NO_INDEX}, tl.int32)", 2, "int32")
+
+
+def _helper(em: Any, op: str) -> Helper:
+    d = op_def(op)
+    if d.scan:
+        h = ADD if d.combine == "+" else PROD
+    else:
+        h = ARGMAX if d.combine == "max" else ARGMIN
+    em.helpers.add(h)
+    return h
+
+
+def _lane_index() -> str:
+    return f"tl.where(xmask & rmask, rindex, {NO_INDEX})"
+
+
+def accumulate(em: Any, r: int, acc: Val, val: str) -> None:
+    """One chunk of a looped arg reduction into its per-lane (value, index) accumulators."""
+    idx = em.arg_index[r]
+    h = _helper(em, em.g[r].op)
+    em.line(f"{acc.code}, {idx.code} = {h.name}({acc.code}, {idx.code}, {val}, {_lane_index()})")
+
+
+def finish(em: Any, r: int, acc: Val, acc_dtype: str) -> None:
+    """Bind row op ``r``'s value: a scan's per-element prefix, or an arg reduction's row index
+    (int64, one per row). ``acc`` holds the masked input (persistent) or the per-lane values
+    (looped, with ``em.arg_index[r]``)."""
+    node = em.g[r]
+    h = _helper(em, node.op)
+    cd = compute_dtype(node.dtype)
+    if op_def(node.op).scan:
+        expr = f"tl.associative_scan({acc.code}, 1, {h.name})"
+        if acc_dtype != cd:
+            expr = f"({expr}).to({TL_DTYPE[cd]})"
+        em.red_val[r] = em.tmp(expr, 2, cd, node.name)
+        return
+    if r in em.arg_index:
+        idx = em.arg_index[r].code
+    else:
+        if em.info.rnumel >= int(NO_INDEX):
+            raise FusionRefused(f"{describe(em.g, r)}: a row of 2**31 elements or more")
+        idx = em.tmp(_lane_index(), 2, "int32", node.name + " lane index").code
+    v, i = f"tmp{em.n_tmp}", f"tmp{em.n_tmp + 1}"
+    em.n_tmp += 2
+    em.line(f"{v}, {i} = tl.reduce(({acc.code}, {idx}), 1, {h.name})")
+    em.red_val[r] = em.tmp(f"{i}[:, None].to({TL_DTYPE[cd]})", 1, cd, node.name)
+
+
+def scanned(em: Any, i: int, index: tuple) -> Val:
+    """A scan's value, read at its own element (the block holds no other)."""
+    if index != em.full:
+        raise FusionRefused(
+            f"{describe(em.g, i)} is read at another element than its own: a scan's value is "
+            "in the block of its own element only"
+        )
+    if i not in em.red_val:
+        raise FusionRefused(f"{describe(em.g, i)} is read before it is computed")
+    return em.red_val[i]
