@@ -1,4 +1,4 @@
-"""GPU tier: generated kernels on CUDA (skipped without a GPU; run on the lent H200)."""
+"""GPU tier: generated kernels on CUDA (skipped without a GPU)."""
 
 import pytest
 import torch
