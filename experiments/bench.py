@@ -16,7 +16,6 @@ import os
 import statistics
 import time
 import traceback
-import types
 import warnings
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 
 import autofuse
 from autofuse.kernels import config_label
+from autofuse.tune.results import flat_outputs, max_rel_err, own_code
 from autofuse.tune.roofline import ceilings, min_bytes, seconds, stamp
 from experiments.workloads import BY_NAME, SUITE
 
@@ -37,35 +37,11 @@ def write_probe(out: str | Path, name: str, doc: dict) -> Path:
     return path
 
 
-def _flat(out):
-    return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
-def max_rel_err(out, ref) -> float:
-    worst = 0.0
-    for o, r in zip(_flat(out), _flat(ref)):
-        o, r = o.double(), r.double()
-        finite = torch.isfinite(r)
-        if not torch.equal(torch.isnan(o), torch.isnan(r)):
-            return float("inf")
-        scale = r[finite].abs().max().item() if finite.any() else 1.0
-        err = (o[finite] - r[finite]).abs().max().item() if finite.any() else 0.0
-        worst = max(worst, err / max(scale, 1e-30))
-    return worst
-
-
-def _own_code(fn, tag: str):
-    """``fn`` with a code object of its own (same body, globals, defaults and closure)."""
-    name = f"{fn.__name__}_{''.join(ch if ch.isalnum() else '_' for ch in tag)}"
-    code = fn.__code__.replace(co_name=name)
-    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
 def run_one(w, ceil, trials, budget, cache_dir, modes, n_rounds: int = 4) -> dict:
     inputs = w.inputs()
     ref_inputs = [t.double() if t.is_floating_point() else t for t in inputs]
     ref = w.fn(*ref_inputs)
-    outputs = _flat(w.fn(*inputs))
+    outputs = flat_outputs(w.fn(*inputs))
     rec: dict = {"workload": w.name, "kind": w.kind, **stamp()}
     rec["min_bytes"] = min_bytes(inputs, outputs)
     rec["flops"] = w.flops(inputs)
@@ -82,7 +58,7 @@ def run_one(w, ceil, trials, budget, cache_dir, modes, n_rounds: int = 4) -> dic
         t0 = time.perf_counter()
         # each mode compiles its own copy of the function's code: dynamo keeps its compiled
         # code per code object, and every mode must stay callable until the timing rounds
-        c = torch.compile(_own_code(w.fn, mode), mode=None if mode == "default" else mode)
+        c = torch.compile(own_code(w.fn, mode), mode=None if mode == "default" else mode)
         out = c(*inputs)
         rec[f"compile_s_{mode}"] = time.perf_counter() - t0
         errs[f"torch.compile {mode}"] = max_rel_err(out, ref)

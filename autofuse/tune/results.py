@@ -73,7 +73,7 @@ def _ceilings(folder: Path) -> dict:
     return doc["ceilings"]
 
 
-def _own_code(fn, tag: str):
+def own_code(fn, tag: str):
     """``fn`` with a code object of its own: dynamo keeps compiled code per code object, and
     each torch.compile mode must stay callable until the timing rounds."""
     if not isinstance(fn, types.FunctionType):
@@ -83,16 +83,20 @@ def _own_code(fn, tag: str):
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
-def _flat(out):
+def flat_outputs(out):
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def max_rel_err(out, ref) -> float:
+    """Largest error relative to the reference's finite scale over all outputs; inf when the
+    NaN positions differ (a NaN where the reference is finite is never a small error)."""
     import torch
 
     worst = 0.0
-    for o, r in zip(_flat(out), _flat(ref)):
+    for o, r in zip(flat_outputs(out), flat_outputs(ref)):
         o, r = o.double(), r.double()
+        if not torch.equal(torch.isnan(o), torch.isnan(r)):
+            return float("inf")
         finite = torch.isfinite(r)
         if not finite.any():
             continue
@@ -145,7 +149,7 @@ def _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, c
     from autofuse.tune.roofline import floor_s, min_bytes, stamp
 
     with torch.no_grad():
-        outputs = _flat(target(*inputs))
+        outputs = flat_outputs(target(*inputs))
     nbytes = min_bytes(flat, outputs)
     flops = float(w.flops(inputs) if callable(w.flops) else w.flops or 0.0)
     floor = floor_s(nbytes, flops, ceil)
@@ -205,7 +209,7 @@ def _measure_gpu(w, target, inputs, greedy, tuned, n_rounds: int = 3):
     for mode, label in zip(MODES, COMPILE):
         try:
             t0 = time.perf_counter()
-            fn = target if isinstance(target, torch.nn.Module) else _own_code(target, mode)
+            fn = target if isinstance(target, torch.nn.Module) else own_code(target, mode)
             c = torch.compile(fn, mode=None if mode == "default" else mode)
             extra["max_rel_err_vs_eager"][label] = max_rel_err(c(*inputs), ref)
             extra["compile_s"][label] = time.perf_counter() - t0

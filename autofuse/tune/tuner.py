@@ -81,18 +81,16 @@ class TuneResult:
             f"{self.value * 1e6:.2f} us ({unit}); {self.trials} trials ({self.failed} failed) "
             f"in {self.seconds:.1f} s, study {self.study_name}",
         ]
-        if self.greedy_value:
-            lines.append(f"  vs greedy plan: {self.greedy_value * 1e6:.2f} us "
-                         f"({self.greedy_value / self.value:.2f}x, {unit})")  # fmt: skip
-        if self.library_value:
-            lines.append(f"  vs cuBLAS + fused epilogues: {self.library_value * 1e6:.2f} us "
-                         f"({self.library_value / self.value:.2f}x, {unit})")  # fmt: skip
-        if self.unfused_value:
-            lines.append(f"  vs unfused plan: {self.unfused_value * 1e6:.2f} us "
-                         f"({self.unfused_value / self.value:.2f}x, {unit})")  # fmt: skip
-        if self.eager_value:
-            lines.append(f"  vs eager PyTorch: {self.eager_value * 1e6:.2f} us "
-                         f"({self.eager_value / self.value:.2f}x, measured)")  # fmt: skip
+        baselines = (
+            ("greedy plan", self.greedy_value, unit),
+            ("cuBLAS + fused epilogues", self.library_value, unit),
+            ("unfused plan", self.unfused_value, unit),
+            ("eager PyTorch", self.eager_value, "measured"),
+        )
+        for label, value, source in baselines:
+            if value:
+                lines.append(f"  vs {label}: {value * 1e6:.2f} us "
+                             f"({value / self.value:.2f}x, {source})")  # fmt: skip
         return "\n".join(lines)
 
 
