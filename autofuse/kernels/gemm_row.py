@@ -23,6 +23,7 @@ from autofuse.kernels.base import (
 )
 from autofuse.kernels.emitter import Emitter, Scope, render_loop_kernel
 from autofuse.kernels.gemm import ITEM, ancestors, memory_offset
+from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
 from autofuse.kernels.pointwise import check_pow2
 from autofuse.kernels.reduction import check_stored_shapes, reduction_domain
 from autofuse.kernels.render import (
@@ -496,7 +497,10 @@ def gemm_row_configs(graph: Graph, info: GroupInfo) -> list[RowGemmConfig]:
                     continue
                 for w in (4, 8):
                     for st in (2, 3, 4):
-                        if st * (bm * bk + bk * bn) * dt > 232448 or bm * bn < 32 * w * 4:
+                        if (
+                            st * (bm * bk + bk * bn) * dt > HOPPER_SMEM_BYTES
+                            or bm * bn < 32 * w * 4
+                        ):
                             continue
                         out.append(RowGemmConfig(bm, bn, bk, w, st))
     plain = list(out)

@@ -78,6 +78,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autofuse.settings import HOPPER
+
 __all__ = [
     "GemmConfig",
     "GemmSpec",
@@ -91,7 +93,7 @@ __all__ = [
     "HOPPER_SMEM_BYTES",
 ]
 
-HOPPER_SMEM_BYTES = 232448  # max dynamic shared memory per block on H100/H200 (227 KiB)
+HOPPER_SMEM_BYTES = HOPPER.smem_bytes  # max dynamic shared memory per block on H100/H200
 
 Hook = Callable[[], Sequence[str]] | Sequence[str]
 

@@ -22,6 +22,7 @@ from autofuse.measure.verify import (
     verify_candidate,
 )
 from autofuse.report import nbytes
+from autofuse.settings import HOPPER
 
 # ---------------------------------------------------------------------------------------------
 # The analytical cost model
@@ -58,11 +59,11 @@ class CostModel:
     launch_overhead: float = 4e-6
     flops_rate: float = 5.0e13  # fp32 CUDA-core op/s
     mma_rate: float = 7.9e14  # bf16/fp16 tensor-core FLOP/s
-    sm_count: int = 132
+    sm_count: int = HOPPER.sm_count
     latency: float = 8e-7  # DRAM round trip (s), for Little's law
     program_cost: float = 1.5e-7  # per wave of programs
     sm_bandwidth_share: float = 2.0  # one SM pulls at most 2x its fair share of bandwidth
-    smem_bytes: int = 232448  # shared memory per block (H100/H200: 227 KiB)
+    smem_bytes: int = HOPPER.smem_bytes  # shared memory per block (H100/H200: 227 KiB)
     verify: bool = False
     device: str | None = None  # verification device; None: CUDA if present, else the CPU
     seed: int = 0
