@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autofuse.files import write_atomic
+
 STORAGE_FILE = "studies.journal"
 RUN_FILE = "run.json"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -96,9 +98,7 @@ def run_dir(out: str | Path, resume: Any, device: str) -> Path:
 
 def write_json(path: Path, doc: Any) -> None:
     """Write atomically: a reader (or a resumed run) never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=1, default=str).encode(), hidden=True)
 
 
 def read_json(path: Path) -> dict | None:
