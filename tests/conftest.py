@@ -19,3 +19,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
+
+
+_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_setting_unchanged(request):
+    """A test (or a module imported by one) that turns Triton's interpreter on or off in this
+    process would make every later test run its kernels elsewhere: name it."""
+    yield
+    now = os.environ.get("TRITON_INTERPRET")
+    if now != _INTERPRET_AT_START:
+        if _INTERPRET_AT_START is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = _INTERPRET_AT_START
+        pytest.fail(f"TRITON_INTERPRET changed from {_INTERPRET_AT_START!r} to {now!r} here")

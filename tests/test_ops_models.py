@@ -344,3 +344,25 @@ def test_model_functions_equal_eager_with_no_eager_step(dtype):
         steps[w.name] = [fast.plan.graph[s.node].attr("target") for s in fast.plan.fallbacks]
     print({name: len(s) for name, s in steps.items()})  # eager steps per function
     assert not {n: s for n, s in steps.items() if n in NO_EAGER_STEP and s}
+
+
+def test_fresh_index_inputs_stay_in_range():
+    """Verification's fresh random draws keep an index tensor inside the dim it indexes (an
+    index out of range is a device-side assert, which ends a CUDA process) and nonconstant."""
+    from autofuse.measure.verify import index_bounds, random_inputs
+
+    def f(ids, labels, wte, logits):
+        pick = torch.gather(logits, 1, torch.where(labels < 0, 0, labels)[:, None])
+        return F.embedding(ids + 1, wte), pick
+
+    ids = torch.randint(0, 2, (4, 5))
+    labels = torch.tensor([3, -100, 0, 2])
+    args = (ids, labels, torch.randn(3, 6), torch.randn(4, 5))
+    g = capture(f, args).graph
+    bounds = index_bounds(g)
+    assert sorted(bounds.values()) == [3, 5]
+    for seed in range(5):
+        for node, x in zip(g.inputs, random_inputs(g, "cpu", seed)):
+            if node in bounds:
+                assert 0 <= int(x.min()) and int(x.max()) < bounds[node]
+                assert x.unique().numel() > 1

@@ -59,9 +59,13 @@ def _extent(shape: Sequence[int], strides: Sequence[int]) -> int:
     return 1 + sum((s - 1) * abs(st) for s, st in zip(shape, strides))
 
 
-def random_tensor(node: Node, device: Any, generator: torch.Generator) -> torch.Tensor:
+def random_tensor(
+    node: Node, device: Any, generator: torch.Generator, index_bound: int | None = None
+) -> torch.Tensor:
     """Random values laid out with ``node``'s strides: floats N(0, 1), bools fair coins, ints
-    small nonzero values (never all zeros, so a kernel that writes zeros cannot pass)."""
+    small nonzero values (never all zeros, so a kernel that writes zeros cannot pass); an int
+    input that indexes a dim of size ``index_bound`` gets values in ``[0, min(8, bound))``, in
+    range (an index out of range is a device-side assert, which ends a CUDA process)."""
     dtype = _torch_dtype(node.dtype)
     n = _extent(node.shape, node.strides)
     kw = {"generator": generator, "device": device}
@@ -69,6 +73,9 @@ def random_tensor(node: Node, device: Any, generator: torch.Generator) -> torch.
         flat = torch.randn(n, dtype=dtype, **kw)
     elif node.dtype == "bool":
         flat = torch.rand(n, **kw) < 0.5
+    elif index_bound is not None:
+        hi = max(1, min(8, index_bound))
+        flat = torch.randint(0, hi, (n,), dtype=torch.int64, **kw).to(dtype)
     else:
         mag = torch.randint(1, 8, (n,), dtype=torch.int64, **kw)
         if node.dtype != "uint8":
@@ -82,7 +89,32 @@ def random_inputs(graph: Graph, device: Any = "cpu", seed: int = 0) -> list[torc
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    return [random_tensor(graph[i], device, gen) for i in graph.inputs]
+    bounds = index_bounds(graph)
+    return [random_tensor(graph[i], device, gen, bounds.get(i)) for i in graph.inputs]
+
+
+_INDEX_ARG = {"take": 1, "gather": 1}  # ops reading their source at an index tensor's values
+
+
+def index_bounds(graph: Graph) -> dict[int, int]:
+    """Input node -> the smallest dim size that its values (through any ops) index."""
+    bounds: dict[int, int] = {}
+    inputs = set(graph.inputs)
+    for node in graph.nodes:
+        k = _INDEX_ARG.get(node.op)
+        if k is None:
+            continue
+        size = graph[node.inputs[0]].shape[node.attr("dim")]
+        stack, seen = [node.inputs[k]], set()
+        while stack:
+            j = stack.pop()
+            if j in seen:
+                continue
+            seen.add(j)
+            if j in inputs:
+                bounds[j] = min(bounds.get(j, size), size)
+            stack.extend(graph[j].inputs)
+    return bounds
 
 
 def poisoned_outputs(
