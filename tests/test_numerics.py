@@ -514,3 +514,14 @@ def test_extreme_value_sweep(kind, dtype, pattern):
 @pytest.mark.parametrize("kind", list(SWEEP_KINDS))
 def test_extreme_value_sweep_exhaustive(kind, dtype, pattern):
     sweep_one(kind, dtype, pattern)
+
+
+def test_a_reference_beyond_the_output_dtype_is_its_infinity():
+    """(1 - m) * finfo(bf16).min with m = -7 overflows bf16 in eager too: not a wrong result."""
+    from autofuse.measure.verify import compare
+
+    ref = torch.tensor([8.0 * torch.finfo(torch.bfloat16).min, 1.0], dtype=torch.float64)
+    out = ref.to(torch.bfloat16)
+    assert torch.isinf(out[0])
+    assert compare(out, ref, "bfloat16", 0) is None
+    assert compare(torch.tensor([0.0, 1.0], dtype=torch.bfloat16), ref, "bfloat16", 0)
