@@ -254,7 +254,9 @@ def test_binaries_are_stored_and_verified(with_binary):
         warnings.simplefilter("error")
         (step,) = [s for s in cache.load_plan(None, key).steps if isinstance(s, KernelStep)]
     rec = step.store.records[(True, True, True, True)]
-    assert rec["signature"] == {"x": "*fp32", "n": "i32"} and rec["constexprs"] == [[[2], 64]]
+    # the signature keeps the kernel's parameter order (the launcher packs arguments by it)
+    assert rec["signature"] == [["x", "*fp32"], ["n", "i32"]]
+    assert rec["constexprs"] == [[[2], 64]]
     assert binaries.mismatch(rec) == []
     other = {"capability": [8, 0], "torch": "0.0", "triton": rec["triton"]}
     assert [m.split(":")[0] for m in binaries.mismatch(rec, other)] == ["capability", "torch"]
@@ -327,3 +329,13 @@ def test_a_fresh_process_launches_the_stored_binary(home, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "'restored': 1" in r.stdout, r.stdout
     assert torch.equal(torch.load(tmp_path / "out.pt"), want.cpu())
+
+
+def test_a_binary_whose_signature_is_out_of_order_is_not_launched(with_binary):
+    """A record whose parameters come back in another order (e.g. sorted by name) would pack
+    the launch arguments wrongly: it is refused before anything is built from it."""
+    args, key, plan, path = with_binary
+    rec = binaries.read_binary(path, json.loads(path.read_text())["payload"]["source_sha256"])
+    fn = type("F", (), {"arg_names": ["n", "x"]})()
+    with pytest.raises(ValueError, match="in order"):
+        binaries.compiled_from_record(fn, rec)

@@ -35,7 +35,7 @@ from autofuse.files import write_atomic
 from autofuse.settings import settings
 
 BIN_DIR = "bin"
-BINARY_FORMAT = 1
+BINARY_FORMAT = 2  # 2: the signature as ordered [name, type] pairs
 
 
 class BinaryMismatch(RuntimeError):
@@ -95,7 +95,9 @@ def record_from_compiled(compiled: Any) -> dict | None:
             "binary_ext": "cubin",
             "binary_b64": base64.b64encode(bytes(binary)).decode(),
             "binary_sha256": _sha(bytes(binary)),
-            "signature": dict(src.signature),
+            # ordered pairs: the launcher packs arguments in signature order, and the record
+            # is written with sorted keys (a dict here came back alphabetical: wrong launches)
+            "signature": [[str(k), v] for k, v in src.signature.items()],
             "constexprs": _encode_path_dict(dict(src.constants)),
             "attrs": _encode_path_dict(dict(src.attrs)),
         }
@@ -113,7 +115,10 @@ def compiled_from_record(fn: Any, record: dict) -> Any:
     from triton.compiler.compiler import ASTSource, CompiledKernel
 
     attrs = {k: [tuple(a) for a in v] for k, v in _decode_path_dict(record["attrs"]).items()}
-    src = ASTSource(fn, dict(record["signature"]), _decode_path_dict(record["constexprs"]), attrs)
+    signature = {str(k): v for k, v in record["signature"]}
+    if list(signature) != list(getattr(fn, "arg_names", signature)):
+        raise ValueError("the binary's signature does not list the kernel's parameters in order")
+    src = ASTSource(fn, signature, _decode_path_dict(record["constexprs"]), attrs)
     binary = base64.b64decode(record["binary_b64"])
     if _sha(binary) != record["binary_sha256"]:
         raise ValueError("binary does not match its sha256")
