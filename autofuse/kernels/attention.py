@@ -532,7 +532,7 @@ def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
                 continue
             for w in (4, 8):
                 regs = bm * (bn + bdv) // (32 * w)
-                if regs > 128 or bm * bn < 16 * 32 * w:
+                if regs > 128 or (bm >= 64 and bm * bn < 16 * 32 * w):
                     continue
                 for st in (2, 3, 4):
                     smem = (bm * bd + st * bn * (bd + bdv)) * item
