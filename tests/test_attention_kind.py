@@ -202,3 +202,16 @@ def test_refusals_leave_the_group_to_gemm_row(fn, reason):
     assert reason in str(space.check(frozenset(space.nodes)))
     kinds = {space.check(g).kind for g in space.greedy().groups}
     assert "attention" not in kinds and kinds & {"gemm_row", "reduction"}
+
+
+def test_head_dim_not_pow2_and_more_keys():
+    """Head dim 24 (tiles padded to 32 with masks), 50 keys for 37 queries, V of head dim 40."""
+    gen = torch.Generator().manual_seed(2)
+    args = (
+        torch.randn(B, H, T, 24, generator=gen),
+        torch.randn(B, H, 50, 24, generator=gen),
+        torch.randn(B, H, 50, 40, generator=gen),
+    )
+    fast = autofuse.optimize(no_mask, args)
+    assert [k.info.kind for k in fast.plan.kernels] == ["attention"]
+    _check(no_mask, args, torch.float32, fast(*args))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
+from autofuse.kernels.attention_analysis import AttentionParts, attention_dims, attention_parts
 from autofuse.kernels.attention_bounds import ColumnLimit, live_limits
 from autofuse.kernels.base import (
     FusionRefused,
@@ -34,11 +35,10 @@ from autofuse.kernels.base import (
     stored_nodes,
 )
 from autofuse.kernels.emitter import Emitter, Scope
-from autofuse.kernels.gemm import ITEM, ancestors
+from autofuse.kernels.gemm import ITEM
 from autofuse.kernels.gemm_row import ConstantSelect, constant_selects
 from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
 from autofuse.kernels.pointwise import check_pow2
-from autofuse.kernels.reduction import reduction_domain
 from autofuse.kernels.render import LOG2E, TL_DTYPE, Val, cast, compute_dtype, literal
 from autofuse.kernels.views import domain_index, view_source_index
 
@@ -68,124 +68,9 @@ class AttentionConfig:
         )
 
 
-@dataclass(frozen=True)
-class AttentionParts:
-    """The roles of a group's nodes: ``scores = mm1(q, k)``; ``x`` (the softmax input) is
-    pointwise in the scores; ``amax``, ``total`` and ``probs`` are softmax's max, sum and
-    division; ``mm2(probs cast to p_dtype, v)`` is the output. ``copies``: clones of Q / K /
-    V (a grouped-query head repeat) read through as views."""
-
-    mm1: int
-    mm2: int
-    x: int
-    amax: int
-    total: int
-    probs: int
-    p_dtype: str
-    copies: frozenset[int]
-
-    def operand(self, graph: Graph, which: str) -> int:
-        return {
-            "q": graph[self.mm1].inputs[0],
-            "k": graph[self.mm1].inputs[1],
-            "v": graph[self.mm2].inputs[1],
-        }[which]
-
-
 # ---------------------------------------------------------------------------------------------
 # Analysis
 # ---------------------------------------------------------------------------------------------
-
-
-def attention_parts(graph: Graph, members: frozenset[int]) -> AttentionParts:
-    """The roles of ``members`` as an attention group, or a refusal saying what does not fit."""
-    mms = [m for m in sorted(members) if graph[m].kind == "matmul"]
-    if len(mms) != 2:
-        raise FusionRefused(f"attention takes two matmuls, the group has {len(mms)}")
-    mm1, mm2 = mms
-    if mm1 not in ancestors(graph, mm2):
-        raise FusionRefused(f"{describe(graph, mm1)} does not feed {describe(graph, mm2)}")
-    reds = [m for m in sorted(members) if graph[m].kind == "reduction"]
-    amax = [r for r in reds if graph[r].op == "amax"]
-    if len(reds) != 2 or len(amax) != 1:
-        raise FusionRefused(
-            "attention takes one softmax (an amax and a sum) between its matmuls, the group "
-            f"reduces with {[graph[r].op for r in reds]}"
-        )
-    amax = amax[0]
-    total = next(r for r in reds if r != amax)
-    x = graph[amax].inputs[0]
-    exp = graph[total].inputs[0]
-    sub = graph[exp].inputs[0] if graph[exp].op == "exp" else None
-    if (
-        graph[total].op != "sum"
-        or sub is None
-        or graph[sub].op != "sub"
-        or graph[sub].inputs[0] != x
-        or graph.base_of(graph[sub].inputs[1]) != amax
-    ):
-        raise FusionRefused(
-            f"{describe(graph, total)} is not the sum of exp(x - amax(x)) of a softmax"
-        )
-    domain, rdims = reduction_domain(graph, [amax, total])
-    if rdims != (len(domain) - 1,) or len(domain) < 2 or graph[x].shape != domain:
-        raise FusionRefused(f"{describe(graph, amax)} does not reduce the rows of the scores")
-    probs = _probs(graph, members, exp, total, mm2)
-    copies = _operand_copies(graph, members, mm1, mm2)
-    _check_roles(graph, members, mm1, mm2, x, copies)
-    p_dtype = graph[graph[mm2].inputs[0]].dtype
-    return AttentionParts(mm1, mm2, x, amax, total, probs, p_dtype, copies)
-
-
-def _probs(graph: Graph, members, exp: int, total: int, mm2: int) -> int:
-    """softmax's ``exp / sum``: the node that reaches mm2's A operand through casts only."""
-    i = graph.base_of(graph[mm2].inputs[0])
-    while graph[i].op == "cast" and i in members:
-        i = graph.base_of(graph[i].inputs[0])
-    node = graph[i]
-    if not (
-        node.op == "div"
-        and node.inputs[0] == exp
-        and graph.base_of(node.inputs[1]) == total
-        and node.shape == graph[exp].shape
-    ):
-        raise FusionRefused(
-            f"{describe(graph, mm2)} does not read the softmax exp(x - max) / sum through "
-            f"casts (it reads {describe(graph, i)}): no other op between softmax and P @ V"
-        )
-    return i
-
-
-def _operand_copies(graph: Graph, members, mm1: int, mm2: int) -> frozenset[int]:
-    """Clones in front of Q, K or V (an expand + reshape of shared heads): read through."""
-    out = set()
-    for j in (*graph[mm1].inputs, graph[mm2].inputs[1]):
-        i = graph.base_of(j)
-        while i in members and graph[i].op == "copy":
-            out.add(i)
-            i = graph.base_of(graph[i].inputs[0])
-        if i in members:
-            raise FusionRefused(
-                f"{describe(graph, i)} computes an operand of attention's matmuls: Q, K and V "
-                "are loaded as they are (no prologue)"
-            )
-    return frozenset(out)
-
-
-def _check_roles(graph: Graph, members, mm1: int, mm2: int, x: int, copies) -> None:
-    """Every other member is pointwise and feeds the scores' epilogue; nothing follows mm2."""
-    feeds_x = ancestors(graph, x) | {x}
-    for m in sorted(members - copies - {mm1, mm2}):
-        up = ancestors(graph, m)
-        if mm2 in up:
-            raise FusionRefused(
-                f"{describe(graph, m)} follows the second matmul: attention has no epilogue"
-            )
-        if mm1 not in up and (graph[m].kind != "pointwise" or m not in feeds_x):
-            raise FusionRefused(
-                f"{describe(graph, m)} is neither on the path between the matmuls nor a "
-                "pointwise input of the scores' epilogue (a mask)"
-            )
 
 
 def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
@@ -212,21 +97,6 @@ def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
         raise FusionRefused(f"head dim {max(dims.d, dims.dv)} > 256: the tiles do not fit")
     AttentionEmitter(graph, info, AttentionConfig(16, 16), parts).emit()  # index checks
     return info
-
-
-@dataclass(frozen=True)
-class Dims:
-    heads: int  # programs along the batch: the matmuls' batch (batch x heads)
-    t: int  # query rows
-    tk: int  # keys
-    d: int  # Q / K head dim
-    dv: int  # V head dim
-
-
-def attention_dims(graph: Graph, info: GroupInfo) -> Dims:
-    mm1, mm2 = (graph[m] for m in info.matmuls)
-    heads = mm1.shape[0] if len(mm1.shape) == 3 else 1
-    return Dims(heads, mm1.shape[-2], mm1.shape[-1], graph[mm1.inputs[0]].shape[-1], mm2.shape[-1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,7 +283,7 @@ class AttentionEmitter(Emitter):
         self.line("l_i = l_i * alpha + tl.sum(p, 1)[:, None]")
         dn = Expr.dim("offs_n[:, None]", 1, d.tk, True)
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
-        vmask = "offs_n[:, None] < " + str(d.tk)
+        vmask = f"(offs_n[:, None] < {d.tk})"
         if d.dv != next_pow2(d.dv):
             vmask += f" & (offs_dv[None, :] < {d.dv})"
         self._operand_load("v", (*self.bh3, dn, dv), vmask, "v")
@@ -454,6 +324,26 @@ class AttentionEmitter(Emitter):
         self._loop(hi, str(self.dims.tk), True, "keys the mask hides: no product")
         if cx is not None:
             self.depth -= 1
+
+    def key_fraction(self) -> float:
+        """The fraction of the key tiles the live loop visits, over all programs."""
+        d, bm, bn = self.dims, self.cfg.BLOCK_M, self.cfg.BLOCK_N
+        programs, tiles = -(-d.t // bm), -(-d.tk // bn)
+        if not self.limits:
+            return 1.0
+        visited = 0
+        for pid in range(programs):
+            r0, r1 = pid * bm, min(pid * bm + bm - 1, d.t - 1)
+            lo, hi = 0, d.tk
+            for lim in self.limits:
+                ends = (lim.a * r0 + lim.b, lim.a * r1 + lim.b)
+                if lim.upper:
+                    hi = min(hi, max(ends) + 1)
+                else:
+                    lo = max(lo, min(ends))
+            hi = min(max(hi, 0), d.tk)
+            visited += -(-hi // bn) - min(max(lo, 0), hi) // bn
+        return visited / (programs * tiles)
 
     def _store(self) -> None:
         d, g = self.dims, self.g
@@ -506,7 +396,7 @@ def generate_attention(
         layout=tuple(layout),
         grid=(-(-d.t // config.BLOCK_M), d.heads),
         launch_kw=kw,
-        meta=KernelMeta(load_passes=em.load_passes(), dots=2),
+        meta=KernelMeta(load_passes=em.load_passes(), dots=2, work=em.key_fraction()),
     )
 
 
