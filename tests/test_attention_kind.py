@@ -73,18 +73,22 @@ def no_mask(q, k, v):
     return torch.softmax(_scores(q, k), dim=-1) @ v
 
 
-def _cases(dtype):
+def attention_cases(dtype, t=T, d=D, device="cpu"):
+    """name -> (fn, args): the masks and head layouts of the eager attention paths."""
     gen = torch.Generator().manual_seed(0)
 
     def r(*s):
-        return torch.randn(*s, generator=gen).to(dtype)
+        return torch.randn(*s, generator=gen).to(device=device, dtype=dtype)
 
-    q, k, v = r(B, H, T, D), r(B, H, T, D), r(B, H, T, D)
-    pad = torch.zeros(B, 1, 1, T, dtype=dtype)
+    q, k, v = r(B, H, t, d), r(B, H, t, d), r(B, H, t, d)
+    pad = torch.zeros(B, 1, 1, t, dtype=dtype)
     pad[0, ..., 20:] = torch.finfo(dtype).min  # padded keys
     pad[1] = torch.finfo(dtype).min  # every key padded: uniform rows (the mean of V)
-    keep = torch.rand(B, 1, T, T, generator=gen) > 0.3
+    keep = torch.rand(B, 1, t, t, generator=gen) > 0.3
     keep[0, 0, :4] = False  # rows with no live key: NaN under -inf, as in eager
+    pad, keep = pad.to(device), keep.to(device)
+    huge = q.clone()
+    huge[0, 0, 5] *= 1e6  # scores ~1e6: one key takes the whole row
     return {
         "causal_tril": (causal_tril, (q, k, v)),
         "causal_shifted": (causal_shifted, (q, k, v)),
@@ -92,10 +96,14 @@ def _cases(dtype):
         "additive": (additive, (q, k, v, pad)),
         "bool_mask": (bool_mask, (q, k, v, keep)),
         "sliding": (sliding, (q, k, v)),
-        "gqa_expand": (gqa_expand, (r(B, 2 * H, T, D), k, v)),
-        "gqa_repeat": (gqa_repeat, (r(B, 2 * H, T, D), k, v)),
+        "gqa_expand": (gqa_expand, (r(B, 2 * H, t, d), k, v)),
+        "gqa_repeat": (gqa_repeat, (r(B, 2 * H, t, d), k, v)),
         "no_mask": (no_mask, (q, k, v)),
+        "huge_scores": (causal_tril, (huge, k, v)),
     }
+
+
+_cases = attention_cases
 
 
 def _check(fn, args, dtype, out):
