@@ -42,6 +42,12 @@ def causal_shifted_inf(q, k, v):  # the same rows under -inf: NaN rows, as in ea
     return _attend(_scores(q, k).masked_fill(j > i - 3, float("-inf")), v)
 
 
+def where_then_add(q, k, v, amask):  # GPT-2's eager path: a causal where, then a padding mask
+    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    s = torch.where(i >= j, _scores(q, k), torch.finfo(q.dtype).min)
+    return _attend(s + amask, v)
+
+
 def additive(q, k, v, amask):
     return _attend(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + amask, v)
 
@@ -94,6 +100,7 @@ def attention_cases(dtype, t=T, d=D, device="cpu"):
         "causal_shifted": (causal_shifted, (q, k, v)),
         "causal_shifted_inf": (causal_shifted_inf, (q, k, v)),
         "additive": (additive, (q, k, v, pad)),
+        "where_then_add": (where_then_add, (q, k, v, pad)),
         "bool_mask": (bool_mask, (q, k, v, keep)),
         "sliding": (sliding, (q, k, v)),
         "gqa_expand": (gqa_expand, (r(B, 2 * H, t, d), k, v)),
