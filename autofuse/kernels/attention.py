@@ -40,7 +40,7 @@ from autofuse.kernels.gemm_row import ConstantSelect, constant_selects
 from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
 from autofuse.kernels.pointwise import check_pow2
 from autofuse.kernels.render import LOG2E, TL_DTYPE, Val, cast, compute_dtype, literal
-from autofuse.kernels.views import domain_index, view_source_index
+from autofuse.kernels.views import broadcast_index, domain_index, view_source_index
 
 
 @dataclass(frozen=True, order=True)
@@ -126,24 +126,30 @@ class AttentionEmitter(Emitter):
         self.bh3 = (
             (Expr.dim("bh", 1, self.dims.heads, True),) if len(graph[parts.mm1].shape) == 3 else ()
         )
-        self.select, self.limits = self._bounds()
-        self.const_tile = False
+        self.select, self.limits, self.exact = self._bounds()
+        self.const_tile = False  # emitting a tile on which the select gives its constant
+        self.pass_tile = False  # emitting a tile on which the select passes the scores
 
     def _needs_int64(self) -> bool:  # the scores are never addressed: only loads and the output
         sizes = [self._extent(i) for i in self.info.loads]
         sizes.append(numel(self.g[self.info.matmuls[1]].shape))
         return max(sizes) >= 2**31 - 1
 
-    def _bounds(self) -> tuple[ConstantSelect | None, list[ColumnLimit]]:
-        """The select whose index-expression condition bounds the key loop, with its limits."""
+    def _bounds(self) -> tuple[ConstantSelect | None, list[ColumnLimit], bool]:
+        """The select whose index-expression condition bounds the key loop, with its limits
+        and whether they are exact."""
         for sel in constant_selects(self.g, self.info):
-            limits = live_limits(self.g, sel.node, sel.cond, sel.const_when, self.full)
+            limits, exact = live_limits(self.g, sel.node, sel.cond, sel.const_when, self.full)
             if limits:
-                return sel, limits
-        return None, []
+                return sel, limits, exact
+        return None, [], False
 
     # -- values ------------------------------------------------------------------------------
     def value(self, i: int, index) -> Val:
+        if self.pass_tile and i == self.select.node:
+            node = self.g[i]
+            j = node.inputs[2 if self.select.const_when else 1]
+            return self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
         if self.const_tile and i == self.select.node:
             dt = self.g[i].dtype
             c = self.g[self.select.const].attr("value")
@@ -202,7 +208,15 @@ class AttentionEmitter(Emitter):
         self.line("acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
         lo, hi = self._bound_lines()
         self.lines.append("")
-        self._loop(lo, hi, False, "live keys")
+        if self.limits and self.exact:
+            name = self.g[self.select.node].name
+            self._loop("lo", "flo", False, f"keys {name} leaves live for some rows: masked")
+            self.pass_tile = True
+            self._loop("flo", "fhi", False, f"keys {name} leaves live for every row: no mask")
+            self.pass_tile = False
+            self._loop("fhi", "hi", False, f"keys {name} leaves live for some rows: masked")
+        else:
+            self._loop(lo, hi, False, "live keys")
         self._const_pass(lo, hi)
         self._store()
         return self.lines
@@ -225,9 +239,25 @@ class AttentionEmitter(Emitter):
                 lo = cur if lo is None else f"tl.maximum({lo}, {cur})"
         self.line(f"hi = tl.minimum(tl.maximum({hi or d.tk}, 0), {d.tk})")
         self.line(f"lo = tl.minimum(tl.maximum({lo or 0}, 0), hi)")
+        if self.exact:
+            self._full_lines()
         self.line("lo = (lo // BLOCK_N) * BLOCK_N")
         self.line("hi = ((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N")
         return "lo", "hi"
+
+    def _full_lines(self) -> None:
+        """``flo``, ``fhi``: the whole key tiles live on every row of the program."""
+        flo = fhi = None
+        for lim in self.limits:
+            cur = lim.render("r0", "r1", inner=True)
+            if lim.upper:
+                fhi = f"{cur} + 1" if fhi is None else f"tl.minimum({fhi}, {cur} + 1)"
+            else:
+                flo = cur if flo is None else f"tl.maximum({flo}, {cur})"
+        self.line(f"flo = tl.minimum(tl.maximum({flo or 'lo'}, lo), hi)")
+        self.line("flo = ((flo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N  # whole tiles only")
+        self.line(f"fhi = tl.maximum(tl.minimum({fhi or 'hi'}, hi), flo)")
+        self.line("fhi = tl.maximum((fhi // BLOCK_N) * BLOCK_N, flo)")
 
     def _loop(self, start: str, end: str, const: bool, note: str) -> None:
         self.line(f"for start_n in range({start}, {end}, BLOCK_N):  # {note}")

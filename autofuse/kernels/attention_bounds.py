@@ -7,7 +7,8 @@ as a boolean formula over affine forms ``a * row + b * col + c``. The live regio
 scores pass) is then, as far as it is a conjunction, a set of bounds ``col <= a * row + b`` and
 ``col >= a * row + b``: the key tiles outside them hold only C and the kernel skips them. Parts
 of the formula it cannot read (a mask tensor, an ``or``) are dropped from the conjunction, which
-only widens the live region: a skipped tile is always a constant one.
+only widens the live region: a skipped tile is always a constant one. When nothing was dropped
+the limits are exact, and the tiles inside every limit for all the program's rows need no mask.
 """
 
 from __future__ import annotations
@@ -42,10 +43,11 @@ class ColumnLimit:
     a: int
     b: int
 
-    def render(self, first: str, last: str) -> str:
-        """The limit over the program's rows ``first..last`` (affine: taken at an end)."""
+    def render(self, first: str, last: str, inner: bool = False) -> str:
+        """The loosest limit over the program's rows ``first..last`` (affine: taken at an
+        end), or with ``inner`` the tightest (the columns within it for every row)."""
         lo, hi = f"{self.a} * {first} + {self.b}", f"{self.a} * {last} + {self.b}"
-        return f"tl.maximum({lo}, {hi})" if self.upper else f"tl.minimum({lo}, {hi})"
+        return f"tl.maximum({lo}, {hi})" if self.upper != inner else f"tl.minimum({lo}, {hi})"
 
 
 _CMP = ("lt", "le", "gt", "ge")
@@ -56,20 +58,20 @@ _NEG = ("logical_not", "bitwise_not")
 UNKNOWN = ("unknown",)
 
 
-def live_limits(graph: Graph, where: int, cond: int, const_when: bool, full) -> list[ColumnLimit]:
+def live_limits(
+    graph: Graph, where: int, cond: int, const_when: bool, full
+) -> tuple[list[ColumnLimit], bool]:
     """The column limits of the elements where ``where`` passes its non-constant operand
-    (``cond`` is ``not const_when``); ``full`` is the domain index (rows ``xindex``, columns
-    ``rindex``)."""
+    (``cond`` is ``not const_when``), and whether they are exact (the live elements are those
+    within every limit: no part of the condition was dropped). ``full`` is the domain index
+    (rows ``xindex``, columns ``rindex``)."""
     index = broadcast_index(graph[cond].shape, graph[where].shape, full)
     f = _formula(graph, cond, index)
     if const_when:
         f = ("not", f)
-    out = []
-    for atom in _conjuncts(_nnf(f)):
-        limit = _limit(*atom)
-        if limit is not None:
-            out.append(limit)
-    return out
+    atoms, exact = _conjuncts(_nnf(f))
+    out = [lim for lim in (_limit(*a) for a in atoms) if lim is not None]
+    return out, exact and len(out) == len(atoms)
 
 
 def _formula(g: Graph, i: int, index) -> tuple:
@@ -158,13 +160,15 @@ def _nnf(f: tuple) -> tuple:
     return UNKNOWN
 
 
-def _conjuncts(f: tuple) -> list[tuple[Lin, str]]:
-    """The atoms every live element satisfies (an ``or`` or an unknown part: none)."""
+def _conjuncts(f: tuple) -> tuple[list[tuple[Lin, str]], bool]:
+    """The atoms every live element satisfies (an ``or`` or an unknown part: none), and
+    whether the formula is exactly their conjunction."""
     if f[0] == "and":
-        return [a for p in f[1:] for a in _conjuncts(p)]
+        parts = [_conjuncts(p) for p in f[1:]]
+        return [a for atoms, _ in parts for a in atoms], all(ok for _, ok in parts)
     if f[0] == "atom":
-        return [(f[1], f[2])]
-    return []
+        return [(f[1], f[2])], True
+    return [], f == ("const", True)
 
 
 def _limit(lin: Lin, op: str) -> ColumnLimit | None:
