@@ -215,9 +215,9 @@ class Partitioner:
             for b in mms:
                 if a == b or not reach[a] >> b & 1:
                     continue
-                core = {n for n in members if reach[a] >> n & 1 and reach[n] >> b & 1}
-                if any(g[n].kind == "matmul" for n in core):
+                if any(reach[a] >> m & 1 and reach[m] >> b & 1 for m in mms):
                     continue  # another matmul between them: not one attention
+                core = {n for n in members if reach[a] >> n & 1 and reach[n] >> b & 1}
                 inner = 0
                 for n in core:
                     inner |= 1 << n
