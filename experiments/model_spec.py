@@ -21,6 +21,5 @@ def _inputs(w, device: str) -> tuple:
 
 
 WORKLOADS = [
-    {"name": w.name, "fn": w.fn, "inputs": functools.partial(_inputs, w)}
-    for w in MODEL_FUNCTIONS
+    {"name": w.name, "fn": w.fn, "inputs": functools.partial(_inputs, w)} for w in MODEL_FUNCTIONS
 ]

@@ -103,6 +103,12 @@ def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
 # Code generation
 # ---------------------------------------------------------------------------------------------
 
+
+def head_block(d: int) -> int:
+    """The tile width of a head dim: a power of two, at least 16 (tl.dot); masked past d."""
+    return max(16, next_pow2(d))
+
+
 _NEG_INF = 'float("-inf")'
 _UNDERFLOW = -200.0  # exp(x - m) is 0.0 in fp32 below this: those elements add nothing
 
@@ -201,7 +207,7 @@ class AttentionEmitter(Emitter):
         self.line("offs_d = tl.arange(0, BLOCK_D)")
         self.line("offs_dv = tl.arange(0, BLOCK_DV)")
         dq = Expr.dim("offs_d[None, :]", 1, d.d, True)
-        qmask = "xmask" + ("" if d.d == next_pow2(d.d) else f" & (offs_d[None, :] < {d.d})")
+        qmask = "xmask" + ("" if d.d == head_block(d.d) else f" & (offs_d[None, :] < {d.d})")
         self._operand_load("q", (*self.bh3, self.full[-2], dq), qmask, "q")
         self.line(f"m_i = tl.full([BLOCK_M, 1], {_NEG_INF}, tl.float32)  # running row max")
         self.line("l_i = tl.zeros([BLOCK_M, 1], dtype=tl.float32)  # running sum of exp(x - m_i)")
@@ -275,7 +281,7 @@ class AttentionEmitter(Emitter):
         self.line("offs_n = start_n + tl.arange(0, BLOCK_N)")
         self.line("rindex = offs_n[None, :]")
         self.line(f"rmask = rindex < {d.tk}")
-        dmask = "" if d.d == next_pow2(d.d) else f" & (offs_d[:, None] < {d.d})"
+        dmask = "" if d.d == head_block(d.d) else f" & (offs_d[:, None] < {d.d})"
         prec = ', input_precision="ieee"' if self.g[self.parts.mm1].dtype == "float32" else ""
         if not const:
             dk = Expr.dim("offs_d[:, None]", 1, d.d, True)
@@ -314,7 +320,7 @@ class AttentionEmitter(Emitter):
         dn = Expr.dim("offs_n[:, None]", 1, d.tk, True)
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
         vmask = f"(offs_n[:, None] < {d.tk})"
-        if d.dv != next_pow2(d.dv):
+        if d.dv != head_block(d.dv):
             vmask += f" & (offs_dv[None, :] < {d.dv})"
         self._operand_load("v", (*self.bh3, dn, dv), vmask, "v")
         self.dots += 1
@@ -383,7 +389,7 @@ class AttentionEmitter(Emitter):
         self.line("out = acc / l_i  # a row of -inf only: 0 / 0 = NaN, as in eager")
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
         off = linearize((*self.bh3, self.full[-2], dv), contiguous_strides(node.shape), node.shape)
-        mask = "xmask" + ("" if d.dv == next_pow2(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
+        mask = "xmask" + ("" if d.dv == head_block(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
         out = self.out_ptr[mm2]
         self.line(f"tl.store({out} + ({off.render()}), out.to({TL_DTYPE[node.dtype]}), {mask})")
 
@@ -396,7 +402,7 @@ def generate_attention(
     body = em.emit()
     name = kernel_name(graph, info, "att", index)
     d = attention_dims(graph, info)
-    bd, bdv = max(16, next_pow2(d.d)), max(16, next_pow2(d.dv))
+    bd, bdv = head_block(d.d), head_block(d.dv)
     params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored]
     consts = ["BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV"]
     header = [
@@ -441,7 +447,7 @@ def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
     per thread for the score tile and the accumulator."""
     d = attention_dims(graph, info)
     item = ITEM.get(graph[graph[info.matmuls[0]].inputs[0]].dtype, 2)
-    bd, bdv = max(16, next_pow2(d.d)), max(16, next_pow2(d.dv))
+    bd, bdv = head_block(d.d), head_block(d.dv)
     cap_m, cap_n = max(16, next_pow2(d.t)), max(16, next_pow2(d.tk))
     out = []
     for bm in (16, 32, 64, 128):
