@@ -325,7 +325,7 @@ class AttentionEmitter(Emitter):
         self._operand_load("v", (*self.bh3, dn, dv), vmask, "v")
         self.dots += 1
         pd = TL_DTYPE[self.parts.p_dtype]
-        self.line(f"acc = acc * alpha + tl.dot(p.to({pd}), v{prec})")
+        self.line(f"acc = tl.dot(p.to({pd}), v, acc * alpha{prec})  # rescaled, accumulated")
         self.line("m_i = m_new")
 
     def _const_x(self) -> str | None:
