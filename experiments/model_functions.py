@@ -2,7 +2,8 @@
 GPT-2 / BERT / UNet / ResNet code writes it (rotate_half RoPE, token + position embeddings,
 cross entropy with ignore_index, a causal mask from ``torch.ones(...).tril()``, F.normalize,
 group_norm + SiLU, an int8 quantize-dequantize chain, column statistics, global average
-pooling, ``any()`` on an attention mask, a fused-QKV split into heads).
+pooling, ``any()`` on an attention mask, a fused-QKV split into heads, eager attention with
+a causal or additive mask and grouped-query heads).
 
 Each is a :class:`experiments.workloads.Workload`: ``make(device, dtype)`` builds tiny shapes
 (not multiples of any block) on ``"cpu"`` and realistic ones elsewhere (bf16 on the GPU).
@@ -56,6 +57,23 @@ def causal_softmax(scores):
     mask = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+
+
+def eager_attention(q, k, v):
+    """GPT-2 / Llama's eager attention: scores over sqrt(d), the causal tril mask, softmax in
+    fp32 and back, times V (one ``attention`` kernel: the scores never go to memory)."""
+    return causal_softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5) @ v
+
+
+def eager_attention_gqa(q, k, v, attention_mask):
+    """Llama's eager attention with grouped-query heads (repeat_kv: expand + reshape, read by
+    index arithmetic) and a 4-D additive causal + padding mask."""
+    b, hk, t, d = k.shape
+    g = q.shape[1] // hk
+    k = k[:, :, None].expand(b, hk, g, t, d).reshape(b, hk * g, t, d)
+    v = v[:, :, None].expand(b, hk, g, t, d).reshape(b, hk * g, t, d)
+    scores = q @ k.transpose(2, 3) * d**-0.5 + attention_mask
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
 
 def normalize_embeddings(x):
@@ -137,6 +155,19 @@ def _qkv_inputs(d, t):
     return _r(d, t, b, s, 3 * c), h
 
 
+def _attention_inputs(d, t):
+    b, h, s, e = (2, 2, 9, 8) if d == "cpu" else (4, 32, 1024, 128)
+    return _r(d, t, b, h, s, e), _r(d, t, b, h, s, e), _r(d, t, b, h, s, e)
+
+
+def _gqa_inputs(d, t):
+    b, h, hk, s, e = (2, 4, 2, 9, 8) if d == "cpu" else (4, 32, 8, 1024, 128)
+    keep = torch.ones(s, s, dtype=torch.bool, device=d).tril().expand(b, 1, s, s).clone()
+    keep[0, ..., s - 3 :] = False  # padded keys of the first sequence
+    mask = torch.zeros(b, 1, s, s, device=d, dtype=t).masked_fill(~keep, torch.finfo(t).min)
+    return _r(d, t, b, h, s, e), _r(d, t, b, hk, s, e), _r(d, t, b, hk, s, e), mask
+
+
 def _sized(cpu_shape, gpu_shape):
     return lambda d, t: (_r(d, t, *(cpu_shape if d == "cpu" else gpu_shape)),)
 
@@ -158,6 +189,8 @@ MODEL_FUNCTIONS = [
     Workload("global_avg_pool", global_avg_pool, _sized((3, 5, 6, 7), (64, 2048, 7, 7)), "memory"),
     Workload("attention_mask_checks", attention_mask_checks, _mask_inputs, "memory"),
     Workload("gpt2_split_heads", gpt2_split_heads, _qkv_inputs, "memory"),
+    Workload("eager_attention", eager_attention, _attention_inputs, "compute"),
+    Workload("eager_attention_gqa", eager_attention_gqa, _gqa_inputs, "compute"),
 ]  # fmt: skip
 
 # the functions whose greedy plan has no eager step (every op in a generated kernel)

@@ -82,6 +82,9 @@ class Workload:
         if self.name == "mlp_block":
             m, k = inputs[0].shape
             return 2 * 2.0 * m * k * inputs[3].shape[1]
+        if self.name.startswith("eager_attention"):  # two products; causal skipping not counted
+            b, h, s, d = inputs[0].shape
+            return 4.0 * b * h * s * inputs[1].shape[-2] * d
         if self.name.startswith("attention_scores"):
             b, s, d = inputs[0].shape
             return 2.0 * b * s * s * d

@@ -2,7 +2,7 @@
 
 Each kind is a plugin (``base.KernelKind``) in its own module and owns its config class:
 ``pointwise``, ``reduction``, ``scan`` (a reduction kernel with a cumsum / cumprod), ``gemm``,
-``gemm_row``. This registry is the one place that
+``gemm_row``, ``attention`` (matmul, softmax, matmul: flash-attention style). This registry is the one place that
 chooses a kind: ``analyze_group`` asks the kinds in order which one claims a set of nodes, and
 every other call finds the plugin by the kind named in the group's ``GroupInfo``.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofuse.ir.graph import Graph
+from autofuse.kernels.attention import AttentionConfig, AttentionKind
 from autofuse.kernels.base import (
     INLINE_OPS,
     FusionRefused,
@@ -32,6 +33,7 @@ from autofuse.kernels.scan import ScanKind
 __all__ = [
     "INLINE_OPS",
     "KINDS",
+    "AttentionConfig",
     "FusionRefused",
     "GemmConfig",
     "GroupInfo",
@@ -52,6 +54,7 @@ __all__ = [
 ]
 
 KINDS: tuple[KernelKind, ...] = (
+    AttentionKind(),
     GemmRowKind(),
     GemmKind(),
     ScanKind(),

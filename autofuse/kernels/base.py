@@ -94,13 +94,15 @@ class KernelMeta:
     tile (a row-GEMM recomputes its product in every pass). ``tiles``: a GEMM kernel's output
     tiling ``(BLOCK_M, BLOCK_N, BLOCK_K, shared memory bytes)``, None for other kernels.
     ``needs_allocator``: the kernel makes tensor descriptors on the device (Triton's scratch
-    allocator must be set).
+    allocator must be set). ``work``: the fraction of its product tiles the kernel computes (an
+    attention kernel whose mask bounds the key loop: about half for a causal one).
     """
 
     load_passes: tuple[int, ...] = ()
     dots: int = 0
     tiles: tuple[int, int, int, int] | None = None
     needs_allocator: bool = False
+    work: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ Triton's software pipeliner.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from autofuse.ir.graph import Graph
@@ -79,6 +80,12 @@ class ConstantSelect:
 
 
 def constant_select(graph: Graph, info: GroupInfo) -> ConstantSelect | None:
+    return next(constant_selects(graph, info), None)
+
+
+def constant_selects(graph: Graph, info: GroupInfo) -> Iterator[ConstantSelect]:
+    """Every ``where`` of the group that replaces the first matmul's product by a constant on
+    the elements its condition picks, in node order."""
     members = set(info.nodes)
     mm = info.matmuls[0]
     for w in info.nodes:
@@ -95,8 +102,8 @@ def constant_select(graph: Graph, info: GroupInfo) -> ConstantSelect | None:
             if mm in ancestors(graph, other) | {graph.base_of(other)} and _only_through(
                 graph, info, mm, w
             ):
-                return ConstantSelect(w, c, base, const_when=when)
-    return None
+                yield ConstantSelect(w, c, base, const_when=when)
+                break
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,8 @@ class CostModel:
     def kernel_time(self, g: Graph, info: GroupInfo, kernel: Kernel) -> float | str:
         if kernel.meta.tiles is not None:
             return self._gemm_time(g, info, kernel)
+        if info.kind == "attention":
+            return self._attention_time(g, info, kernel)
         cfg = kernel.config
         red = info.reduces
         looped = red and cfg.RBLOCK < info.rnumel
@@ -159,6 +161,40 @@ class CostModel:
         l2 = nbytes(g, g.base_of(mm.inputs[0])) * tn + nbytes(g, g.base_of(mm.inputs[1])) * tm
         t_mem = max(dram / self.bandwidth, l2 / (3 * self.bandwidth))
         return max(t_cmp, t_mem) + self.launch_overhead
+
+    def _attention_time(self, g: Graph, info: GroupInfo, kernel: Kernel) -> float | str:
+        """Two dots per visited (BLOCK_M, BLOCK_N) tile (``meta.work`` of them: a causal mask
+        skips about half) at ``mma_rate`` for 16-bit operands, the epilogue and online softmax
+        on CUDA cores; Q and the output once from DRAM, K and V once per program (from L2 but
+        the first), the epilogue's loads once per visited tile."""
+        kw = dict(kernel.launch_kw)
+        bm, bn, warps = kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"]
+        bd, bdv, stages = kw["BLOCK_D"], kw["BLOCK_DV"], kw["num_stages"]
+        mm1, mm2 = (g[m] for m in info.matmuls)
+        q, k, v = mm1.inputs[0], mm1.inputs[1], mm2.inputs[1]
+        heads = mm1.shape[0] if len(mm1.shape) == 3 else 1
+        t, tk = mm1.shape[-2], mm1.shape[-1]
+        item = 2 if g[q].dtype in ("bfloat16", "float16") else 4
+        smem = (bm * bd + stages * bn * (bd + bdv)) * item
+        if smem > self.smem_bytes:
+            return f"out of resources: shared memory {smem} > {self.smem_bytes} (modeled)"
+        programs, steps = heads * -(-t // bm), -(-tk // bn) * kernel.meta.work
+        tile_elems = programs * steps * bm * bn
+        rate = self.mma_rate if item == 2 else self.flops_rate
+        tile_eff = min(1.0, bm * bn / (128 * 64)) ** 0.5
+        t_dot = 2.0 * tile_elems * (bd + bdv) / (rate * tile_eff)
+        epilogue = sum(op_def(g[m].op).cost for m in info.nodes if g[m].kind == "pointwise")
+        t_sfu = tile_elems * (epilogue + 12) / self.flops_rate  # + exp, max, sum, rescale
+        resident = max(1, min(64 // warps, self.smem_bytes // smem, 32))
+        waves = math.ceil(programs / (self.sm_count * resident))
+        operands = {g.base_of(j) for j in (q, k, v)}
+        dram = nbytes(g, g.base_of(q)) + sum(nbytes(g, s) for s in info.stored)
+        dram += sum(nbytes(g, j) for j in operands - {g.base_of(q)})
+        l2 = programs * steps * bn * (bd + bdv) * item
+        l2 += sum(nbytes(g, j) for j in info.loads if j not in operands) * kernel.meta.work
+        t_mem = max(dram / self.bandwidth, l2 / (3 * self.bandwidth))
+        t = max(t_dot + t_sfu, t_mem)
+        return t + waves * self.program_cost + self.launch_overhead
 
     def eager_time(self, graph: Graph, i: int) -> float:
         """Modeled time of one eager op (bytes moved, matmul flops at ``mma_rate``)."""

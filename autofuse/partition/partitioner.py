@@ -179,6 +179,16 @@ class Partitioner:
     def _repair(self, members: frozenset[int], edges: list[Edge]):
         cluster = {m: frozenset({m}) for m in members}
         refusals = []
+        chosen = set(edges)
+        for seed, why in self._chains(members):
+            inside = [e for e in self.edges if e.a in seed and e.b in seed]
+            if not inside or not chosen.issuperset(inside):
+                continue  # the decisions keep some of it apart
+            if why is not None:
+                refusals.append(Refusal(inside[0], why))
+            elif all(len(cluster[m]) == 1 for m in seed):
+                for m in seed:
+                    cluster[m] = seed
         for e in edges:
             ca, cb = cluster[e.a], cluster[e.b]
             if ca is cb:
@@ -191,6 +201,52 @@ class Partitioner:
             else:
                 refusals.append(Refusal(e, why))
         return list(dict.fromkeys(cluster.values())), refusals
+
+    def _chains(self, members: frozenset[int]) -> list[tuple[frozenset[int], str | None]]:
+        """Candidate groups of two chained matmuls with every member between them, the
+        pointwise members that feed only that path (a mask) and clones in front of their
+        operands (attention: ``softmax(mask(q @ k^T)) @ v``), each with the reason it is
+        refused (None: legal). The repair tries them before its pairwise merges, which reach
+        the whole chain only through groups no kind takes (a matmul and half a softmax)."""
+        g, reach = self.graph, self._reach
+        mms = sorted(m for m in members if g[m].kind == "matmul")
+        out = []
+        for a in mms:
+            for b in mms:
+                if a == b or not reach[a] >> b & 1:
+                    continue
+                if any(reach[a] >> m & 1 and reach[m] >> b & 1 for m in mms):
+                    continue  # another matmul between them: not one attention
+                core = {n for n in members if reach[a] >> n & 1 and reach[n] >> b & 1}
+                inner = 0
+                for n in core:
+                    inner |= 1 << n
+                seed = core | {a, b} | self._operand_clones(members, (a, b))
+                operands = {g.base_of(j) for j in g[b].inputs} - core
+                for n in members - seed:
+                    if (
+                        g[n].kind == "pointwise"
+                        and reach[n] & inner
+                        and not reach[n] >> a & 1
+                        and n not in operands
+                        and not any(reach[n] >> j & 1 for j in operands)
+                    ):
+                        seed.add(n)
+                group = frozenset(seed)
+                why = self.check(group)
+                out.append((group, None if isinstance(why, GroupInfo) else why))
+        return out
+
+    def _operand_clones(self, members: frozenset[int], mms: tuple[int, ...]) -> set[int]:
+        """Clones (an expand + reshape of shared K / V heads) in front of the matmuls' operands."""
+        g, out = self.graph, set()
+        for mm in mms:
+            for j in g[mm].inputs:
+                i = g.base_of(j)
+                while i in members and g[i].op == "copy":
+                    out.add(i)
+                    i = g.base_of(g[i].inputs[0])
+        return out
 
     def greedy(self) -> Partition:
         """Every legal fusion taken (edges in topological order of their consumer)."""

@@ -1,0 +1,516 @@
+"""Kernel kind ``attention``: matmul -> pointwise / mask -> row softmax -> matmul in one kernel.
+
+The group is found from the IR: two matmuls, the second reading (through casts) the softmax of
+pointwise ops over the first's output. One program takes BLOCK_M query rows of one (batch,
+head) and walks the keys in BLOCK_N tiles, flash-attention style: the score tile ``Q K^T``
+(``tl.dot``, fp32), the group's pointwise ops on it (scale, masks: rendered by the emitter from
+the op table), an online softmax (running row max ``m_i`` and sum ``l_i``; the output
+accumulator is rescaled when the max grows) and ``acc += P V``; the score matrix never goes to
+memory. Q, K and V are read through their views (a transposed K, grouped-query heads shared by
+an expand + reshape: index arithmetic, no copy).
+
+An index-expression mask (causal, sliding window) bounds the key loop: tiles whose every
+element the mask replaces by its constant C are skipped. They matter only to a row whose max
+stays near C (a row the mask hides entirely, which eager makes uniform for a finite C): a
+guarded pass over the skipped tiles then adds them exactly as eager would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autofuse.ir.graph import Graph, contiguous_strides, numel
+from autofuse.ir.indexing import Expr, linearize
+from autofuse.kernels.attention_analysis import AttentionParts, attention_dims, attention_parts
+from autofuse.kernels.attention_bounds import ColumnLimit, live_limits
+from autofuse.kernels.base import (
+    FusionRefused,
+    GroupInfo,
+    Kernel,
+    KernelMeta,
+    describe,
+    kernel_name,
+    loaded_nodes,
+    next_pow2,
+    stored_nodes,
+)
+from autofuse.kernels.emitter import Emitter, Scope
+from autofuse.kernels.gemm import ITEM
+from autofuse.kernels.gemm_row import ConstantSelect, constant_selects
+from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
+from autofuse.kernels.pointwise import check_pow2
+from autofuse.kernels.render import LOG2E, TL_DTYPE, Val, cast, compute_dtype, literal
+from autofuse.kernels.views import broadcast_index, domain_index, view_source_index
+
+
+@dataclass(frozen=True, order=True)
+class AttentionConfig:
+    """BLOCK_M query rows per program, BLOCK_N keys per step of the key loop."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    # the loop-kernel emitter's names for the row and column blocks
+    @property
+    def XBLOCK(self) -> int:
+        return self.BLOCK_M
+
+    @property
+    def RBLOCK(self) -> int:
+        return self.BLOCK_N
+
+    def label(self) -> str:
+        return (
+            f"BLOCK_M={self.BLOCK_M} BLOCK_N={self.BLOCK_N} num_warps={self.num_warps} "
+            f"num_stages={self.num_stages}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis
+# ---------------------------------------------------------------------------------------------
+
+
+def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
+    parts = attention_parts(graph, members)
+    stored = stored_nodes(graph, members)
+    if stored != (parts.mm2,):
+        extra = [s for s in stored if s != parts.mm2]
+        raise FusionRefused(
+            f"{describe(graph, extra[0]) if extra else 'nothing'} must be stored: the attention "
+            "kernel writes only P @ V (the scores and probabilities never go to memory)"
+        )
+    x = graph[parts.x]
+    info = GroupInfo(
+        nodes=tuple(sorted(members)),
+        kind=AttentionKind.name,
+        domain=tuple(x.shape),
+        reduce_dims=(len(x.shape) - 1,),
+        stored=stored,
+        loads=loaded_nodes(graph, members),
+        matmuls=(parts.mm1, parts.mm2),
+    )
+    dims = attention_dims(graph, info)
+    if max(dims.d, dims.dv) > 256:
+        raise FusionRefused(f"head dim {max(dims.d, dims.dv)} > 256: the tiles do not fit")
+    AttentionEmitter(graph, info, AttentionConfig(16, 16), parts).emit()  # index checks
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Code generation
+# ---------------------------------------------------------------------------------------------
+
+
+def head_block(d: int) -> int:
+    """The tile width of a head dim: a power of two, at least 16 (tl.dot); masked past d."""
+    return max(16, next_pow2(d))
+
+
+_NEG_INF = 'float("-inf")'
+_UNDERFLOW = -200.0  # exp(x - m) is 0.0 in fp32 below this: those elements add nothing
+
+
+class AttentionEmitter(Emitter):
+    """Renders the kernel body. The scores' epilogue is the loop emitter's ``value`` at the
+    domain index (rows ``xindex = offs_m[:, None]``, keys ``rindex = offs_n[None, :]``,
+    batch dims from ``bh``, the program's (batch, head)); the first matmul's value is the tile
+    ``qk``; the softmax and the second matmul are this class's own lines."""
+
+    def __init__(self, graph: Graph, info: GroupInfo, config, parts: AttentionParts) -> None:
+        super().__init__(graph, info, config)
+        self.parts = parts
+        self.dims = attention_dims(graph, info)
+        dom = info.domain
+        self.full = (
+            *domain_index(dom[:-2], "bh"),
+            Expr.dim("xindex", 1, dom[-2], True),
+            Expr.dim("rindex", 1, dom[-1], True),
+        )
+        self.bh3 = (
+            (Expr.dim("bh", 1, self.dims.heads, True),) if len(graph[parts.mm1].shape) == 3 else ()
+        )
+        self.select, self.limits, self.exact = self._bounds()
+        self.const_tile = False  # emitting a tile on which the select gives its constant
+        self.pass_tile = False  # emitting a tile on which the select passes the scores
+
+    def _needs_int64(self) -> bool:  # the scores are never addressed: only loads and the output
+        sizes = [self._extent(i) for i in self.info.loads]
+        sizes.append(numel(self.g[self.info.matmuls[1]].shape))
+        return max(sizes) >= 2**31 - 1
+
+    def _bounds(self) -> tuple[ConstantSelect | None, list[ColumnLimit], bool]:
+        """The select whose index-expression condition bounds the key loop, with its limits
+        and whether they are exact."""
+        for sel in constant_selects(self.g, self.info):
+            limits, exact = live_limits(self.g, sel.node, sel.cond, sel.const_when, self.full)
+            if limits:
+                return sel, limits, exact
+        return None, [], False
+
+    # -- values ------------------------------------------------------------------------------
+    def value(self, i: int, index) -> Val:
+        if self.pass_tile and i == self.select.node:
+            node = self.g[i]
+            j = node.inputs[2 if self.select.const_when else 1]
+            return self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
+        if self.const_tile and i == self.select.node:
+            dt = self.g[i].dtype
+            c = self.g[self.select.const].attr("value")
+            return Val(literal(c, dt), 0, compute_dtype(dt), True)
+        return super().value(i, index)
+
+    def reduced(self, i: int, index) -> Val:
+        mm1 = self.parts.mm1
+        want = (*self.bh3, self.full[-2], self.full[-1])
+        if i != mm1:
+            raise FusionRefused(f"{describe(self.g, i)} is read by the scores' epilogue")
+        if tuple(index) != want:
+            raise FusionRefused(
+                f"{describe(self.g, i)} is read at ({', '.join(map(str, index))}), not at the "
+                "score tile the program computes"
+            )
+        return Val("qk", 2, "float32")
+
+    def operand_offset(self, j: int, index) -> tuple[int, Expr]:
+        """The loaded buffer behind matmul operand ``j`` (through views and read-through
+        copies) and the offset of ``index`` in it."""
+        g = self.g
+        while True:
+            if g[j].kind == "view":
+                index = view_source_index(g, j, index)
+                j = g[j].inputs[0]
+            elif j in self.parts.copies:
+                j = g[j].inputs[0]
+            else:
+                break
+        node = g[j]
+        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        return j, linearize(index, strides, node.shape)
+
+    def _operand_load(self, which: str, index, mask: str, var: str) -> None:
+        j = self.parts.operand(self.g, which)
+        base, off = self.operand_offset(j, index)
+        self.note_load(base)
+        self.line(f"{var} = tl.load({self.ptr[base]} + ({off.render()}), {mask}, other=0.0)")
+
+    # -- kernel ------------------------------------------------------------------------------
+    def emit(self) -> list[str]:
+        d = self.dims
+        self.line("pid_m = tl.program_id(0)")
+        self.line(f"bh = tl.program_id(1){'.to(tl.int64)' if self.int64 else ''}  # batch x head")
+        self.line("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+        self.line("xindex = offs_m[:, None]")
+        self.line(f"xmask = xindex < {d.t}")
+        self.line("offs_d = tl.arange(0, BLOCK_D)")
+        self.line("offs_dv = tl.arange(0, BLOCK_DV)")
+        dq = Expr.dim("offs_d[None, :]", 1, d.d, True)
+        qmask = "xmask" + ("" if d.d == head_block(d.d) else f" & (offs_d[None, :] < {d.d})")
+        self._operand_load("q", (*self.bh3, self.full[-2], dq), qmask, "q")
+        self.line(f"m_i = tl.full([BLOCK_M, 1], {_NEG_INF}, tl.float32)  # running row max")
+        self.line("l_i = tl.zeros([BLOCK_M, 1], dtype=tl.float32)  # running sum of exp(x - m_i)")
+        self.line("acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
+        lo, hi = self._bound_lines()
+        self.lines.append("")
+        if self.limits and self.exact:
+            name = self.g[self.select.node].name
+            self._loop("lo", "flo", False, f"keys {name} leaves live for some rows: masked")
+            self.pass_tile = True
+            self._loop("flo", "fhi", False, f"keys {name} leaves live for every row: no mask")
+            self.pass_tile = False
+            self._loop("fhi", "hi", False, f"keys {name} leaves live for some rows: masked")
+        else:
+            self._loop(lo, hi, False, "live keys")
+        self._const_pass(lo, hi)
+        self._store()
+        return self.lines
+
+    def _bound_lines(self) -> tuple[str, str]:
+        d = self.dims
+        if not self.limits:
+            return "0", str(d.tk)
+        name = self.g[self.select.node].name
+        self.line(f"# {name}: the keys its condition leaves live for these rows")
+        self.line("r0 = pid_m * BLOCK_M")
+        self.line(f"r1 = tl.minimum(r0 + BLOCK_M - 1, {d.t - 1})")
+        hi = lo = None
+        for lim in self.limits:
+            if lim.upper:
+                cur = f"{lim.render('r0', 'r1')} + 1"
+                hi = cur if hi is None else f"tl.minimum({hi}, {cur})"
+            else:
+                cur = lim.render("r0", "r1")
+                lo = cur if lo is None else f"tl.maximum({lo}, {cur})"
+        self.line(f"hi = tl.minimum(tl.maximum({hi or d.tk}, 0), {d.tk})")
+        self.line(f"lo = tl.minimum(tl.maximum({lo or 0}, 0), hi)")
+        if self.exact:
+            self._full_lines()
+        self.line("lo = (lo // BLOCK_N) * BLOCK_N")
+        self.line("hi = ((hi + BLOCK_N - 1) // BLOCK_N) * BLOCK_N")
+        return "lo", "hi"
+
+    def _full_lines(self) -> None:
+        """``flo``, ``fhi``: the whole key tiles live on every row of the program."""
+        flo = fhi = None
+        for lim in self.limits:
+            cur = lim.render("r0", "r1", inner=True)
+            if lim.upper:
+                fhi = f"{cur} + 1" if fhi is None else f"tl.minimum({fhi}, {cur} + 1)"
+            else:
+                flo = cur if flo is None else f"tl.maximum({flo}, {cur})"
+        self.line(f"flo = tl.minimum(tl.maximum({flo or 'lo'}, lo), hi)")
+        self.line("flo = ((flo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N  # whole tiles only")
+        self.line(f"fhi = tl.maximum(tl.minimum({fhi or 'hi'}, hi), flo)")
+        self.line("fhi = tl.maximum((fhi // BLOCK_N) * BLOCK_N, flo)")
+
+    def _loop(self, start: str, end: str, const: bool, note: str) -> None:
+        self.line(f"for start_n in range({start}, {end}, BLOCK_N):  # {note}")
+        self.depth += 1
+        self.scopes.append(Scope())
+        self.regions.append(set())
+        outer, self.region = self.region, len(self.regions) - 1
+        self._tile(const)
+        self.region = outer
+        self.scopes.pop()
+        self.depth -= 1
+
+    def _tile(self, const: bool) -> None:
+        d = self.dims
+        self.line("offs_n = start_n + tl.arange(0, BLOCK_N)")
+        self.line("rindex = offs_n[None, :]")
+        self.line(f"rmask = rindex < {d.tk}")
+        dmask = "" if d.d == head_block(d.d) else f" & (offs_d[:, None] < {d.d})"
+        prec = ', input_precision="ieee"' if self.g[self.parts.mm1].dtype == "float32" else ""
+        if not const:
+            dk = Expr.dim("offs_d[:, None]", 1, d.d, True)
+            self._operand_load("k", (*self.bh3, dk, self.full[-1]), "rmask" + dmask, "kt")
+            self.dots += 1
+            self.line(f"qk = tl.dot(q, kt{prec})  # scores")
+        self.const_tile = const
+        x = self.value(self.parts.x, self.full)
+        self.const_tile = False
+        code = cast(x, "float32")
+        if x.cls < 2:
+            code = (
+                f"tl.full([BLOCK_M, BLOCK_N], {code}, tl.float32)"
+                if x.literal
+                else (f"tl.broadcast_to({code}, [BLOCK_M, BLOCK_N])")
+            )
+        if d.tk % self.cfg.BLOCK_N:
+            code = f"tl.where(rmask, {code}, {_NEG_INF})"
+        self.line(f"s = {code}  # {self.g[self.parts.x].name}, the softmax input")
+        if const and not self._const_x():
+            self.line(f"if tl.max(tl.max(tl.where(xmask, s - m_i, {_NEG_INF}), 1), 0) > "
+                      f"{_UNDERFLOW}:  # a row these constant keys still reach")  # fmt: skip
+            self.depth += 1
+            self._online(prec)
+            self.depth -= 1
+        else:
+            self._online(prec)
+
+    def _online(self, prec: str) -> None:
+        d = self.dims
+        self.line("m_new = tl.maximum(m_i, tl.max(s, 1)[:, None])")
+        self.line(f"m_use = tl.where(m_new == {_NEG_INF}, 0.0, m_new)  # no -inf - -inf")
+        self.line(f"p = tl.exp2((s - m_use) * {LOG2E!r})")
+        self.line(f"alpha = tl.exp2((m_i - m_use) * {LOG2E!r})")
+        self.line("l_i = l_i * alpha + tl.sum(p, 1)[:, None]")
+        dn = Expr.dim("offs_n[:, None]", 1, d.tk, True)
+        dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
+        vmask = f"(offs_n[:, None] < {d.tk})"
+        if d.dv != head_block(d.dv):
+            vmask += f" & (offs_dv[None, :] < {d.dv})"
+        self._operand_load("v", (*self.bh3, dn, dv), vmask, "v")
+        self.dots += 1
+        pd = TL_DTYPE[self.parts.p_dtype]
+        self.line(f"acc = tl.dot(p.to({pd}), v, acc * alpha{prec})  # rescaled, accumulated")
+        self.line("m_i = m_new")
+
+    def _const_x(self) -> str | None:
+        """The softmax input on a skipped tile when it is one constant (the select's constant
+        reaches it through casts), as a literal; None otherwise."""
+        g, i = self.g, self.parts.x
+        while g[i].op == "cast" and i != self.select.node:
+            i = g[i].inputs[0]
+        if i != self.select.node:
+            return None
+        x = g[self.parts.x]
+        c = float(g[self.select.const].attr("value"))
+        import torch  # the constant rounded as eager rounds it on the way to x
+
+        t = torch.tensor(c, dtype=getattr(torch, g[i].dtype)).to(getattr(torch, x.dtype))
+        return repr(float(t))
+
+    def _const_pass(self, lo: str, hi: str) -> None:
+        """The skipped tiles, added where a row's max is still within reach of the constant."""
+        if not self.limits:
+            return
+        cx = self._const_x()
+        if cx is not None and cx == "-inf":
+            self.line("# the skipped keys hold -inf: they add nothing")
+            return
+        self.lines.append("")
+        if cx is not None:
+            self.line(f"if tl.max(tl.max(tl.where(xmask, {cx} - m_i, {_NEG_INF}), 1), 0) > "
+                      f"{_UNDERFLOW}:  # a row whose max the masked keys reach")  # fmt: skip
+            self.depth += 1
+        self._loop("0", lo, True, "keys the mask hides: no product")
+        self._loop(hi, str(self.dims.tk), True, "keys the mask hides: no product")
+        if cx is not None:
+            self.depth -= 1
+
+    def key_fraction(self) -> float:
+        """The fraction of the key tiles the live loop visits, over all programs."""
+        d, bm, bn = self.dims, self.cfg.BLOCK_M, self.cfg.BLOCK_N
+        programs, tiles = -(-d.t // bm), -(-d.tk // bn)
+        if not self.limits:
+            return 1.0
+        visited = 0
+        for pid in range(programs):
+            r0, r1 = pid * bm, min(pid * bm + bm - 1, d.t - 1)
+            lo, hi = 0, d.tk
+            for lim in self.limits:
+                ends = (lim.a * r0 + lim.b, lim.a * r1 + lim.b)
+                if lim.upper:
+                    hi = min(hi, max(ends) + 1)
+                else:
+                    lo = max(lo, min(ends))
+            hi = min(max(hi, 0), d.tk)
+            visited += -(-hi // bn) - min(max(lo, 0), hi) // bn
+        return visited / (programs * tiles)
+
+    def _store(self) -> None:
+        d, g = self.dims, self.g
+        mm2 = self.parts.mm2
+        node = g[mm2]
+        self.lines.append("")
+        self.line("out = acc / l_i  # a row of -inf only: 0 / 0 = NaN, as in eager")
+        dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
+        off = linearize((*self.bh3, self.full[-2], dv), contiguous_strides(node.shape), node.shape)
+        mask = "xmask" + ("" if d.dv == head_block(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
+        out = self.out_ptr[mm2]
+        self.line(f"tl.store({out} + ({off.render()}), out.to({TL_DTYPE[node.dtype]}), {mask})")
+
+
+def generate_attention(
+    graph: Graph, info: GroupInfo, config: AttentionConfig, index: int
+) -> Kernel:
+    parts = attention_parts(graph, frozenset(info.nodes))
+    em = AttentionEmitter(graph, info, config, parts)
+    body = em.emit()
+    name = kernel_name(graph, info, "att", index)
+    d = attention_dims(graph, info)
+    bd, bdv = head_block(d.d), head_block(d.dv)
+    params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored]
+    consts = ["BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV"]
+    header = [
+        f"# {name}: {len(info.nodes)} ops -> 1 kernel (attention, scores {list(info.domain)}, "
+        f"head dim {d.d})",
+        "#   reads:  "
+        + ", ".join(f"{em.ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.loads),
+        "#   writes: "
+        + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
+        f"#   config: {config.label()}",
+        "@triton.jit(debug=True)" if em.checked else "@triton.jit",
+        f"def {name}({', '.join(params + [f'{c}: tl.constexpr' for c in consts])}):",
+    ]
+    helpers = [h.source + "\n" for h in sorted(em.helpers, key=lambda h: h.name)]
+    src = "\n".join(["import triton", "import triton.language as tl", "", ""] + helpers + header)
+    layout = [("in", k) for k in range(len(info.loads))]
+    layout += [("out", k) for k in range(len(info.stored))]
+    kw = (
+        ("BLOCK_M", config.BLOCK_M), ("BLOCK_N", config.BLOCK_N), ("BLOCK_D", bd),
+        ("BLOCK_DV", bdv), ("num_warps", config.num_warps), ("num_stages", config.num_stages),
+    )  # fmt: skip
+    return Kernel(
+        name=name,
+        source=src + "\n" + "\n".join(body) + "\n",
+        config=config,
+        info=info,
+        layout=tuple(layout),
+        grid=(-(-d.t // config.BLOCK_M), d.heads),
+        launch_kw=kw,
+        meta=KernelMeta(load_passes=em.load_passes(), dots=2, work=em.key_fraction()),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs and the plugin
+# ---------------------------------------------------------------------------------------------
+
+
+def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
+    """BLOCK_M 64 / 128 (16 and 32 only for short sequences), BLOCK_N 32..128, 4 or 8 warps,
+    2..4 stages: within shared memory (Q once, K and V per stage) and about 128 fp32 registers
+    per thread for the score tile and the accumulator."""
+    d = attention_dims(graph, info)
+    item = ITEM.get(graph[graph[info.matmuls[0]].inputs[0]].dtype, 2)
+    bd, bdv = head_block(d.d), head_block(d.dv)
+    cap_m, cap_n = max(16, next_pow2(d.t)), max(16, next_pow2(d.tk))
+    out = []
+    for bm in (16, 32, 64, 128):
+        if bm > cap_m or (bm < 64 and cap_m > 64):
+            continue
+        for bn in (16, 32, 64, 128):
+            if bn > cap_n or (bn < 32 and cap_n > 32):
+                continue
+            for w in (4, 8):
+                regs = bm * (bn + bdv) // (32 * w)
+                if regs > 128 or (bm >= 64 and bm * bn < 16 * 32 * w):
+                    continue
+                for st in (2, 3, 4):
+                    smem = (bm * bd + st * bn * (bd + bdv)) * item
+                    if smem <= HOPPER_SMEM_BYTES:
+                        out.append(AttentionConfig(bm, bn, w, st))
+    return out or [AttentionConfig(16, 16, 1, 1)]
+
+
+def attention_default(graph: Graph, info: GroupInfo) -> AttentionConfig:
+    """The usual flash-attention forward choice on Hopper: 128 x 64 tiles, 8 warps for head
+    dim 128 (4 below), 3 stages; the nearest config that fits this group."""
+    d = attention_dims(graph, info)
+    want = (128, 64, 8 if max(d.d, d.dv) >= 128 else 4, 3)
+    return min(
+        attention_configs(graph, info),
+        key=lambda c: (
+            sum(
+                abs(a.bit_length() - b.bit_length())
+                for a, b in zip((c.BLOCK_M, c.BLOCK_N, c.num_warps), want)
+            )
+            + abs(c.num_stages - want[3])
+        ),
+    )
+
+
+class AttentionKind:
+    name = "attention"
+    config_class = AttentionConfig
+
+    def claims(self, graph: Graph, members: frozenset[int]) -> bool:
+        mms = sum(graph[m].kind == "matmul" for m in members)
+        return mms == 2 and any(graph[m].kind == "reduction" for m in members)
+
+    def analyze(self, graph: Graph, members: frozenset[int]) -> GroupInfo:
+        return analyze_attention_group(graph, members)
+
+    def config_space(self, graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
+        return attention_configs(graph, info)
+
+    def default_config(self, graph: Graph, info: GroupInfo) -> AttentionConfig:
+        return attention_default(graph, info)
+
+    def check_config(self, info: GroupInfo, config: AttentionConfig) -> None:
+        if not isinstance(config, AttentionConfig):
+            raise ValueError(f"an attention kernel takes an AttentionConfig, got {config!r}")
+        check_pow2(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, num_warps=config.num_warps)
+
+    def prefix(self, info: GroupInfo, config: AttentionConfig) -> str:
+        return "att"
+
+    def generate(
+        self, graph: Graph, info: GroupInfo, config: AttentionConfig, index: int
+    ) -> Kernel:
+        self.check_config(info, config)
+        return generate_attention(graph, info, config, index)

@@ -1,0 +1,142 @@
+"""The roles of an attention group's nodes, read from the IR: the two chained matmuls, the
+softmax between them (its max, sum and division), the pointwise ops on the scores (scale,
+masks) and the clones in front of Q / K / V; a refusal names what does not fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autofuse.ir.graph import Graph
+from autofuse.kernels.base import FusionRefused, GroupInfo, describe
+from autofuse.kernels.gemm import ancestors
+from autofuse.kernels.reduction import reduction_domain
+
+
+@dataclass(frozen=True)
+class AttentionParts:
+    """The roles of a group's nodes: ``scores = mm1(q, k)``; ``x`` (the softmax input) is
+    pointwise in the scores; ``amax``, ``total`` and ``probs`` are softmax's max, sum and
+    division; ``mm2(probs cast to p_dtype, v)`` is the output. ``copies``: clones of Q / K /
+    V (a grouped-query head repeat) read through as views."""
+
+    mm1: int
+    mm2: int
+    x: int
+    amax: int
+    total: int
+    probs: int
+    p_dtype: str
+    copies: frozenset[int]
+
+    def operand(self, graph: Graph, which: str) -> int:
+        return {
+            "q": graph[self.mm1].inputs[0],
+            "k": graph[self.mm1].inputs[1],
+            "v": graph[self.mm2].inputs[1],
+        }[which]
+
+
+def attention_parts(graph: Graph, members: frozenset[int]) -> AttentionParts:
+    """The roles of ``members`` as an attention group, or a refusal saying what does not fit."""
+    mms = [m for m in sorted(members) if graph[m].kind == "matmul"]
+    if len(mms) != 2:
+        raise FusionRefused(f"attention takes two matmuls, the group has {len(mms)}")
+    mm1, mm2 = mms
+    if mm1 not in ancestors(graph, mm2):
+        raise FusionRefused(f"{describe(graph, mm1)} does not feed {describe(graph, mm2)}")
+    reds = [m for m in sorted(members) if graph[m].kind == "reduction"]
+    amax = [r for r in reds if graph[r].op == "amax"]
+    if len(reds) != 2 or len(amax) != 1:
+        raise FusionRefused(
+            "attention takes one softmax (an amax and a sum) between its matmuls, the group "
+            f"reduces with {[graph[r].op for r in reds]}"
+        )
+    amax = amax[0]
+    total = next(r for r in reds if r != amax)
+    x = graph[amax].inputs[0]
+    exp = graph[total].inputs[0]
+    sub = graph[exp].inputs[0] if graph[exp].op == "exp" else None
+    if (
+        graph[total].op != "sum"
+        or sub is None
+        or graph[sub].op != "sub"
+        or graph[sub].inputs[0] != x
+        or graph.base_of(graph[sub].inputs[1]) != amax
+    ):
+        raise FusionRefused(
+            f"{describe(graph, total)} is not the sum of exp(x - amax(x)) of a softmax"
+        )
+    domain, rdims = reduction_domain(graph, [amax, total])
+    if rdims != (len(domain) - 1,) or len(domain) < 2 or graph[x].shape != domain:
+        raise FusionRefused(f"{describe(graph, amax)} does not reduce the rows of the scores")
+    probs = _probs(graph, members, exp, total, mm2)
+    copies = _operand_copies(graph, members, mm1, mm2)
+    _check_roles(graph, members, mm1, mm2, x, copies)
+    p_dtype = graph[graph[mm2].inputs[0]].dtype
+    return AttentionParts(mm1, mm2, x, amax, total, probs, p_dtype, copies)
+
+
+def _probs(graph: Graph, members, exp: int, total: int, mm2: int) -> int:
+    """softmax's ``exp / sum``: the node that reaches mm2's A operand through casts only."""
+    i = graph.base_of(graph[mm2].inputs[0])
+    while graph[i].op == "cast" and i in members:
+        i = graph.base_of(graph[i].inputs[0])
+    node = graph[i]
+    if not (
+        node.op == "div"
+        and node.inputs[0] == exp
+        and graph.base_of(node.inputs[1]) == total
+        and node.shape == graph[exp].shape
+    ):
+        raise FusionRefused(
+            f"{describe(graph, mm2)} does not read the softmax exp(x - max) / sum through "
+            f"casts (it reads {describe(graph, i)}): no other op between softmax and P @ V"
+        )
+    return i
+
+
+def _operand_copies(graph: Graph, members, mm1: int, mm2: int) -> frozenset[int]:
+    """Clones in front of Q, K or V (an expand + reshape of shared heads): read through."""
+    out = set()
+    for j in (*graph[mm1].inputs, graph[mm2].inputs[1]):
+        i = graph.base_of(j)
+        while i in members and graph[i].op == "copy":
+            out.add(i)
+            i = graph.base_of(graph[i].inputs[0])
+        if i in members:
+            raise FusionRefused(
+                f"{describe(graph, i)} computes an operand of attention's matmuls: Q, K and V "
+                "are loaded as they are (no prologue)"
+            )
+    return frozenset(out)
+
+
+def _check_roles(graph: Graph, members, mm1: int, mm2: int, x: int, copies) -> None:
+    """Every other member is pointwise and feeds the scores' epilogue; nothing follows mm2."""
+    feeds_x = ancestors(graph, x) | {x}
+    for m in sorted(members - copies - {mm1, mm2}):
+        up = ancestors(graph, m)
+        if mm2 in up:
+            raise FusionRefused(
+                f"{describe(graph, m)} follows the second matmul: attention has no epilogue"
+            )
+        if mm1 not in up and (graph[m].kind != "pointwise" or m not in feeds_x):
+            raise FusionRefused(
+                f"{describe(graph, m)} is neither on the path between the matmuls nor a "
+                "pointwise input of the scores' epilogue (a mask)"
+            )
+
+
+@dataclass(frozen=True)
+class Dims:
+    heads: int  # programs along the batch: the matmuls' batch (batch x heads)
+    t: int  # query rows
+    tk: int  # keys
+    d: int  # Q / K head dim
+    dv: int  # V head dim
+
+
+def attention_dims(graph: Graph, info: GroupInfo) -> Dims:
+    mm1, mm2 = (graph[m] for m in info.matmuls)
+    heads = mm1.shape[0] if len(mm1.shape) == 3 else 1
+    return Dims(heads, mm1.shape[-2], mm1.shape[-1], graph[mm1.inputs[0]].shape[-1], mm2.shape[-1])
