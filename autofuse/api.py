@@ -101,4 +101,15 @@ def _tuned(fn, captured, example_inputs, space, **options: Any) -> OptimizedFunc
 
     flat = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
     plan, result = tune_and_cache(captured, example_inputs, space, example_flat=flat, **options)
+    _record_call(fn, captured, example_inputs, options)
     return OptimizedFunction(captured, plan, fn, result)
+
+
+def _record_call(fn: Any, captured: Any, example_inputs: Sequence[Any], options: dict) -> None:
+    """Index the cached plan by this call, so ``autofuse.load`` reaches it with no capture."""
+    from autofuse.cache.calls import call_key, write_call
+    from autofuse.cache.keys import key_for
+    from autofuse.settings import cache_home
+
+    home = cache_home(options.get("cache_dir"))
+    write_call(home, call_key(fn, example_inputs), key_for(captured, example_inputs), captured)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autofuse import logs
+from autofuse.cache.calls import call_key, captured_from, read_call, write_call
 from autofuse.cache.disk import (
     _read_entry,
     entry_dir,
@@ -46,6 +47,28 @@ class EagerFunction:
         return f"<autofuse eager fallback for {self.__name__} (cache key {self.cache_key})>"
 
 
+def _load_by_call(cache_dir: Any, ck: str | None, fn: Any, cuda_graph: bool) -> Any:
+    """The entry the call index names for ``ck``, ready to run (None: capture instead)."""
+    record = read_call(cache_dir, ck)
+    if record is None:
+        return None
+    from autofuse.runner import OptimizedFunction
+
+    key = record["plan_key"]
+    plan, meta, _ = _read_entry(cache_dir, key)
+    if plan is None or plan.graph.key != record["graph_key"]:
+        return None
+    try:
+        captured = captured_from(record, plan.graph)
+    except Exception:  # noqa: BLE001 - an index record this torch cannot read: capture
+        return None
+    logs.emit("cache", f"hit: {_fn_name(fn)} (key {key}, by call, no capture)")
+    opt = OptimizedFunction(captured, plan, fn, cuda_graph=cuda_graph)
+    opt.cache_key = key
+    opt.cache_metadata = meta
+    return opt
+
+
 def _fn_name(fn: Any) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
@@ -58,19 +81,30 @@ def load(
     strict: bool = False,
     options: dict | None = None,
     cuda_graph: bool = False,
+    retrace: bool = False,
 ) -> Callable[..., Any]:
     """Run ``fn`` with the plan cached for these inputs: no tuning, no optuna.
 
     ``cuda_graph=True`` replays the plan as one CUDA graph over static input buffers (on CUDA;
     off, with one note, under the interpreter): see ``autofuse/plan/graphs.py``.
 
+    The plan is found from the call itself (``autofuse/cache/calls.py``: the function's code,
+    the inputs' shapes, dtypes and strides, the device and versions) with no capture when an
+    earlier tuning or load recorded that call; otherwise (or with ``retrace=True``) ``fn`` is
+    captured and its graph's key looked up.
+
     On a miss (or an unusable entry) it returns ``fn`` itself, run in eager, after one warning
     per key; with ``strict=True`` it raises :class:`CacheMiss` instead.
     """
-    from autofuse.capture.trace import capture
     from autofuse.runner import OptimizedFunction
 
     cache_dir = cache_home(cache_dir)
+    ck = None if retrace else call_key(fn, example_inputs, options)
+    fast = _load_by_call(cache_dir, ck, fn, cuda_graph)
+    if fast is not None:
+        return fast
+    from autofuse.capture.trace import capture
+
     captured = capture(fn, example_inputs)
     key = key_for(captured, example_inputs, options)
     plan, meta, problem = _read_entry(cache_dir, key)
@@ -81,6 +115,7 @@ def load(
         opt = OptimizedFunction(captured, plan, fn, cuda_graph=cuda_graph)
         opt.cache_key = key
         opt.cache_metadata = meta
+        write_call(cache_dir, ck, key, captured)
         return opt
     name = _fn_name(fn)
     why = f"the cached entry is unusable: {problem}" if problem else "no cached plan"

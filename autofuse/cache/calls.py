@@ -1,0 +1,236 @@
+"""The call index: ``autofuse.load`` reaches a cached plan from what the caller gives, with no
+capture (capture imports Dynamo and traces: seconds in a new process).
+
+A call key hashes the function's identity and code (its bytecode and constants, its defaults
+and closure values, the simple global constants it reads and, recursively, the Python
+functions it calls by global name; for a module, its class, its forward's code, its ``repr``,
+each submodule's simple attributes and train/eval flag, and its parameters' names, shapes and
+dtypes), the inputs' structure, shapes, strides, dtypes and devices, grad mode, the device,
+versions and the options that change the plan. ``<cache home>/calls/<call key>.json`` names
+the plan entry and holds what is needed to call it like the function (the captured program's
+input/output structure and scalars). It is written when a plan is tuned or first loaded by
+capture, and read (and checked against its own digest) by the next ``load``.
+
+A function that reads anything the key cannot see (a global tensor, an object whose state
+changes what it computes) gets no call key: ``load`` captures it every time, as before.
+``load(..., retrace=True)`` always captures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from autofuse.cache.codec import _canonical, _sha
+from autofuse.cache.keys import (
+    CACHE_FORMAT,
+    DeviceInfo,
+    _autofuse_version,
+    _triton_version,
+    inputs_device,
+    key_options,
+)
+from autofuse.files import write_atomic
+
+CALLS_DIR = "calls"
+_SIMPLE = (type(None), bool, int, float, complex, str, bytes)
+_MAX_CONST_NUMEL = 4096  # a small tensor constant is hashed by value; a larger one is opaque
+
+
+class Opaque(Exception):
+    """A value the call key cannot see into (the function gets no call key)."""
+
+
+def _value(v: Any, depth: int, seen: set[int]) -> Any:
+    if isinstance(v, _SIMPLE):
+        return [type(v).__name__, repr(v)]
+    if isinstance(v, (tuple, list, frozenset, set)):
+        items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
+        return [type(v).__name__, [_value(x, depth, seen) for x in items]]
+    if isinstance(v, dict):
+        return ["dict", [[repr(k), _value(x, depth, seen)] for k, x in v.items()]]
+    if isinstance(v, (torch.dtype, torch.device, torch.Size)):
+        return [type(v).__name__, str(v)]
+    if isinstance(v, torch.Tensor):
+        if v.numel() > _MAX_CONST_NUMEL:
+            raise Opaque(f"a {list(v.shape)} tensor constant")
+        data = v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        return ["tensor", str(v.dtype), list(v.shape), hashlib.sha256(data).hexdigest()]
+    if isinstance(v, types.ModuleType):
+        return ["module", v.__name__]
+    if isinstance(v, type):
+        return ["class", f"{v.__module__}.{v.__qualname__}"]
+    if isinstance(v, (types.FunctionType, types.MethodType)) or hasattr(v, "__code__"):
+        return _function(v, depth, seen)
+    if isinstance(
+        v, (types.BuiltinFunctionType, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+    ):
+        return ["builtin", getattr(v, "__module__", "") or "", getattr(v, "__qualname__", str(v))]
+    raise Opaque(f"a {type(v).__name__}")
+
+
+def _code(co: types.CodeType) -> list:
+    consts = [_code(c) if isinstance(c, types.CodeType) else repr(c) for c in co.co_consts]
+    return [co.co_name, co.co_code.hex(), consts, list(co.co_names), co.co_argcount]
+
+
+def _function(fn: Any, depth: int, seen: set[int]) -> list:
+    if isinstance(fn, types.MethodType):
+        return ["method", _function(fn.__func__, depth, seen), _value(fn.__self__, depth, seen)]
+    code = getattr(fn, "__code__", None)
+    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+    if not isinstance(code, types.CodeType):
+        raise Opaque(f"the callable {name}")
+    if id(fn) in seen or depth <= 0:
+        return ["fn", name]
+    seen = seen | {id(fn)}
+    out: list = ["fn", name, _code(code), _value(getattr(fn, "__defaults__", None), depth, seen)]
+    for cell in getattr(fn, "__closure__", None) or ():
+        out.append(_value(cell.cell_contents, depth - 1, seen))
+    glb = getattr(fn, "__globals__", {})
+    for n in _global_names(code):
+        if n in glb:
+            out.append([n, _value(glb[n], depth - 1, seen)])
+    return out
+
+
+def _global_names(co: types.CodeType) -> list[str]:
+    names = list(co.co_names)
+    for c in co.co_consts:
+        if isinstance(c, types.CodeType):
+            names += _global_names(c)
+    return sorted(set(names))
+
+
+def _module(m: torch.nn.Module) -> list:
+    out: list = ["nn.Module", f"{type(m).__module__}.{type(m).__qualname__}", repr(m)]
+    seen: set[int] = set()
+    for name, sub in m.named_modules():
+        attrs = []
+        for k, v in sorted(vars(sub).items()):
+            if k.startswith("_") and k in ("_parameters", "_buffers", "_modules"):
+                continue
+            try:
+                attrs.append([k, _value(v, 1, seen)])
+            except Opaque:
+                attrs.append([k, type(v).__qualname__])
+        fwd = type(sub).forward
+        out.append(
+            [name, sub.training, _code(fwd.__code__) if hasattr(fwd, "__code__") else "", attrs]
+        )
+    for name, t in [*m.named_parameters(), *m.named_buffers()]:
+        out.append([name, list(t.shape), str(t.dtype), t.requires_grad])
+    return out
+
+
+def _inputs(example_inputs: Any) -> list:
+    leaves, spec = pytree.tree_flatten(tuple(example_inputs))
+    out: list = [str(spec)]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            out.append([list(leaf.shape), list(leaf.stride()), str(leaf.dtype), str(leaf.device),
+                        leaf.requires_grad])  # fmt: skip
+        elif isinstance(leaf, _SIMPLE):
+            out.append(_value(leaf, 0, set()))
+        else:
+            raise Opaque(f"an input of type {type(leaf).__name__}")
+    return out
+
+
+def call_key(fn: Any, example_inputs: Any, options: dict | None = None) -> str | None:
+    """The call key of ``fn`` on these inputs, or None when the key cannot see what ``fn``
+    reads (it is then captured on every load)."""
+    try:
+        who = _module(fn) if isinstance(fn, torch.nn.Module) else _function(fn, 4, set())
+        parts = {
+            "format": CACHE_FORMAT,
+            "fn": who,
+            "inputs": _inputs(example_inputs),
+            "grad": torch.is_grad_enabled(),
+            "device": DeviceInfo.current(inputs_device(example_inputs)).tag(),
+            "versions": [str(torch.__version__), _triton_version(), _autofuse_version()],
+            "options": repr(sorted((str(k), repr(v)) for k, v in key_options(options).items())),
+        }
+    except (Opaque, RecursionError, TypeError, ValueError, RuntimeError):
+        return None
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _path(cache_dir: str | os.PathLike, ck: str) -> Path:
+    return Path(cache_dir) / CALLS_DIR / f"{ck}.json"
+
+
+def write_call(cache_dir: str | os.PathLike, ck: str | None, plan_key: str, captured: Any) -> None:
+    """Record that call key ``ck`` runs entry ``plan_key`` (best effort: a read-only cache or
+    a structure pytree cannot serialize only means capture on the next load)."""
+    if ck is None:
+        return
+    try:
+        payload = {
+            "plan_key": plan_key,
+            "graph_key": captured.graph.key,
+            "in_spec": pytree.treespec_dumps(captured.in_spec),
+            "out_spec": pytree.treespec_dumps(captured.out_spec),
+            "leaf_kinds": list(captured.leaf_kinds),
+            "scalars": [_scalar_json(s) for s in captured.scalars],
+            "param_names": list(captured.param_names),
+            "source_name": captured.source_name,
+        }
+        doc = {
+            "autofuse_call": CACHE_FORMAT,
+            "sha256": _sha(_canonical(payload)),
+            "payload": payload,
+        }
+        path = _path(cache_dir, ck)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(doc, sort_keys=True).encode())
+    except (Opaque, OSError, TypeError, ValueError, NotImplementedError):
+        return
+
+
+def _scalar_json(s: Any) -> list:
+    if not isinstance(s, (type(None), bool, int, float, str)):
+        raise Opaque(f"a scalar of type {type(s).__name__}")
+    return [type(s).__name__, s if not (isinstance(s, float) and s != s) else "nan"]
+
+
+def _scalar_back(item: list) -> Any:
+    kind, v = item
+    return float("nan") if kind == "float" and v == "nan" else v
+
+
+def read_call(cache_dir: str | os.PathLike, ck: str | None) -> dict | None:
+    """The index record of ``ck`` (checked against its digest), or None."""
+    if ck is None:
+        return None
+    try:
+        doc = json.loads(_path(cache_dir, ck).read_bytes())
+        payload = doc["payload"]
+        if doc.get("autofuse_call") != CACHE_FORMAT or _sha(_canonical(payload)) != doc["sha256"]:
+            return None
+        return payload
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def captured_from(record: dict, graph: Any) -> Any:
+    """The ``Captured`` program of an index record, over the entry's graph."""
+    from autofuse.capture import Captured
+
+    return Captured(
+        graph=graph,
+        in_spec=pytree.treespec_loads(record["in_spec"]),
+        out_spec=pytree.treespec_loads(record["out_spec"]),
+        leaf_kinds=tuple(record["leaf_kinds"]),
+        scalars=tuple(_scalar_back(s) for s in record["scalars"]),
+        param_names=tuple(record["param_names"]),
+        source_name=record["source_name"],
+    )
