@@ -8,8 +8,10 @@ style decoder block: RMSNorm, causal attention, SwiGLU MLP, as one module), in o
 2. a child process runs ``torch.compile`` on it once, filling a private Inductor / Triton cache;
 3. ``--repeats`` NEW processes per side measure the time to the first correct call:
    autofuse: from ``import autofuse`` to the first call of ``autofuse.load(...)`` returning
-   (synchronized), with an EMPTY Triton cache (so only the entry's binaries can spare the
-   compile; ``--share-triton-cache`` reuses the one step 1 filled); torch.compile: from
+   (synchronized), with a Triton cache that holds none of the plan's kernels (so only the
+   entry's binaries can spare compiling them): ``--triton-cache host`` (default) copies one in
+   which an unrelated kernel ran (Triton's own helpers compiled, as on any host that ran Triton
+   before), ``empty`` starts from nothing, ``shared`` reuses step 1's; torch.compile: from
    ``torch.compile(fn)`` to its first call returning, with the warm Inductor and Triton cache
    of step 2 (``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` reused). Both sides create
    their inputs and the module before the clock starts; both are checked against eager.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -149,6 +152,31 @@ def child_load(name: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+def _triton_cache(mode: str, work: Path, name: str, r: int, tune_env: dict) -> str:
+    if mode == "shared":
+        return tune_env["TRITON_CACHE_DIR"]
+    path = work / name / f"triton-{mode}-{r}"
+    if mode == "host":
+        shutil.copytree(work / "triton-host", path, dirs_exist_ok=True)
+    return str(path)
+
+
+def child_prime() -> dict:
+    """Run one unrelated Triton kernel: the cache then holds Triton's compiled helpers."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _add_one(x_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1, mask=i < n)
+
+    x = torch.zeros(100, device="cuda")
+    _add_one[(1,)](x, 100, BLOCK=128)
+    torch.cuda.synchronize()
+    return {"ok": bool((x == 1).all())}
+
+
 def _run(role: str, name: str, env: dict, extra: list[str] | None = None) -> dict:
     cmd = [sys.executable, "-m", "experiments.cold_start", "--child", role, "--workload", name]
     r = subprocess.run(cmd + (extra or []), env=env, capture_output=True, text=True, timeout=3600)
@@ -164,13 +192,21 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=8)
     p.add_argument("--time-budget", type=float, default=300.0)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--share-triton-cache", action="store_true")
+    p.add_argument(
+        "--triton-cache",
+        default="host",
+        choices=("empty", "host", "shared"),
+        help="the loading process's Triton cache: empty; host (a copy of one that "
+        "ran an unrelated kernel: Triton's own compiled helpers, none of the plan's "
+        "kernels; default); shared (the tuning process's)",
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--workload", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         fns = {"tune": lambda: child_tune(a.workload, a.trials, a.time_budget),
-               "compile": lambda: child_compile(a.workload), "load": lambda: child_load(a.workload)}  # fmt: skip
+               "compile": lambda: child_compile(a.workload), "load": lambda: child_load(a.workload),
+               "prime": child_prime}  # fmt: skip
         print(json.dumps(fns[a.child]()))
         return
     out = Path(a.out)
@@ -179,7 +215,9 @@ def main() -> None:
     base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     base.pop("AUTOFUSE_KERNEL_DIR", None)
-    report: dict = {"workloads": {}}
+    report: dict = {"workloads": {}, "triton_cache": a.triton_cache}
+    if a.triton_cache == "host":
+        _run("prime", "-", {**base, "TRITON_CACHE_DIR": str(work / "triton-host")})
     try:
         from experiments.bench import stamp
 
@@ -198,8 +236,7 @@ def main() -> None:
         loads, compiles = [], []
         for r in range(a.repeats):  # interleaved, each in a new process
             env = {**base, "AUTOFUSE_CACHE_DIR": str(home)}
-            env["TRITON_CACHE_DIR"] = (tune_env["TRITON_CACHE_DIR"] if a.share_triton_cache
-                                       else str(work / name / f"triton-empty-{r}"))  # fmt: skip
+            env["TRITON_CACHE_DIR"] = _triton_cache(a.triton_cache, work, name, r, tune_env)
             loads.append(_run("load", name, env))
             compiles.append(_run("compile", name, ind_env))
         row["autofuse_load"], row["torch_compile_warm"] = loads, compiles
