@@ -155,7 +155,10 @@ def _build(variant: str, a, fn, args, sdpa, train: bool) -> tuple[dict, dict]:
     for b in SDPA_BACKENDS:
         calls[f"sdpa {b.lower()}"] = _sdpa_with(b, sdpa)
     for mode in a.modes:
-        if mode != "default" and variant not in a.max_autotune_variants:
+        p = "forward+backward" if train else "forward"
+        if mode != "default" and (
+            variant not in a.max_autotune_variants or p not in a.max_autotune_passes
+        ):
             continue
         calls[f"torch.compile {mode}"] = torch.compile(
             own_code(fn, f"{mode}-{train}"), mode=None if mode == "default" else mode
@@ -191,7 +194,7 @@ def run_variant(variant: str, a, peak: float) -> dict:
     fn, args, sdpa, flops = make(variant, a.batch, a.heads, a.seq, a.head_dim)
     rec: dict = {"variant": variant, "shape": [a.batch, a.heads, a.seq, a.head_dim],
                  "fwd_flops": flops, "passes": {}}  # fmt: skip
-    for train in (False, True) if a.train else (False,):
+    for train in (False, True) if variant in a.train_variants else (False,):
         p = "forward+backward" if train else "forward"
         dargs = [x.detach().double().requires_grad_(train and k < 3) if x.is_floating_point()
                  else x for k, x in enumerate(args)]  # fmt: skip
@@ -255,13 +258,18 @@ def main(argv: list[str] | None = None) -> dict:
         default="causal",
         help="variants also compiled with max-autotune (minutes of GEMM autotuning)",
     )
-    p.add_argument("--train", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--train-variants", default="causal,gqa", help="variants also timed forward+backward"
+    )
+    p.add_argument("--max-autotune-passes", default="forward,forward+backward")
     p.add_argument("--trials", type=int, default=8, help="autofuse tuning trials (0: greedy)")
     p.add_argument("--time-budget", type=float, default=30.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
     a = p.parse_args(argv)
     a.modes = [m for m in a.modes.split(",") if m]
     a.max_autotune_variants = set(a.max_autotune_variants.split(","))
+    a.train_variants = set(a.train_variants.split(","))
+    a.max_autotune_passes = set(a.max_autotune_passes.split(","))
     variants = [v for v in a.variants.split(",") if v]
     ceil = ceilings()
     st = stamp("cuda")
