@@ -28,22 +28,25 @@ def _attend(s, v):  # softmax in float32 (float64 for the reference)
 
 
 def causal_tril(q, k, v):
-    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
     return _attend(_scores(q, k).masked_fill(~mask, torch.finfo(q.dtype).min), v)
 
 
 def causal_shifted(q, k, v):  # the first 3 rows see no key: uniform rows (finfo.min)
-    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    i = torch.arange(q.shape[-2], device=q.device)[:, None]
+    j = torch.arange(k.shape[-2], device=q.device)[None, :]
     return _attend(_scores(q, k).masked_fill(j > i - 3, torch.finfo(q.dtype).min), v)
 
 
 def causal_shifted_inf(q, k, v):  # the same rows under -inf: NaN rows, as in eager
-    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    i = torch.arange(q.shape[-2], device=q.device)[:, None]
+    j = torch.arange(k.shape[-2], device=q.device)[None, :]
     return _attend(_scores(q, k).masked_fill(j > i - 3, float("-inf")), v)
 
 
 def where_then_add(q, k, v, amask):  # GPT-2's eager path: a causal where, then a padding mask
-    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    i = torch.arange(q.shape[-2], device=q.device)[:, None]
+    j = torch.arange(k.shape[-2], device=q.device)[None, :]
     s = torch.where(i >= j, _scores(q, k), torch.finfo(q.dtype).min)
     return _attend(s + amask, v)
 
@@ -57,7 +60,8 @@ def bool_mask(q, k, v, keep):
 
 
 def sliding(q, k, v):
-    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    i = torch.arange(q.shape[-2], device=q.device)[:, None]
+    j = torch.arange(k.shape[-2], device=q.device)[None, :]
     live = (j <= i) & ((i - j) < 8)
     return _attend(_scores(q, k).masked_fill(~live, torch.finfo(q.dtype).min), v)
 

@@ -443,8 +443,8 @@ def generate_attention(
 
 def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
     """BLOCK_M 64 / 128 (16 and 32 only for short sequences), BLOCK_N 32..128, 4 or 8 warps,
-    2..4 stages: within shared memory (Q once, K and V per stage) and about 128 fp32 registers
-    per thread for the score tile and the accumulator."""
+    2..4 stages: within shared memory (Q once, K and V per stage, the P and S tiles) and about
+    128 fp32 registers per thread for the score tile and the accumulator."""
     d = attention_dims(graph, info)
     item = ITEM.get(graph[graph[info.matmuls[0]].inputs[0]].dtype, 2)
     bd, bdv = head_block(d.d), head_block(d.dv)
@@ -461,7 +461,10 @@ def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
                 if regs > 128 or (bm >= 64 and bm * bn < 16 * 32 * w):
                     continue
                 for st in (2, 3, 4):
-                    smem = (bm * bd + st * bn * (bd + bdv)) * item
+                    # + the probability tile as the second dot's operand and the fp32 score
+                    # tile's layout conversion (seen on an H200: 128 x 128, d 64, 4 stages
+                    # asks 245760 bytes, exactly this sum)
+                    smem = (bm * bd + st * bn * (bd + bdv)) * item + bm * bn * (item + 4)
                     if smem <= HOPPER_SMEM_BYTES:
                         out.append(AttentionConfig(bm, bn, w, st))
     return out or [AttentionConfig(16, 16, 1, 1)]
