@@ -86,3 +86,31 @@ def test_off_on_cpu_tensors_and_under_the_interpreter():
     for _ in range(2):
         run([torch.zeros(4)])
     assert [e[0] for e in fn.log] == ["regular", "regular"]
+
+
+def test_a_store_attached_after_compiling_receives_the_binaries(monkeypatch):
+    """Tuning compiles a kernel before its cache entry exists; when the entry's store is
+    attached, what was compiled is saved there (else the first production load compiles)."""
+    _lean(monkeypatch)
+    fn = _Jit(["in_ptr0", "out_ptr0", "xnumel", "XBLOCK"])
+    run = Launcher(fn, (1,), {"XBLOCK": 64})
+    x, y = torch.zeros(64), torch.zeros(64)
+    run([x, y, 64])
+
+    class Store:
+        records: dict = {}
+
+        def __init__(self):
+            self.saved = []
+
+        def save(self, key, compiled):
+            self.saved.append(key)
+
+    store = Store()
+    run.attach(store)
+    assert store.saved == [(True, True)]
+    store.records = {(True, True): {}}
+    again = Store()
+    again.records = {(True, True): {}}
+    run.attach(again)  # already in the entry: not written again
+    assert again.saved == []

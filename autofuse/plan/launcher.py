@@ -56,6 +56,7 @@ class Launcher:
         self.consts = [self.meta[n] for n in self.const_names]  # constexprs, signature order
         self.n_params = len(names)
         self.binaries: dict[tuple[bool, ...], Any] = {}
+        self.compiled: dict[tuple[bool, ...], Any] = {}  # Triton's CompiledKernel per key
         self.lean = lean_enabled() and bool(names)
         # a cache entry's binaries (cache/binaries.py): restore(fn, key) -> CompiledKernel|None
         # and save(key, compiled) after a first compile
@@ -100,12 +101,21 @@ class Launcher:
         _STATS["restored"] += 1
         return True
 
+    def attach(self, store: Any) -> None:
+        """A cache entry's binary store, for a launcher that may have compiled already (during
+        tuning, before the entry existed): what it compiled goes into the entry now."""
+        self.store = store
+        for key, compiled in self.compiled.items():
+            if key not in store.records:
+                store.save(key, compiled)
+
     def _keep(self, key: tuple[bool, ...], compiled: Any, n_args: int) -> None:
         if n_args + len(self.const_names) != self.n_params or not hasattr(compiled, "function"):
             self.lean = False  # not a shape of Triton this path knows: stay on the regular one
             return
         try:
             self.binaries[key] = compiled[self.grid3]
+            self.compiled[key] = compiled
         except Exception:  # noqa: BLE001 - an unknown CompiledKernel API: regular path
             self.lean = False
 

@@ -261,7 +261,7 @@ def launcher_for(kernel: Kernel, store: Any = None) -> Launcher:
         scratch = kernel.meta.needs_allocator
         hit = _LAUNCHERS[key] = Launcher(fn, kernel.grid, dict(kernel.launch_kw), scratch, store)
     elif store is not None and hit.store is None:
-        hit.store = store  # a plan from a cache entry: its binaries are used and kept there
+        hit.attach(store)  # a plan from a cache entry: its binaries are used and kept there
     return hit
 
 
