@@ -49,6 +49,11 @@ def _leaves(*shapes):
     return [torch.randn(s, requires_grad=True) for s in shapes]
 
 
+def returns_probs(q, k, v):  # HF's output_attentions: P is a forward output, kept
+    p = torch.softmax(q @ k.transpose(-1, -2) * 0.25, dim=-1)
+    return p @ v, p
+
+
 CASES = {
     "causal_tril": (eager_attention, lambda: _leaves((B, H, T, D), (B, H, T, D), (B, H, T, D))),
     "gpt2_where_padding": (
@@ -85,6 +90,7 @@ def test_gradients_match_eager_and_nothing_t_by_t_is_saved(case):
 
     fw, bw = backend.records
     assert (fw.kind, bw.kind) == ("forward", "backward")
+    assert _bmms(bw) == 5  # the scores recomputed, then dV, dP, dQ, dK
     g = fw.plan.graph
     saved = [g[o].shape for o in g.outputs[1:]]  # after the attention's result
     made = [g[o].shape for o in g.outputs[1:] if g[g.base_of(o)].kind != "input"]
@@ -112,3 +118,41 @@ def test_softmax_not_followed_by_a_matmul_is_left_alone():
     f(xr, wr).sum().backward()
     assert_close(x.grad, xr.grad, torch.float32, "dx")
     assert_close(w.grad, wr.grad, torch.float32, "dw")
+
+
+def test_bf16_gradients_match_fp32_eager():
+    torch.manual_seed(0)
+    args = _leaves((B, H, T, D), (B, H, T, D), (B, H, T, D))
+    ref = [a.detach().float().requires_grad_() for a in args]
+    low = [a.detach().bfloat16().requires_grad_() for a in args]
+    grad_out = torch.randn(B, H, T, D)
+    eager_attention(*ref).backward(grad_out)
+    backend = dynamo.make_backend()
+    torch.compile(eager_attention, backend=backend)(*low).backward(grad_out.bfloat16())
+    for name, a, r in zip("qkv", low, ref):
+        assert_close(a.grad.float(), r.grad, torch.bfloat16, f"d{name}")
+    g = backend.records[0].plan.graph
+    stats = [g[o] for o in g.outputs if g[o].shape == (B, H, T, 1)]
+    assert [n.dtype for n in stats] == ["float32", "float32"]  # softmax in fp32
+    assert [k.info.kind for k in backend.records[0].plan.kernels] == ["attention"]
+
+
+def test_returned_probabilities_are_saved_as_before():
+    torch.manual_seed(0)
+    args = _leaves((B, H, T, D), (B, H, T, D), (B, H, T, D))
+    ref = [a.detach().clone().requires_grad_() for a in args]
+    backend = dynamo.make_backend()
+    out, p = torch.compile(returns_probs, backend=backend)(*args)
+    (out.pow(2).sum() + p.pow(2).sum()).backward()
+    out_r, p_r = returns_probs(*ref)
+    (out_r.pow(2).sum() + p_r.pow(2).sum()).backward()
+    assert_close(p.detach(), p_r.detach(), torch.float32, "P")
+    for name, a, r in zip("qkv", args, ref):
+        assert_close(a.grad, r.grad, torch.float32, f"d{name}")
+    assert _bmms(backend.records[-1]) == 4  # dV, dP, dQ, dK: no recomputed scores
+
+
+def _bmms(record) -> int:
+    return len(
+        record.prepared.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.bmm.default)
+    )

@@ -172,12 +172,24 @@ def tag_chains(chains: Iterable[AttentionChain]) -> None:
             n.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
+def _forward_outputs(graph: fx.Graph, num_fwd_outputs: int) -> set[fx.Node]:
+    (out,) = graph.find_nodes(op="output")
+    values = out.args[0][:num_fwd_outputs]
+    return {v for v in values if isinstance(v, fx.Node)}
+
+
 def attention_partition(
-    joint_module: fx.GraphModule, joint_inputs: Any, **kw: Any
+    joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kw: Any
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """``min_cut_rematerialization_partition`` with every attention's T x T tensors
-    recomputed in the backward from Q, K, the masks and the softmax's row max and sum."""
+    recomputed in the backward from Q, K, the masks and the softmax's row max and sum. An
+    attention whose probabilities (or scores) the forward returns keeps the partitioner's
+    choice: they exist anyway."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    tag_chains(find_attention_chains(joint_module.graph))
-    return min_cut_rematerialization_partition(joint_module, joint_inputs, **kw)
+    returned = _forward_outputs(joint_module.graph, num_fwd_outputs)
+    chains = find_attention_chains(joint_module.graph)
+    tag_chains(c for c in chains if not (c.recompute | {c.amax, c.total}) & returned)
+    return min_cut_rematerialization_partition(
+        joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw
+    )
