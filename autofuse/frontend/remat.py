@@ -93,14 +93,26 @@ def _second_matmul(probs: fx.Node) -> tuple[fx.Node, list[fx.Node]] | None:
     return None
 
 
-def _ancestors(node: fx.Node, stop: Iterable[fx.Node] = ()) -> set[fx.Node]:
-    stop, out, stack = set(stop), set(), [node]
+def _up_to_matmuls(node: fx.Node) -> set[fx.Node]:
+    """``node`` and its ancestors, not walking past a matmul (the matmuls included)."""
+    out, stack = {node}, [node]
     while stack:
         for a in stack.pop().all_input_nodes:
             if a not in out:
                 out.add(a)
-                if a not in stop:
+                if a.target not in _MATMULS:
                     stack.append(a)
+    return out
+
+
+def _downstream(start: fx.Node, within: set[fx.Node]) -> set[fx.Node]:
+    """``start`` and the nodes of ``within`` it reaches through nodes of ``within``."""
+    out, stack = {start}, [start]
+    while stack:
+        for u in stack.pop().users:
+            if u in within and u not in out:
+                out.add(u)
+                stack.append(u)
     return out
 
 
@@ -118,16 +130,17 @@ def _operand_copies(operands: Iterable[Any]) -> set[fx.Node]:
     return out
 
 
-def _constant(node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
-    """Computed from no graph input (aranges, ``full``, scalars): free to recompute."""
-    if node not in memo:
-        memo[node] = node.op == "call_function" and all(
-            _constant(a, memo) for a in node.all_input_nodes
-        )
-    return memo[node]
+def _constants(graph: fx.Graph) -> set[fx.Node]:
+    """The nodes computed from no graph input (aranges, ``full``, scalars, comparisons of
+    them): free to recompute anywhere."""
+    out: set[fx.Node] = set()
+    for n in graph.nodes:  # in topological order
+        if n.op == "call_function" and all(a in out for a in n.all_input_nodes):
+            out.add(n)
+    return out
 
 
-def _chain(amax: fx.Node, memo: dict[fx.Node, bool]) -> AttentionChain | None:
+def _chain(amax: fx.Node, constants: set[fx.Node]) -> AttentionChain | None:
     soft = _softmax_from_amax(amax)
     if soft is None:
         return None
@@ -137,13 +150,13 @@ def _chain(amax: fx.Node, memo: dict[fx.Node, bool]) -> AttentionChain | None:
         return None
     mm2, to_mm2 = found
     x = amax.args[0]
-    up = _ancestors(x, stop=[n for n in _ancestors(x) if n.target in _MATMULS]) | {x}
+    up = _up_to_matmuls(x)
     mms = [n for n in up if n.target in _MATMULS]
     if len(mms) != 1:
         return None
     mm1 = mms[0]
-    between = {n for n in up if n is mm1 or mm1 in _ancestors(n)}
-    masks = {n for n in up - between if _constant(n, memo)}
+    between = _downstream(mm1, up)
+    masks = (up - between) & constants
     sub = exp.args[0]
     operands = _operand_copies([*mm1.all_input_nodes, mm2.args[1]])
     nodes = between | masks | operands | {sub, exp, probs, *to_mm2}
@@ -152,10 +165,10 @@ def _chain(amax: fx.Node, memo: dict[fx.Node, bool]) -> AttentionChain | None:
 
 def find_attention_chains(graph: fx.Graph) -> list[AttentionChain]:
     """Every ``softmax(f(q @ k^T)) @ v`` of ``graph`` (a joint or forward ATen graph)."""
-    memo: dict[fx.Node, bool] = {}
+    constants = _constants(graph)
     out = []
     for amax in graph.find_nodes(op="call_function", target=_aten.amax.default):
-        chain = _chain(amax, memo)
+        chain = _chain(amax, constants)
         if chain is not None:
             out.append(chain)
     return out
