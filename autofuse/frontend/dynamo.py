@@ -7,7 +7,8 @@
     loss.backward()  # the backward graph runs its own plan
 
 Dynamo hands the backend an FX graph of torch ops; AOTAutograd (with autofuse's decomposition
-table, SDPA kept whole, and the min-cut rematerialization partitioner) turns it into a
+table, SDPA kept whole, and the min-cut rematerialization partitioner, told by ``remat`` to
+recompute attention's T x T tensors in the backward) turns it into a
 functionalized ATen forward graph and, when something requires grad, a backward graph. Each of
 them is converted to the IR (``graph.prepare`` + ``capture.fx_to_ir``), partitioned (the greedy
 plan, or the tuned one when the options ask for ``trials`` / ``time_budget`` and a GPU is
@@ -197,14 +198,15 @@ class AutofuseBackend:
 
     def aot(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        from .remat import attention_partition
 
         compiler = aot_autograd(
             fw_compiler=functools.partial(self.compile_graph, "forward"),
             bw_compiler=functools.partial(self.compile_graph, "backward"),
             inference_compiler=functools.partial(self.compile_graph, "inference"),
             decompositions=_decompositions(),
-            partition_fn=min_cut_rematerialization_partition,
+            partition_fn=attention_partition,
         )
         return compiler(gm, example_inputs)
 

@@ -6,7 +6,8 @@ head) and walks the keys in BLOCK_N tiles, flash-attention style: the score tile
 (``tl.dot``, fp32), the group's pointwise ops on it (scale, masks: rendered by the emitter from
 the op table), an online softmax (running row max ``m_i`` and sum ``l_i``; the output
 accumulator is rescaled when the max grows) and ``acc += P V``; the score matrix never goes to
-memory. Q, K and V are read through their views (a transposed K, grouped-query heads shared by
+memory. Where the graph keeps softmax's row max and sum (the statistics a training forward
+saves for the backward, see ``frontend/remat.py``), the final ``m_i`` and ``l_i`` are stored. Q, K and V are read through their views (a transposed K, grouped-query heads shared by
 an expand + reshape: index arithmetic, no copy).
 
 An index-expression mask (causal, sliding window) bounds the key loop: tiles whose every
@@ -76,11 +77,12 @@ class AttentionConfig:
 def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
     parts = attention_parts(graph, members)
     stored = stored_nodes(graph, members)
-    if stored != (parts.mm2,):
-        extra = [s for s in stored if s != parts.mm2]
+    extra = [s for s in stored if s not in (parts.mm2, parts.amax, parts.total)]
+    if extra or parts.mm2 not in stored:
         raise FusionRefused(
             f"{describe(graph, extra[0]) if extra else 'nothing'} must be stored: the attention "
-            "kernel writes only P @ V (the scores and probabilities never go to memory)"
+            "kernel writes only P @ V and the softmax's row max and sum (the scores and "
+            "probabilities never go to memory)"
         )
     x = graph[parts.x]
     info = GroupInfo(
@@ -392,6 +394,23 @@ class AttentionEmitter(Emitter):
         mask = "xmask" + ("" if d.dv == head_block(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
         out = self.out_ptr[mm2]
         self.line(f"tl.store({out} + ({off.render()}), out.to({TL_DTYPE[node.dtype]}), {mask})")
+        self._store_stats()
+
+    def _store_stats(self) -> None:
+        """softmax's row max and sum where the graph keeps them (saved for the backward): the
+        final ``m_i`` and ``l_i`` (a row of -inf only: sum NaN, as eager's exp(-inf - -inf))."""
+        g = self.g
+        rows = self.full[:-1]
+        for i, var in ((self.parts.amax, "m_i"), (self.parts.total, "l_stat")):
+            if i not in self.info.stored:
+                continue
+            if var == "l_stat":
+                self.line(f'l_stat = tl.where(m_i == {_NEG_INF}, float("nan"), l_i)')
+            node = g[i]
+            shape = node.shape[:-1] if len(node.shape) == len(self.info.domain) else node.shape
+            off = linearize(rows, contiguous_strides(shape), shape)
+            val = f"{var}.to({TL_DTYPE[node.dtype]})"
+            self.line(f"tl.store({self.out_ptr[i]} + ({off.render()}), {val}, xmask)")
 
 
 def generate_attention(
