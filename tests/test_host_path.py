@@ -84,5 +84,12 @@ def test_cuda_graph_replays_the_plan_on_cuda():
             for g, w in zip(got, two(*xs)):
                 torch.testing.assert_close(g, w)
     assert opt.graphs.graph is not None and opt.graphs.off is None
+    assert opt.graphs.copied is not None  # other tensors: copied into the second graph's inputs
     for a, b in zip(first, kept):  # results are copies: the next replay does not change them
         assert torch.equal(a, b)
+    for _ in range(2):  # the first call's own tensors, refilled in place: replay, no copy
+        for a in args:
+            a.normal_()
+        for g, w in zip(opt(*args), two(*args)):
+            torch.testing.assert_close(g, w)
+    assert opt.graphs.graph.holds(args)
