@@ -57,6 +57,15 @@ class KernelStep:
     def launcher(self) -> Launcher:
         return launcher_for(self.kernel, self.store)
 
+    def load_kinds(self, graph: Graph) -> tuple[tuple[int, bool], ...]:
+        """(node, is a graph input) per loaded buffer: inputs are read as given (checked once
+        per call), other loads may need evaluating or a contiguous copy."""
+        kinds = self.__dict__.get("_load_kinds")
+        if kinds is None:
+            kinds = tuple((i, graph[i].kind == "input") for i in self.kernel.info.loads)
+            self.__dict__["_load_kinds"] = kinds  # frozen: cached like a cached_property
+        return kinds
+
     @cached_property
     def arg_spec(self) -> tuple[tuple[bool, Any], ...]:
         """``kernel_args`` prebuilt: (True, buffer index) or (False, constant) per argument."""
@@ -305,7 +314,8 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
         if settings().strict:
             raise
         return _give_up(run, kernel, e, "loaded")
-    ins = [run.contiguous(i) for i in info.loads]
+    env = run.env
+    ins = [env[i] if given else run.contiguous(i) for i, given in step.load_kinds(run.plan.graph)]
     if launcher.scratch and any(t.data_ptr() % 16 for t in ins):
         if kernel.name not in _MISALIGNED:  # a sliced input: TMA needs 16-byte aligned bases
             _MISALIGNED.add(kernel.name)
