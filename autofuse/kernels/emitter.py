@@ -36,7 +36,12 @@ from autofuse.kernels.render import (
     render_op,
     row_reduce,
 )
-from autofuse.kernels.views import broadcast_index, domain_index, view_source_index
+from autofuse.kernels.views import (
+    broadcast_index,
+    domain_index,
+    domain_of_flat,
+    view_source_index,
+)
 
 
 @dataclass
@@ -339,6 +344,11 @@ class Emitter:
         if not self.red or shape == self.info.domain:
             return self.full, 2
         rd = self.info.reduce_dims
+        if numel(shape) == numel(self.info.domain) and self.info.rnumel > 1:
+            # a reshape of the domain (group_norm's [N, G, C/G * HxW] read back as [N, C, H, W]):
+            # each element at the domain's flat index, delinearized into the node's shape
+            flat = linearize(self.full, contiguous_strides(self.info.domain), self.info.domain)
+            return domain_of_flat(flat, shape), 2
         if len(shape) == len(self.info.domain):
             idx = tuple(Expr.constant(0) if j in rd else e for j, e in enumerate(self.full))
         else:
@@ -396,20 +406,20 @@ class Emitter:
         if fulls:
             self.lines.append("")
             self.line("# elementwise outputs")
-            self._in_loop(
-                lambda: [self.store(s, self.value(s, self.full), self.full, 2) for s in fulls]
-            )
+            idx = {s: self.stored_index(s)[0] for s in fulls}
+            self._in_loop(lambda: [self.store(s, self.value(s, idx[s]), idx[s], 2) for s in fulls])
         return self.lines
 
     def hoist_loads(self) -> None:
         """Emit, before the first reduction, every load that ops over the whole domain read
-        directly (the cache then serves their later uses)."""
+        directly, not through a view (the cache then serves their later uses; a load read
+        through a reshape is at another index, and hoisting it read out of bounds)."""
         g, dom = self.g, self.info.domain
         self.line("# loads hoisted above the reductions")
         for i in self.info.loads:
             users = [u for u in g.compute_users[i] if u in self.members]
             if users and all(
-                g[u].kind != "view" and g[u].shape == dom and not op_def(g[u].op).indexed
+                i in g[u].inputs and g[u].shape == dom and not op_def(g[u].op).indexed
                 for u in users
             ):
                 self.value(i, broadcast_index(g[i].shape, dom, self.full))
