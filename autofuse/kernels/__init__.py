@@ -2,7 +2,7 @@
 
 Each kind is a plugin (``base.KernelKind``) in its own module and owns its config class:
 ``pointwise``, ``reduction``, ``scan`` (a reduction kernel with a cumsum / cumprod), ``gemm``,
-``gemm_row``. This registry is the one place that
+``gemm_row``, ``scatter`` (index_put / scatter / scatter_add). This registry is the one place that
 chooses a kind: ``analyze_group`` asks the kinds in order which one claims a set of nodes, and
 every other call finds the plugin by the kind named in the group's ``GroupInfo``.
 """
@@ -28,6 +28,7 @@ from autofuse.kernels.gemm_template import GemmConfig
 from autofuse.kernels.pointwise import KernelConfig, PointwiseKind
 from autofuse.kernels.reduction import ReductionKind
 from autofuse.kernels.scan import ScanKind
+from autofuse.kernels.scatter import ScatterKind
 
 __all__ = [
     "INLINE_OPS",
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 KINDS: tuple[KernelKind, ...] = (
+    ScatterKind(),
     GemmRowKind(),
     GemmKind(),
     ScanKind(),

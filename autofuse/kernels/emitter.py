@@ -49,6 +49,21 @@ class Scope:
     cache: dict = field(default_factory=dict)
 
 
+@dataclass
+class Loop:
+    """A column loop being emitted: where its ``for`` line is (lines that must run before the
+    loop are inserted there), its depth, and the lines that end each iteration (a looped
+    scan's carry update)."""
+
+    head: int
+    depth: int
+    tail: list[str] = field(default_factory=list)
+
+    def before(self, em: Emitter, line: str) -> None:
+        em.lines.insert(self.head, "    " * self.depth + line)
+        self.head += 1
+
+
 class Emitter:
     """Renders a loop kernel's body: the pointwise kernels', the reductions' and (through its
     subclass) the row-GEMM's. It records, as it emits, what the kernel's metadata says: which
@@ -71,6 +86,7 @@ class Emitter:
         self.regions: list[set[int]] = [set()]  # loaded nodes read outside / in each loop
         self.region = 0
         self.dots = 0
+        self.loops: list[Loop] = []  # the column loops being emitted (rowops' looped scans)
         self.guards: list[tuple[str, int]] = []  # (condition, class) every load must also meet
         self.checked = False  # the kernel asserts its indirect indices are in range
         self.int64 = self._needs_int64()
@@ -341,12 +357,14 @@ class Emitter:
 
     def stored_index(self, i: int) -> tuple[tuple[Expr, ...], int]:
         shape = self.g[i].shape
-        if not self.red or shape == self.info.domain:
+        if shape == self.info.domain:
             return self.full, 2
         rd = self.info.reduce_dims
-        if numel(shape) == numel(self.info.domain) and self.info.rnumel > 1:
-            # a reshape of the domain (group_norm's [N, G, C/G * HxW] read back as [N, C, H, W]):
-            # each element at the domain's flat index, delinearized into the node's shape
+        dom = numel(self.info.domain)
+        if not self.red or (numel(shape) == dom > 0 and self.info.rnumel > 1):
+            # a reshape of the domain (group_norm's [N, G, C/G * HxW] read back as [N, C, H, W];
+            # a pointwise output with size-1 dims more or less): each element at the domain's
+            # flat index, delinearized into the node's shape
             flat = linearize(self.full, contiguous_strides(self.info.domain), self.info.domain)
             return domain_of_flat(flat, shape), 2
         if len(shape) == len(self.info.domain):
@@ -362,7 +380,8 @@ class Emitter:
             self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
             self.line(self.mask_line("x", "[XBLOCK]"))
             for s in self.info.stored:
-                self.store(s, self.value(s, self.full), self.full, 2)
+                idx = self.stored_index(s)[0]
+                self.store(s, self.value(s, idx), idx, 2)
             return self.lines
         self.line(f"xoffset = tl.program_id(0){idx_t} * XBLOCK")
         self.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
@@ -379,7 +398,14 @@ class Emitter:
         reds = [i for i in self.info.nodes if self.g[i].kind == "reduction"]
         self.online = {} if self.persistent else self.find_online()
         for level in sorted({lv[r] for r in reds}):
-            phase = [r for r in reds if lv[r] == level and r not in self.online]
+            # a looped kernel scans inside the loops that read the scan (rowops.scanned)
+            phase = [
+                r
+                for r in reds
+                if lv[r] == level
+                and r not in self.online
+                and (self.persistent or not rowops.is_scan(self.g[r].op))
+            ]
             if not phase:
                 continue
             self.lines.append("")
@@ -528,6 +554,7 @@ class Emitter:
         if self.persistent:
             body()
             return
+        self.loops.append(Loop(len(self.lines), self.depth))
         self.line(f"for roffset in {self.loop_iter(start, end)}:" + (f"  # {note}" if note else ""))
         self.depth += 1
         self.scopes.append(Scope())
@@ -536,6 +563,8 @@ class Emitter:
         self.line("rindex = roffset + rbase")
         self.line(self.mask_line("r", "[1, RBLOCK]"))
         body()
+        for ln in self.loops.pop().tail:
+            self.line(ln)
         self.region = outer
         self.scopes.pop()
         self.depth -= 1

@@ -177,19 +177,26 @@ class Partitioner:
         return Partition(tuple(sorted(groups, key=min)), tuple(refusals))
 
     def _repair(self, members: frozenset[int], edges: list[Edge]):
+        """Merge along ``edges`` in order, each merge checked; a refused edge is tried again
+        after the others (a partial group can be illegal where the larger one is not: an
+        index mask stored beside the values it masks, before both join their scatter)."""
         cluster = {m: frozenset({m}) for m in members}
-        refusals = []
-        for e in edges:
-            ca, cb = cluster[e.a], cluster[e.b]
-            if ca is cb:
-                continue
-            merged = ca | cb
-            why = self.check(merged)
-            if isinstance(why, GroupInfo):
-                for m in merged:
-                    cluster[m] = merged
-            else:
-                refusals.append(Refusal(e, why))
+        pending, refusals = list(edges), []
+        while pending:
+            refused, merged_any = [], False
+            for e in pending:
+                ca, cb = cluster[e.a], cluster[e.b]
+                if ca is cb:
+                    continue
+                merged = ca | cb
+                why = self.check(merged)
+                if isinstance(why, GroupInfo):
+                    merged_any = True
+                    for m in merged:
+                        cluster[m] = merged
+                else:
+                    refused.append(Refusal(e, why))
+            refusals, pending = refused, [r.edge for r in refused] if merged_any else []
         return list(dict.fromkeys(cluster.values())), refusals
 
     def greedy(self) -> Partition:
