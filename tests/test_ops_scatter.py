@@ -130,7 +130,7 @@ def test_out_of_range_index_raises_and_is_never_written():
         with pytest.raises(IndexError):
             put_accumulate(x, i2, v)
         with pytest.raises(
-            Exception, match=r"index out of range in self: .* \(index: input 1, arg1_1\)"
+            Exception, match=r"index out of range in self: .* \(index tensor arg1_1\)"
         ):
             execute(plan, [x, i2, v])
     x, s = rand(6, 5), rand(6, 4)

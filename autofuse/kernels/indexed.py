@@ -78,8 +78,8 @@ def index_term(em: Any, src: int, d: int, idx: int, at: tuple[Expr, ...], wrap: 
     ok = f"(({t.code} >= 0) & ({t.code} < {n}))"
     mask = em.active_mask(t.cls)
     of = "" if what.endswith("writes") else f" of {g[src].name}"
-    arg = f"input {g[idx].attr('index')}, " if g[idx].kind == "input" else ""
-    msg = f"index out of range in self: {what} dim {d} of size {n}{of} (index: {arg}{g[idx].name})"
+    # the index tensor by its graph name (a candidate's subgraph renumbers its inputs)
+    msg = f"index out of range in self: {what} dim {d} of size {n}{of} (index tensor {g[idx].name})"
     em.line(f'tl.device_assert({ok}{f" | ~({mask})" if mask else ""}, "{msg}")')
     em.checked = True
     vars_ = frozenset() if t.cls == 0 else {1: {"xindex"}, 2: {"xindex", "rindex"}}[t.cls]
