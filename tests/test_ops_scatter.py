@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import autofuse
 from autofuse.capture.trace import capture
 from autofuse.frontend import dynamo
 from autofuse.partition.partitioner import Partitioner
@@ -177,6 +178,9 @@ def test_embedding_weight_grad_through_torch_compile(dtype):
     bw = [r for r in backend.records if r.kind == "backward"]
     assert bw and not bw[0].plan.fallbacks, [s.reason for s in bw[0].plan.fallbacks]
     assert any(k.info.kind == "scatter" for k in bw[0].plan.kernels)
+    w2 = w_ref.detach().clone().requires_grad_()  # autofuse.optimize: its autograd path
+    autofuse.optimize(f, (ids, w2))(ids, w2).backward()
+    assert_close(w2.grad, w_ref.grad.to(dtype), dtype, "weight.grad (optimize)")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
