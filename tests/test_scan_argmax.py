@@ -165,11 +165,11 @@ def test_every_partition_of_a_fused_scan():
     check_partitions(fused_scan, (x,), configs_per_group=2, max_enumerate=1, sample=4)
 
 
-def test_long_rows_scan_in_eager_with_a_reason():
+def test_long_rows_scan_in_a_looped_kernel():
+    # past 32768 elements the row is scanned in chunks with a carry (tests/test_ops_scan_long.py)
     x = torch.randn(2, 40000, generator=torch.Generator().manual_seed(8))
     space = Partitioner(capture(lambda x: x.cumsum(-1), (x,)).graph)
-    (reason,) = space.eager.values()
-    assert "whole row in one block" in reason
+    assert not space.eager, space.eager
 
 
 def test_no_scan_or_argmax_in_a_gemm_epilogue():

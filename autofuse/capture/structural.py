@@ -61,16 +61,34 @@ def convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name):
             return None
         return b.like("take", (src, idx), val, name, dim=dim, wrap=False)
     if packet == "index" and overload == "Tensor":
-        # one index tensor (after any number of full slices, given as None): a gather along
-        # that dim; several index tensors or a bool mask (data-dependent shape) stay opaque
-        given = [(d, a) for d, a in enumerate(args[1]) if a is not None]
-        if len(given) != 1:
+        # index tensors (after any number of full slices, given as None), broadcast together:
+        # an indirect read; a bool mask (data-dependent shape) stays opaque
+        given = [(d, env[a]) for d, a in enumerate(args[1]) if a is not None]
+        if not given or any(b.nodes[i].dtype not in INDEX_DTYPES for _, i in given):
             return None
-        dim, a = given[0]
-        src, idx = env[args[0]], env[a]
+        src, dims = env[args[0]], tuple(d for d, _ in given)
+        idxs = tuple(i for _, i in given)
+        if len(given) == 1:
+            return b.like("take", (src, *idxs), val, name, dim=dims[0], wrap=True)
+        return b.like("take", (src, *idxs), val, name, dim=dims[0], dims=dims, wrap=True)
+    if packet in ("index_put", "_unsafe_index_put") and overload == "default":
+        given = [(d, env[a]) for d, a in enumerate(args[1]) if a is not None]
+        if not given or any(b.nodes[i].dtype not in INDEX_DTYPES for _, i in given):
+            return None  # a bool mask: opaque
+        accumulate = bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
+        where = {"dims": tuple(d for d, _ in given), "along": None}
+        idxs = tuple(i for _, i in given)
+        return _put(b, env[args[0]], env[args[2]], idxs, val, out_dtype, name, accumulate, where)
+    if packet in ("scatter", "scatter_add") and overload in ("default", "src", "value"):
+        if kwargs.get("reduce") is not None or len(args) < 4:
+            return None
+        idx = env[args[2]]
         if b.nodes[idx].dtype not in INDEX_DTYPES:
             return None
-        return b.like("take", (src, idx), val, name, dim=dim, wrap=True)
+        values = b.operand(args[3], out_dtype, name + "_value")
+        where = {"dims": None, "along": args[1] % max(len(val.shape), 1)}
+        accumulate = packet == "scatter_add"
+        return _put(b, env[args[0]], values, (idx,), val, out_dtype, name, accumulate, where)
     if packet in ("full_like", "zeros_like", "ones_like") and overload == "default":
         value = {"zeros_like": 0, "ones_like": 1}.get(packet, args[1] if len(args) > 1 else None)
         if not isinstance(value, numbers.Number):
@@ -89,6 +107,34 @@ def convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name):
             return b.like("ne", (x, b.const(0, b.nodes[x].dtype, name + "_zero")), val, name)
         return b.like(packet, (x,), val, name, dims=dims, keepdim=bool(keepdim))
     return None
+
+
+def _put(b, base, values, idxs, val, out_dtype, name, accumulate, where) -> int | None:
+    """``base`` with ``values`` put (``accumulate``: added) at the indexed places: a scatter
+    node (a zero tensor written at those places, kernels/scatter.py) and, unless ``base`` is a
+    zero constant, ``base + scatter`` or ``where(written, scatter, base)`` (``written``: a
+    bool scatter of True). Float sums accumulate in fp32 (a 16-bit result is a cast of it)."""
+    if out_dtype == "bool" and accumulate:
+        return None
+    shape = tuple(val.shape)
+    bn = b.nodes[base]
+    zero = bn.op == "const" and bn.attr("value") == 0
+    low = out_dtype in ("float16", "bfloat16")
+    if accumulate:
+        acc_dt = "float32" if low else out_dtype
+        acc = b.shaped("scatter", (values, *idxs), shape, acc_dt, name + "_acc", accumulate=True,
+                       **where)  # fmt: skip
+        if not zero:
+            acc = b.shaped("add", (base, acc), shape, acc_dt, name + "_add")
+        return b.shaped("cast", (acc,), shape, out_dtype, name, dtype=out_dtype) if low else acc
+    put = b.shaped("scatter", (values, *idxs), shape, out_dtype, name + "_put", accumulate=False,
+                   **where)  # fmt: skip
+    if zero:
+        return put
+    one = b.const(True, "bool", name + "_true")
+    written = b.shaped("scatter", (one, *idxs), shape, "bool", name + "_written",
+                       accumulate=False, **where)  # fmt: skip
+    return b.shaped("where", (written, put, base), shape, out_dtype, name)
 
 
 def convert_multi(

@@ -12,8 +12,8 @@ recompute attention's T x T tensors in the backward) turns it into a
 functionalized ATen forward graph and, when something requires grad, a backward graph. Each of
 them is converted to the IR (``graph.prepare`` + ``capture.fx_to_ir``), partitioned (the greedy
 plan, or the tuned one when the options ask for ``trials`` / ``time_budget`` and a GPU is
-present) and run by a plan; ops the IR cannot generate (embedding, index_put, SDPA and its
-backward, random ops...) are eager steps of that plan.
+present) and run by a plan; ops the IR cannot generate (sort, topk, SDPA and its backward,
+random ops...) are eager steps of that plan.
 
 Shapes: one plan per concrete shape. A graph whose example inputs are static compiles once;
 when Dynamo hands over a graph with symbolic sizes (after a shape change, Dynamo's automatic

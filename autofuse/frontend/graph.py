@@ -15,8 +15,8 @@ not take as it is, and what becomes of it here:
   (inputs before the plan runs, outputs after it), since AOTAutograd and the backward graph rely
   on the traced layout.
 
-Every other op the IR has no node for (``aten.embedding``, ``aten.index_put``, SDPA, ``prims``
-ops...) becomes an ``opaque`` node, which the plan runs as an eager step.
+Every other op the IR has no node for (``aten.sort``, ``aten.topk``, SDPA, ``prims`` ops...)
+becomes an ``opaque`` node, which the plan runs as an eager step.
 """
 
 from __future__ import annotations

@@ -106,6 +106,12 @@ class Expr:
             return _normalize(tuple((t, k // d) for t, k in high), 0)
         if lmax is not None and low.const % d == 0 and not low.terms:
             return _normalize(tuple((t, k // d) for t, k in high), low.const // d)
+        if high and low.max_value() is not None and low.terms and low.const >= 0:
+            # (d*H + L) // d == H + L // d for L >= 0 (bounded terms, positive coefficients,
+            # no negative constant: Triton's // truncates, so a negative L would differ)
+            rest = low._floordiv(d)
+            if rest is not None:
+                return _normalize(tuple((t, k // d) for t, k in high), 0) + rest
         return None
 
     def _split_mixed_radix(self, d: int):

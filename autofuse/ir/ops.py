@@ -62,6 +62,9 @@ class OpDef:
     # int64 index of the row's first winner under ``combine`` (argmax, argmin; a NaN wins)
     scan: bool = False
     arg: bool = False
+    # ops whose value is written, not read, at indexed places (kernels/scatter.py): the output
+    # buffer starts as zeros and the kernel iterates over the values' domain
+    scatter: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -303,10 +306,18 @@ def _eager_cat(node: Any, *xs: torch.Tensor) -> torch.Tensor:
     return torch.cat(xs, node.attr("dim"))
 
 
-def _eager_take(node: Any, src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+def _eager_take(
+    node: Any, src: torch.Tensor, idx: torch.Tensor, *more: torch.Tensor
+) -> torch.Tensor:
     """``src`` indexed along ``dim`` by the index tensor (``x[..., idx]``, embedding,
     index_select): shape src[:dim] + idx + src[dim + 1:]; ``wrap``: negative indices count
-    from the end (advanced indexing), else they are out of range (embedding, index_select)."""
+    from the end (advanced indexing), else they are out of range (embedding, index_select).
+    Several index tensors (``dims``): ``x[i0, :, i1]``, broadcast together, as torch."""
+    if more:
+        full: list = [None] * src.dim()
+        for d, t in zip(node.attr("dims"), (idx, *more)):
+            full[d] = t
+        return torch.ops.aten.index.Tensor(src, full)
     d = node.attr("dim")
     if node.attr("wrap"):
         idx = torch.where(idx < 0, idx + src.shape[d], idx)
@@ -316,6 +327,22 @@ def _eager_take(node: Any, src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor
 
 def _eager_gather(node: Any, src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return torch.gather(src, node.attr("dim"), idx)
+
+
+def _eager_scatter(node: Any, values: torch.Tensor, *idxs: torch.Tensor) -> torch.Tensor:
+    """A fresh zero tensor of the node's shape with ``values`` put (``accumulate``: added) at
+    the indexed places: ``along`` a dim as torch.scatter / scatter_add (one index tensor of
+    the values' domain), else as index_put with index tensors at ``dims``."""
+    out = torch.zeros(node.shape, dtype=getattr(torch, node.dtype), device=values.device)
+    values, acc = values.to(out.dtype), node.attr("accumulate")
+    if node.attr("along") is not None:
+        d, idx = node.attr("along"), idxs[0]
+        values = values.expand(idx.shape) if values.dim() == 0 else values
+        return out.scatter_add_(d, idx, values) if acc else out.scatter_(d, idx, values)
+    full: list = [None] * len(node.shape)
+    for d, t in zip(node.attr("dims"), idxs):
+        full[d] = t
+    return torch.ops.aten.index_put(out, full, values, acc)
 
 
 def _indexed(node: Any, c: list[str], dt: str) -> str:
@@ -429,6 +456,8 @@ _ENTRIES: tuple[OpDef, ...] = (
     OpDef("cat", "pointwise", 0, (), _eager_cat, _indexed, "raw", indexed=True),
     OpDef("take", "pointwise", 2, (), _eager_take, _indexed, "raw", indexed=True),
     OpDef("gather", "pointwise", 2, (), _eager_gather, _indexed, "raw", indexed=True),
+    # values put / added at indexed places of a zero tensor (index_put, scatter, scatter_add)
+    OpDef("scatter", "pointwise", 0, (), _eager_scatter, _indexed, "raw", scatter=True),
     # reductions
     OpDef("sum", "reduction", 1, (), _reduce(torch.sum), identity="0", combine="+"),
     OpDef("mean", "reduction", 1, (), _reduce(torch.mean), identity="0", combine="+"),

@@ -2,7 +2,8 @@
 
 Each kind is a plugin (``base.KernelKind``) in its own module and owns its config class:
 ``pointwise``, ``reduction``, ``scan`` (a reduction kernel with a cumsum / cumprod), ``gemm``,
-``gemm_row``, ``attention`` (matmul, softmax, matmul: flash-attention style). This registry is the one place that
+``gemm_row``, ``attention`` (matmul, softmax, matmul: flash-attention style), ``scatter``
+(index_put / scatter / scatter_add). This registry is the one place that
 chooses a kind: ``analyze_group`` asks the kinds in order which one claims a set of nodes, and
 every other call finds the plugin by the kind named in the group's ``GroupInfo``.
 """
@@ -29,6 +30,7 @@ from autofuse.kernels.gemm_template import GemmConfig
 from autofuse.kernels.pointwise import KernelConfig, PointwiseKind
 from autofuse.kernels.reduction import ReductionKind
 from autofuse.kernels.scan import ScanKind
+from autofuse.kernels.scatter import ScatterKind
 
 __all__ = [
     "INLINE_OPS",
@@ -55,6 +57,7 @@ __all__ = [
 
 KINDS: tuple[KernelKind, ...] = (
     AttentionKind(),
+    ScatterKind(),
     GemmRowKind(),
     GemmKind(),
     ScanKind(),

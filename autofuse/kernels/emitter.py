@@ -36,12 +36,32 @@ from autofuse.kernels.render import (
     render_op,
     row_reduce,
 )
-from autofuse.kernels.views import broadcast_index, domain_index, view_source_index
+from autofuse.kernels.views import (
+    broadcast_index,
+    domain_index,
+    domain_of_flat,
+    view_source_index,
+)
 
 
 @dataclass
 class Scope:
     cache: dict = field(default_factory=dict)
+
+
+@dataclass
+class Loop:
+    """A column loop being emitted: where its ``for`` line is (lines that must run before the
+    loop are inserted there), its depth, and the lines that end each iteration (a looped
+    scan's carry update)."""
+
+    head: int
+    depth: int
+    tail: list[str] = field(default_factory=list)
+
+    def before(self, em: Emitter, line: str) -> None:
+        em.lines.insert(self.head, "    " * self.depth + line)
+        self.head += 1
 
 
 class Emitter:
@@ -66,6 +86,7 @@ class Emitter:
         self.regions: list[set[int]] = [set()]  # loaded nodes read outside / in each loop
         self.region = 0
         self.dots = 0
+        self.loops: list[Loop] = []  # the column loops being emitted (rowops' looped scans)
         self.guards: list[tuple[str, int]] = []  # (condition, class) every load must also meet
         self.checked = False  # the kernel asserts its indirect indices are in range
         self.int64 = self._needs_int64()
@@ -336,9 +357,16 @@ class Emitter:
 
     def stored_index(self, i: int) -> tuple[tuple[Expr, ...], int]:
         shape = self.g[i].shape
-        if not self.red or shape == self.info.domain:
+        if shape == self.info.domain:
             return self.full, 2
         rd = self.info.reduce_dims
+        dom = numel(self.info.domain)
+        if not self.red or (numel(shape) == dom > 0 and self.info.rnumel > 1):
+            # a reshape of the domain (group_norm's [N, G, C/G * HxW] read back as [N, C, H, W];
+            # a pointwise output with size-1 dims more or less): each element at the domain's
+            # flat index, delinearized into the node's shape
+            flat = linearize(self.full, contiguous_strides(self.info.domain), self.info.domain)
+            return domain_of_flat(flat, shape), 2
         if len(shape) == len(self.info.domain):
             idx = tuple(Expr.constant(0) if j in rd else e for j, e in enumerate(self.full))
         else:
@@ -352,7 +380,8 @@ class Emitter:
             self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
             self.line(self.mask_line("x", "[XBLOCK]"))
             for s in self.info.stored:
-                self.store(s, self.value(s, self.full), self.full, 2)
+                idx = self.stored_index(s)[0]
+                self.store(s, self.value(s, idx), idx, 2)
             return self.lines
         self.line(f"xoffset = tl.program_id(0){idx_t} * XBLOCK")
         self.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
@@ -369,7 +398,14 @@ class Emitter:
         reds = [i for i in self.info.nodes if self.g[i].kind == "reduction"]
         self.online = {} if self.persistent else self.find_online()
         for level in sorted({lv[r] for r in reds}):
-            phase = [r for r in reds if lv[r] == level and r not in self.online]
+            # a looped kernel scans inside the loops that read the scan (rowops.scanned)
+            phase = [
+                r
+                for r in reds
+                if lv[r] == level
+                and r not in self.online
+                and (self.persistent or not rowops.is_scan(self.g[r].op))
+            ]
             if not phase:
                 continue
             self.lines.append("")
@@ -396,20 +432,20 @@ class Emitter:
         if fulls:
             self.lines.append("")
             self.line("# elementwise outputs")
-            self._in_loop(
-                lambda: [self.store(s, self.value(s, self.full), self.full, 2) for s in fulls]
-            )
+            idx = {s: self.stored_index(s)[0] for s in fulls}
+            self._in_loop(lambda: [self.store(s, self.value(s, idx[s]), idx[s], 2) for s in fulls])
         return self.lines
 
     def hoist_loads(self) -> None:
         """Emit, before the first reduction, every load that ops over the whole domain read
-        directly (the cache then serves their later uses)."""
+        directly, not through a view (the cache then serves their later uses; a load read
+        through a reshape is at another index, and hoisting it read out of bounds)."""
         g, dom = self.g, self.info.domain
         self.line("# loads hoisted above the reductions")
         for i in self.info.loads:
             users = [u for u in g.compute_users[i] if u in self.members]
             if users and all(
-                g[u].kind != "view" and g[u].shape == dom and not op_def(g[u].op).indexed
+                i in g[u].inputs and g[u].shape == dom and not op_def(g[u].op).indexed
                 for u in users
             ):
                 self.value(i, broadcast_index(g[i].shape, dom, self.full))
@@ -518,6 +554,7 @@ class Emitter:
         if self.persistent:
             body()
             return
+        self.loops.append(Loop(len(self.lines), self.depth))
         self.line(f"for roffset in {self.loop_iter(start, end)}:" + (f"  # {note}" if note else ""))
         self.depth += 1
         self.scopes.append(Scope())
@@ -526,6 +563,8 @@ class Emitter:
         self.line("rindex = roffset + rbase")
         self.line(self.mask_line("r", "[1, RBLOCK]"))
         body()
+        for ln in self.loops.pop().tail:
+            self.line(ln)
         self.region = outer
         self.scopes.pop()
         self.depth -= 1

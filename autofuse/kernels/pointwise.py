@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofuse.ir.graph import Graph
+from autofuse.ir.graph import Graph, numel
 from autofuse.kernels.base import (
     FusionRefused,
     GroupInfo,
@@ -55,7 +55,7 @@ class PointwiseKind:
         if not stored:
             raise FusionRefused("group has no output")
         shapes = {graph[s].shape for s in stored}
-        if len(shapes) > 1:
+        if len({numel(s) for s in shapes}) > 1:  # one numel: each stored at the flat index
             a, b = sorted(shapes)[:2]
             raise FusionRefused(
                 f"outputs of different shapes {list(a)} and {list(b)} cannot share one loop"

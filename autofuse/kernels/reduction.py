@@ -4,7 +4,7 @@ by dependency level (softmax: max, then sum)."""
 
 from __future__ import annotations
 
-from autofuse.ir.graph import Graph
+from autofuse.ir.graph import Graph, numel
 from autofuse.kernels.base import (
     FusionRefused,
     GroupInfo,
@@ -43,16 +43,21 @@ def _row_shapes(domain: tuple[int, ...], rdims: tuple[int, ...]) -> set[tuple[in
     return {keep, squeezed}
 
 
-def check_stored_shapes(graph: Graph, stored, domain, rdims) -> None:
-    """Every stored node is over the whole domain or one value per row."""
+def check_stored_shapes(graph: Graph, stored, domain, rdims, reshapes: bool = False) -> None:
+    """Every stored node is over the whole domain or one value per row (``reshapes``: or over
+    a reshape of the whole domain, stored at the domain's flat index)."""
     rows = _row_shapes(domain, rdims)
     for s in stored:
         shape = graph[s].shape
-        if shape != domain and shape not in rows:
-            raise FusionRefused(
-                f"{describe(graph, s)} must be stored but its shape is neither the reduction "
-                f"input {list(domain)} nor a row shape {sorted(list(r) for r in rows)}"
-            )
+        if shape == domain or shape in rows:
+            continue
+        if reshapes and numel(shape) == numel(domain):
+            continue
+        raise FusionRefused(
+            f"{describe(graph, s)} must be stored but its shape is neither the reduction "
+            f"input {list(domain)}{' (or a reshape of it)' if reshapes else ''} nor a row "
+            f"shape {sorted(list(r) for r in rows)}"
+        )
 
 
 class ReductionKind:
@@ -69,7 +74,7 @@ class ReductionKind:
             raise FusionRefused("group has no output")
         reductions = [m for m in sorted(members) if graph[m].kind == "reduction"]
         domain, rdims = reduction_domain(graph, reductions)
-        check_stored_shapes(graph, stored, domain, rdims)
+        check_stored_shapes(graph, stored, domain, rdims, reshapes=True)
         info = GroupInfo(
             nodes=tuple(sorted(members)),
             kind=self.name,

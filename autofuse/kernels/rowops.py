@@ -16,7 +16,7 @@ from typing import Any
 
 from autofuse.ir.ops import PROD, Helper, op_def
 from autofuse.kernels.base import FusionRefused, describe
-from autofuse.kernels.render import TL_DTYPE, Val, compute_dtype
+from autofuse.kernels.render import TL_DTYPE, Val, combine, compute_dtype, identity, is_float
 
 ADD = Helper("_af_add", "@triton.jit\ndef _af_add(a, b):\n    return a + b\n")
 _ARG_DOC = "    # the {w} value wins, a NaN beats every number, ties go to the lower index\n"
@@ -127,6 +127,39 @@ def scanned(em: Any, i: int, index: tuple) -> Val:
             f"{describe(em.g, i)} is read at another element than its own: a scan's value is "
             "in the block of its own element only"
         )
+    if not em.persistent:
+        return _looped_scan(em, i)
     if i not in em.red_val:
         raise FusionRefused(f"{describe(em.g, i)} is read before it is computed")
     return em.red_val[i]
+
+
+def _looped_scan(em: Any, i: int) -> Val:
+    """A scan over a row walked in RBLOCK chunks, in the loop that reads it: each chunk is
+    scanned by ``tl.associative_scan`` and combined with the carry (the combine of the row's
+    earlier chunks), which the end of each iteration advances by the chunk's combine (the
+    last lane of its scan)."""
+    node = em.g[i]
+    if not em.loops:
+        raise FusionRefused(
+            f"{describe(em.g, i)} scans a row of {em.info.rnumel} elements in chunks of "
+            f"{em.cfg.RBLOCK}: its value exists only inside the chunk loop, not for a row output"
+        )
+    acc, h = acc_dtype(em, i), _helper(em, node.op)
+    _, val = em.masked_input(i)
+    v = em.tmp(val, 2, acc, f"{node.name} chunk")
+    carry = f"tmp{em.n_tmp}"
+    em.n_tmp += 1
+    loop = em.loops[-1]
+    init = f"tl.full([XBLOCK, 1], {identity(node.op, acc)}, {TL_DTYPE[acc]})"
+    loop.before(em, f"{carry} = {init}  # {node.name}: the combine of the earlier chunks")
+    s = em.tmp(f"tl.associative_scan({v.code}, 1, {h.name})", 2, acc)
+    expr = combine(node.op, carry, s.code, acc)
+    cd = compute_dtype(node.dtype)
+    if acc != cd:
+        expr = f"({expr}).to({TL_DTYPE[cd]})"
+    # the chunk's combine is its scan's last lane (masked lanes hold the identity)
+    zero = "0.0" if is_float(acc) else "0"
+    total = f"tl.sum(tl.where(rbase == RBLOCK - 1, {s.code}, {zero}), 1)[:, None]"
+    loop.tail.append(f"{carry} = {combine(node.op, carry, total, acc)}")
+    return em.tmp(expr, 2, cd, node.name)

@@ -27,15 +27,19 @@ def view_source_index(graph: Graph, i: int, index: tuple[Expr, ...]) -> tuple[Ex
         e = index[d].scale(node.attr("step")).shift(node.attr("start"))
         return index[:d] + (e,) + index[d + 1 :]
     if op == "reshape":
-        flat = linearize(index, contiguous_strides(node.shape), node.shape)
-        strides = contiguous_strides(src)
-        return tuple(
-            Expr.constant(0)
-            if size == 1
-            else flat.floordiv_mod(strides[j], None if j == _outer(src) else size)
-            for j, size in enumerate(src)
-        )
+        return domain_of_flat(linearize(index, contiguous_strides(node.shape), node.shape), src)
     raise ValueError(f"not a view op: {op}")
+
+
+def domain_of_flat(flat: Expr, shape: tuple[int, ...]) -> tuple[Expr, ...]:
+    """The index into a contiguous tensor of ``shape`` of the element at flat offset ``flat``."""
+    strides = contiguous_strides(shape)
+    return tuple(
+        Expr.constant(0)
+        if size == 1
+        else flat.floordiv_mod(strides[j], None if j == _outer(shape) else size)
+        for j, size in enumerate(shape)
+    )
 
 
 def _outer(shape: tuple[int, ...]) -> int:

@@ -13,6 +13,7 @@ import torch
 from autofuse.interpreter import interpreting
 from autofuse.ir.eager import eval_node
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node
+from autofuse.ir.ops import op_def
 from autofuse.kernels import GroupInfo, Kernel, generate
 from autofuse.measure.candidate import (
     Candidate,
@@ -126,7 +127,9 @@ def poisoned_outputs(
     from autofuse.plan.runtime import allocate_outputs
 
     outs = allocate_outputs(graph, info, torch.device(device))
-    for t in outs:
+    for s, t in zip(info.stored, outs):
+        if op_def(graph[s].op).scatter:
+            continue  # written at its indexed places only: the buffer starts as zeros
         if t.is_floating_point():
             t.fill_(float("nan"))
         elif t.dtype == torch.bool:

@@ -177,6 +177,9 @@ class Partitioner:
         return Partition(tuple(sorted(groups, key=min)), tuple(refusals))
 
     def _repair(self, members: frozenset[int], edges: list[Edge]):
+        """Merge along ``edges`` in order, each merge checked; a refused edge is tried again
+        after the others (a partial group can be illegal where the larger one is not: an
+        index mask stored beside the values it masks, before both join their scatter)."""
         cluster = {m: frozenset({m}) for m in members}
         refusals = []
         chosen = set(edges)
@@ -189,17 +192,23 @@ class Partitioner:
             elif all(len(cluster[m]) == 1 for m in seed):
                 for m in seed:
                     cluster[m] = seed
-        for e in edges:
-            ca, cb = cluster[e.a], cluster[e.b]
-            if ca is cb:
-                continue
-            merged = ca | cb
-            why = self.check(merged)
-            if isinstance(why, GroupInfo):
-                for m in merged:
-                    cluster[m] = merged
-            else:
-                refusals.append(Refusal(e, why))
+        pending, refused = list(edges), []
+        while pending:
+            refused, merged_any = [], False
+            for e in pending:
+                ca, cb = cluster[e.a], cluster[e.b]
+                if ca is cb:
+                    continue
+                merged = ca | cb
+                why = self.check(merged)
+                if isinstance(why, GroupInfo):
+                    merged_any = True
+                    for m in merged:
+                        cluster[m] = merged
+                else:
+                    refused.append(Refusal(e, why))
+            pending = [r.edge for r in refused] if merged_any else []
+        refusals += refused
         return list(dict.fromkeys(cluster.values())), refusals
 
     def _chains(self, members: frozenset[int]) -> list[tuple[frozenset[int], str | None]]:

@@ -19,6 +19,7 @@ import torch
 from autofuse import logs
 from autofuse.ir.eager import eval_node
 from autofuse.ir.graph import Graph
+from autofuse.ir.ops import op_def
 from autofuse.kernels import (
     INLINE_OPS,
     FusionRefused,
@@ -288,11 +289,15 @@ def launch(kernel: Kernel, args: Sequence[torch.Tensor]) -> None:
     launcher_for(kernel)(kernel_args(kernel, args))
 
 
+def new_output(graph: Graph, s: int, device: torch.device) -> torch.Tensor:
+    """The buffer a kernel writes node ``s`` into: zeros for a scatter (its kernel writes only
+    the indexed places), else uninitialized."""
+    new = torch.zeros if op_def(graph[s].op).scatter else torch.empty
+    return new(graph[s].shape, dtype=getattr(torch, graph[s].dtype), device=device)
+
+
 def allocate_outputs(graph: Graph, info: GroupInfo, device: torch.device) -> list[torch.Tensor]:
-    return [
-        torch.empty(graph[s].shape, dtype=getattr(torch, graph[s].dtype), device=device)
-        for s in info.stored
-    ]
+    return [new_output(graph, s, device) for s in info.stored]
 
 
 _BROKEN: dict[tuple[str, str], str] = {}  # (source, name) -> why it could not be built
@@ -327,8 +332,7 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
                 stacklevel=3,
             )
         return run_group_eagerly(run, info)
-    specs = run.plan.out_specs
-    outs = [torch.empty(specs[s][0], dtype=specs[s][1], device=run.device) for s in info.stored]
+    outs = [new_output(run.plan.graph, s, run.device) for s in info.stored]
     try:
         bufs = [*ins, *outs]
         launcher([bufs[v] if buf else v for buf, v in step.arg_spec])
