@@ -193,10 +193,10 @@ def test_lean_inner_loop(dtype):
     for load in (line for line in src.splitlines() if "tl.load(" in line):
         assert "mask" not in load, load  # T = 64: whole tiles of 32 x 16
     _check(fn, args, dtype, execute(plan, list(args))[0])
-    # not a positive scalar scale: the general path
+    # an additive padding mask: its [1, BLOCK_N] vector times log2 e is the FMA's addend
     fn, args = _cases(dtype, t=64)["additive"]
     src = autofuse.optimize(fn, args).plan.kernels[0].source
-    assert "qk_scale" not in src and "tl.fma" not in src
+    assert "= tl.fma(qk, qk_scale, tmp" in src and "= qk * qk_scale" not in src
     (pad,) = (line for line in src.splitlines() if "# load" in line)
     assert "+ rindex)" in pad and "xmask" not in pad  # a [1, BLOCK_N] vector a key tile
 

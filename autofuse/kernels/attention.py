@@ -26,6 +26,7 @@ from autofuse.kernels.attention_analysis import (
     AttentionParts,
     attention_dims,
     attention_parts,
+    narrow_iota,
     scale_fold,
 )
 from autofuse.kernels.attention_bounds import ColumnLimit, live_limits
@@ -143,31 +144,7 @@ class AttentionEmitter(Emitter):
         self.const_tile = False  # emitting a tile on which the select gives its constant
         self.pass_tile = False  # emitting a tile on which the select passes the scores
         self.fold = scale_fold(graph, parts, info.stored, compute_dtype)
-        self.narrow = self._narrow_iota()
-
-    def _narrow_iota(self) -> bool:
-        """The mask's aranges in int32: every op on them adds, subtracts or compares (the
-        values stay within a few times the extents, far below 2**31)."""
-        g, d = self.g, self.dims
-        if max(d.t, d.tk) >= 2**24:
-            return False
-        ok = {"add", "sub", "neg", "eq", "ne", "lt", "le", "gt", "ge", "abs", "where"}
-        ok |= {"logical_and", "logical_or", "logical_not", "bitwise_not", "bitwise_and"}
-        ints = {i for i in self.info.nodes if g[i].op == "iota"}
-        for i in self.info.nodes:
-            node = g[i]
-            if node.kind == "view" or not any(g.base_of(j) in ints for j in node.inputs):
-                continue
-            if node.dtype == "bool" and node.op in ok:
-                continue
-            small = all(
-                g[b].op != "const" or abs(float(g[b].attr("value"))) < 2**24
-                for b in (g.base_of(j) for j in node.inputs)
-            )
-            if node.op not in ok or not small:
-                return False
-            ints.add(i)
-        return True
+        self.narrow = narrow_iota(graph, info, max(self.dims.t, self.dims.tk))
 
     def _needs_int64(self) -> bool:  # the scores are never addressed: only loads and the output
         sizes = [self._extent(i) for i in self.info.loads]
@@ -202,11 +179,34 @@ class AttentionEmitter(Emitter):
         if self.fold and i == self.fold.scale_node:
             return self.tmp("qk * qk_scale", 2, "float32", f"{self.g[i].name}, times log2 e")
         node = self.g[i]
+        if self.fold and i == self.fold.add and self.lookup((i, index)) is None:
+            self.scopes[-1].cache[(i, index)] = v = self._add_bias(i, index)
+            return v
         if self.narrow and node.op == "iota":  # int32 arithmetic: the extents fit
             e = index[0].scale(node.attr("step")).shift(node.attr("start"))
             if e.terms:
                 return Val(f"({e.render()})", self.cls_of(e), compute_dtype(node.dtype))
         return super().value(i, index)
+
+    def _add_bias(self, i: int, index) -> Val:
+        """The added mask in the log2 domain: ``b * log2 e`` kept finite where ``b`` is (a
+        row that ``finfo.min`` hides stays uniform), fused with the scale where it adds to it
+        directly: ``tl.fma(qk, qk_scale, b)``."""
+        node, g = self.g[i], self.g
+        ja, jb = node.inputs
+        if g.base_of(ja) == self.fold.bias:
+            ja, jb = jb, ja
+        b = self.value(jb, broadcast_index(g[jb].shape, node.shape, index))
+        cls, b = b.cls, cast(b, "float32")
+        big = 3.4028234663852886e38
+        b2 = self.tmp(f"tl.where(tl.abs({b}) == float(\"inf\"), {b}, "
+                      f"tl.minimum(tl.maximum({b} * {LOG2E!r}, {-big!r}), {big!r}))",
+                      cls, "float32",
+                      f"{g[self.fold.bias].name} times log2 e")  # fmt: skip
+        if g.base_of(ja) == self.fold.scale_node:
+            return self.tmp(f"tl.fma(qk, qk_scale, {b2.code})", 2, "float32", node.name)
+        a = self.value(ja, broadcast_index(g[ja].shape, node.shape, index))
+        return self.tmp(f"{cast(a, 'float32')} + {b2.code}", 2, "float32", node.name)
 
     def load(self, i: int, index) -> Val:
         """A mask tensor's load, masked only along the dims its address uses where they can
@@ -373,7 +373,7 @@ class AttentionEmitter(Emitter):
             )
             self.dots += 1
             self.line(f"qk = tl.dot(q, kt{prec})  # scores")
-            if self.fold and (self.pass_tile or not self.fold.consts):
+            if self.fold and not self.fold.add and (self.pass_tile or not self.fold.consts):
                 self._online_fma(prec)
                 return
         self.const_tile = const

@@ -143,6 +143,31 @@ def attention_dims(graph: Graph, info: GroupInfo) -> Dims:
     return Dims(heads, mm1.shape[-2], mm1.shape[-1], graph[mm1.inputs[0]].shape[-1], mm2.shape[-1])
 
 
+def narrow_iota(graph: Graph, info: GroupInfo, extent: int) -> bool:
+    """The mask's aranges in int32: every op on them adds, subtracts or compares (the values
+    stay within a few times the extents, far below 2**31)."""
+    g = graph
+    if extent >= 2**24:
+        return False
+    ok = {"add", "sub", "neg", "eq", "ne", "lt", "le", "gt", "ge", "abs", "where"}
+    ok |= {"logical_and", "logical_or", "logical_not", "bitwise_not", "bitwise_and"}
+    ints = {i for i in info.nodes if g[i].op == "iota"}
+    for i in info.nodes:
+        node = g[i]
+        if node.kind == "view" or not any(g.base_of(j) in ints for j in node.inputs):
+            continue
+        if node.dtype == "bool" and node.op in ok:
+            continue
+        small = all(
+            g[b].op != "const" or abs(float(g[b].attr("value"))) < 2**24
+            for b in (g.base_of(j) for j in node.inputs)
+        )
+        if node.op not in ok or not small:
+            return False
+        ints.add(i)
+    return True
+
+
 _FLT_MAX = 3.4028234663852886e38
 
 
@@ -157,21 +182,32 @@ class ScaleFold:
     scale_node: int
     qk_scale: float
     consts: dict[int, float]
+    add: int | None = None  # an added mask (a padding mask): its values times log2 e
+    bias: int | None = None  # the add's input that is the mask
 
 
 def scale_fold(graph: Graph, parts: AttentionParts, stored, fused_dtype) -> ScaleFold | None:
     """The fold of the softmax scale into the exp2, when the ops between the first matmul and
     softmax are exactly a positive scalar scale, selects of a constant and casts (computed in
-    float32), and softmax's max and sum are not stored (they are of the unscaled scores)."""
+    float32), and softmax's max and sum are not stored (they are of the unscaled scores);
+    also with one added tensor that does not read the scores (an additive mask)."""
     if parts.amax in stored or parts.total in stored:
         return None
-    i, consts = parts.x, {}
+    i, consts, add, bias = parts.x, {}, None, None
     while True:
         node = graph[i]
         if fused_dtype(node.dtype) != "float32":
             return None
         if node.op == "cast":
             i = graph.base_of(node.inputs[0])
+            continue
+        if node.op == "add" and add is None and len(node.inputs) == 2:
+            a, b = (graph.base_of(j) for j in node.inputs)
+            if parts.mm1 in ancestors(graph, a) | {a}:
+                a, b = b, a
+            if parts.mm1 in ancestors(graph, a) | {a} or graph[a].op == "const" or a == b:
+                return None
+            add, bias, i = i, a, b
             continue
         if node.op != "where":
             break
@@ -206,7 +242,7 @@ def scale_fold(graph: Graph, parts: AttentionParts, stored, fused_dtype) -> Scal
         return None  # two constants beyond finfo.max / log2 e would merge
     if _users(graph, i) != 1:
         return None
-    return ScaleFold(i, scale * 1.4426950408889634, consts)
+    return ScaleFold(i, scale * 1.4426950408889634, consts, add, bias)
 
 
 def _users(graph: Graph, i: int) -> int:
