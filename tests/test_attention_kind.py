@@ -9,7 +9,7 @@ import torch
 
 import autofuse
 from autofuse.capture.trace import capture
-from autofuse.kernels.attention import attention_configs
+from autofuse.kernels.attention import AttentionConfig, attention_configs, generate_attention
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 
@@ -154,7 +154,7 @@ def test_causal_bounds_the_key_loop():
     src = autofuse.optimize(fn, args).plan.kernels[0].source
     assert "range(lo, flo, BLOCK_N)" in src and "hi = tl.minimum(" in src
     body = src.split("range(flo, fhi, BLOCK_N)")[1].split("range(fhi, hi")[0]
-    assert "tl.where" not in body.split("s = ")[0]  # the unmasked loop: no mask before s
+    assert "tl.where" not in body.split("m_new = ")[0]  # the unmasked loop: no mask
     assert "keys the mask hides: no product" in src
     fn, args = _cases(torch.float32)["causal_shifted_inf"]
     src = autofuse.optimize(fn, args).plan.kernels[0].source
@@ -162,6 +162,43 @@ def test_causal_bounds_the_key_loop():
     fn, args = _cases(torch.float32)["bool_mask"]
     src = autofuse.optimize(fn, args).plan.kernels[0].source
     assert "range(0, 37, BLOCK_N)" in src  # a mask tensor: every key tile
+
+
+def _loop(src: str, start: str) -> str:
+    """The body of the key loop ``for start_n in range(start, ...)``."""
+    return src.split(f"in range({start}, ")[1].split("    for start_n")[0].split("\n\n")[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_lean_inner_loop(dtype):
+    """The tutorial's inner loop: a scaled causal case folds the softmax scale into the exp2
+    (``p = exp2(fma(qk, qk_scale, -m))``: one exp2, no separate scale multiply, no per-score
+    ``* log2 e``), the row statistics are [BLOCK_M] vectors, the mask's index arithmetic is
+    int32, and tiles that cannot run past the extents load without masks."""
+    fn, args = _cases(dtype, t=64)["causal_tril"]
+    graph = capture(fn, args).graph
+    plan = build_plan(graph, Partitioner(graph).greedy().groups)
+    info = plan.kernels[0].info
+    src = generate_attention(graph, info, AttentionConfig(32, 16), 0).source
+    assert "m_i = tl.full([BLOCK_M]," in src and "l_i = tl.zeros([BLOCK_M]," in src
+    assert "qk_scale = " in src
+    full = _loop(src, "flo")
+    assert full.count("tl.exp2(") == 2  # p and the per-row alpha
+    assert "tl.exp2(tl.fma(qk, qk_scale, -m_use[:, None]))" in full
+    assert "alpha = tl.exp2(m_i - m_use)" in full
+    assert "tmp" not in full and "1.4426950408889634" not in full and "tl.where(rmask" not in full
+    diag = _loop(src, "lo")
+    assert "qk * qk_scale" in diag and "int64" not in diag and "1.4426950408889634" not in diag
+    assert diag.count("tl.exp2(") == 2 and "acc * alpha[:, None]" in diag
+    for load in (line for line in src.splitlines() if "tl.load(" in line):
+        assert "mask" not in load, load  # T = 64: whole tiles of 32 x 16
+    _check(fn, args, dtype, execute(plan, list(args))[0])
+    # an additive padding mask: its [1, BLOCK_N] vector times log2 e is the FMA's addend
+    fn, args = _cases(dtype, t=64)["additive"]
+    src = autofuse.optimize(fn, args).plan.kernels[0].source
+    assert "= tl.fma(qk, qk_scale, tmp" in src and "= qk * qk_scale" not in src
+    (pad,) = (line for line in src.splitlines() if "# load" in line)
+    assert "+ rindex)" in pad and "xmask" not in pad  # a [1, BLOCK_N] vector a key tile
 
 
 def test_gqa_reads_shared_heads():

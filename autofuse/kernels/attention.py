@@ -22,7 +22,13 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
-from autofuse.kernels.attention_analysis import AttentionParts, attention_dims, attention_parts
+from autofuse.kernels.attention_analysis import (
+    AttentionParts,
+    attention_dims,
+    attention_parts,
+    narrow_iota,
+    scale_fold,
+)
 from autofuse.kernels.attention_bounds import ColumnLimit, live_limits
 from autofuse.kernels.base import (
     FusionRefused,
@@ -137,6 +143,8 @@ class AttentionEmitter(Emitter):
         self.select, self.limits, self.exact = self._bounds()
         self.const_tile = False  # emitting a tile on which the select gives its constant
         self.pass_tile = False  # emitting a tile on which the select passes the scores
+        self.fold = scale_fold(graph, parts, info.stored, compute_dtype)
+        self.narrow = narrow_iota(graph, info, max(self.dims.t, self.dims.tk))
 
     def _needs_int64(self) -> bool:  # the scores are never addressed: only loads and the output
         sizes = [self._extent(i) for i in self.info.loads]
@@ -160,9 +168,76 @@ class AttentionEmitter(Emitter):
             return self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
         if self.const_tile and i == self.select.node:
             dt = self.g[i].dtype
+            if self.fold:
+                return Val(
+                    literal(self.fold.consts[self.select.const], "float32"), 0, "float32", True
+                )
             c = self.g[self.select.const].attr("value")
             return Val(literal(c, dt), 0, compute_dtype(dt), True)
+        if self.fold and i in self.fold.consts:  # the scores in the log2 domain: C * log2 e
+            return Val(literal(self.fold.consts[i], "float32"), 0, "float32", True)
+        if self.fold and i == self.fold.scale_node:
+            return self.tmp("qk * qk_scale", 2, "float32", f"{self.g[i].name}, times log2 e")
+        node = self.g[i]
+        if self.fold and i == self.fold.add and self.lookup((i, index)) is None:
+            self.scopes[-1].cache[(i, index)] = v = self._add_bias(i, index)
+            return v
+        if self.narrow and node.op == "iota":  # int32 arithmetic: the extents fit
+            e = index[0].scale(node.attr("step")).shift(node.attr("start"))
+            if e.terms:
+                return Val(f"({e.render()})", self.cls_of(e), compute_dtype(node.dtype))
         return super().value(i, index)
+
+    def _add_bias(self, i: int, index) -> Val:
+        """The added mask in the log2 domain: ``b * log2 e`` kept finite where ``b`` is (a
+        row that ``finfo.min`` hides stays uniform), fused with the scale where it adds to it
+        directly: ``tl.fma(qk, qk_scale, b)``."""
+        node, g = self.g[i], self.g
+        ja, jb = node.inputs
+        if g.base_of(ja) == self.fold.bias:
+            ja, jb = jb, ja
+        b = self.value(jb, broadcast_index(g[jb].shape, node.shape, index))
+        cls, b = b.cls, cast(b, "float32")
+        big = 3.4028234663852886e38
+        b2 = self.tmp(f"tl.where(tl.abs({b}) == float(\"inf\"), {b}, "
+                      f"tl.minimum(tl.maximum({b} * {LOG2E!r}, {-big!r}), {big!r}))",
+                      cls, "float32",
+                      f"{g[self.fold.bias].name} times log2 e")  # fmt: skip
+        if g.base_of(ja) == self.fold.scale_node:
+            return self.tmp(f"tl.fma(qk, qk_scale, {b2.code})", 2, "float32", node.name)
+        a = self.value(ja, broadcast_index(g[ja].shape, node.shape, index))
+        return self.tmp(f"{cast(a, 'float32')} + {b2.code}", 2, "float32", node.name)
+
+    def load(self, i: int, index) -> Val:
+        """A mask tensor's load, masked only along the dims its address uses where they can
+        run past the tile (a (B, 1, 1, T) padding mask is one [1, BLOCK_N] vector a tile)."""
+        if self.guards:
+            return super().load(i, index)
+        node = self.g[i]
+        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        off = linearize(index, strides, node.shape)
+        mask = self._mask(off.vars)
+        cd = compute_dtype(node.dtype)
+        self.note_load(i)
+        code = f"tl.load({self.ptr[i]} + ({off.render()}){f', {mask}, other=0' if mask else ''})"
+        if cd != node.dtype:
+            code += f".to({TL_DTYPE[cd]})"
+        return self.tmp(code, self.cls_of(off), cd, f"load {node.name}")
+
+    def _mask(self, names, extra: str = "") -> str | None:
+        """The bounds mask of an address using ``names``: only of a dim whose tiles may run
+        past its extent (none on a whole tile: the keys of a tile live on every row end
+        before the last, see ``_full_lines``), and ``extra``."""
+        d, cfg = self.dims, self.cfg
+        parts = []
+        if any(n.startswith(("xindex", "offs_m")) for n in names) and d.t % cfg.BLOCK_M:
+            parts.append("xmask")
+        keys = any(n.startswith(("rindex", "offs_n")) for n in names)
+        if keys and d.tk % cfg.BLOCK_N and not self.pass_tile:
+            parts.append("rmask" if any(n.startswith("rindex") for n in names) else
+                         f"(offs_n[:, None] < {d.tk})")  # fmt: skip
+        parts += [extra] if extra else []
+        return " & ".join(parts) or None
 
     def reduced(self, i: int, index) -> Val:
         mm1 = self.parts.mm1
@@ -192,11 +267,12 @@ class AttentionEmitter(Emitter):
         strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
         return j, linearize(index, strides, node.shape)
 
-    def _operand_load(self, which: str, index, mask: str, var: str) -> None:
+    def _operand_load(self, which: str, index, mask: str | None, var: str) -> None:
         j = self.parts.operand(self.g, which)
         base, off = self.operand_offset(j, index)
         self.note_load(base)
-        self.line(f"{var} = tl.load({self.ptr[base]} + ({off.render()}), {mask}, other=0.0)")
+        masked = f", {mask}, other=0.0" if mask else ""
+        self.line(f"{var} = tl.load({self.ptr[base]} + ({off.render()}){masked})")
 
     # -- kernel ------------------------------------------------------------------------------
     def emit(self) -> list[str]:
@@ -209,10 +285,15 @@ class AttentionEmitter(Emitter):
         self.line("offs_d = tl.arange(0, BLOCK_D)")
         self.line("offs_dv = tl.arange(0, BLOCK_DV)")
         dq = Expr.dim("offs_d[None, :]", 1, d.d, True)
-        qmask = "xmask" + ("" if d.d == head_block(d.d) else f" & (offs_d[None, :] < {d.d})")
+        qmask = self._mask(
+            {"xindex"}, "" if d.d == head_block(d.d) else f"(offs_d[None, :] < {d.d})"
+        )
         self._operand_load("q", (*self.bh3, self.full[-2], dq), qmask, "q")
-        self.line(f"m_i = tl.full([BLOCK_M, 1], {_NEG_INF}, tl.float32)  # running row max")
-        self.line("l_i = tl.zeros([BLOCK_M, 1], dtype=tl.float32)  # running sum of exp(x - m_i)")
+        if self.fold:
+            self.line(f"qk_scale = {self.fold.qk_scale!r}  # the softmax scale times log2 e")
+        dom = "qk * qk_scale" if self.fold else "x"
+        self.line(f"m_i = tl.full([BLOCK_M], {_NEG_INF}, tl.float32)  # running row max of {dom}")
+        self.line("l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp(x - max)")
         self.line("acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
         lo, hi = self._bound_lines()
         self.lines.append("")
@@ -283,13 +364,18 @@ class AttentionEmitter(Emitter):
         self.line("offs_n = start_n + tl.arange(0, BLOCK_N)")
         self.line("rindex = offs_n[None, :]")
         self.line(f"rmask = rindex < {d.tk}")
-        dmask = "" if d.d == head_block(d.d) else f" & (offs_d[:, None] < {d.d})"
+        dmask = "" if d.d == head_block(d.d) else f"(offs_d[:, None] < {d.d})"
         prec = ', input_precision="ieee"' if self.g[self.parts.mm1].dtype == "float32" else ""
         if not const:
             dk = Expr.dim("offs_d[:, None]", 1, d.d, True)
-            self._operand_load("k", (*self.bh3, dk, self.full[-1]), "rmask" + dmask, "kt")
+            self._operand_load(
+                "k", (*self.bh3, dk, self.full[-1]), self._mask({"rindex"}, dmask), "kt"
+            )
             self.dots += 1
             self.line(f"qk = tl.dot(q, kt{prec})  # scores")
+            if self.fold and not self.fold.add and (self.pass_tile or not self.fold.consts):
+                self._online_fma(prec)
+                return
         self.const_tile = const
         x = self.value(self.parts.x, self.full)
         self.const_tile = False
@@ -302,9 +388,10 @@ class AttentionEmitter(Emitter):
             )
         if d.tk % self.cfg.BLOCK_N:
             code = f"tl.where(rmask, {code}, {_NEG_INF})"
-        self.line(f"s = {code}  # {self.g[self.parts.x].name}, the softmax input")
+        dom = ", times log2 e" if self.fold else ""
+        self.line(f"s = {code}  # {self.g[self.parts.x].name}, the softmax input{dom}")
         if const and not self._const_x():
-            self.line(f"if tl.max(tl.max(tl.where(xmask, s - m_i, {_NEG_INF}), 1), 0) > "
+            self.line(f"if tl.max(tl.max(tl.where(xmask, s - m_i[:, None], {_NEG_INF}), 1), 0) > "
                       f"{_UNDERFLOW}:  # a row these constant keys still reach")  # fmt: skip
             self.depth += 1
             self._online(prec)
@@ -312,22 +399,37 @@ class AttentionEmitter(Emitter):
         else:
             self._online(prec)
 
-    def _online(self, prec: str) -> None:
+    def _online_fma(self, prec: str) -> None:
+        """The folded scale on a tile the selects pass: ``p = exp2(qk * qk_scale - m)``, one
+        FMA a score (the row max of ``qk`` times the positive ``qk_scale`` is the row max of
+        the products: rounding is monotone)."""
+        if self.dims.tk % self.cfg.BLOCK_N and not self.pass_tile:
+            self.line(f"qk = tl.where(rmask, qk, {_NEG_INF})  # keys past the end")
+        self.line("m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)")
+        self._online(prec, "tl.fma(qk, qk_scale, -m_use[:, None])")
+
+    def _online(self, prec: str, shifted: str | None = None) -> None:
         d = self.dims
-        self.line("m_new = tl.maximum(m_i, tl.max(s, 1)[:, None])")
+        if shifted is None:
+            self.line("m_new = tl.maximum(m_i, tl.max(s, 1))")
+            shifted = "s - m_use[:, None]"
         self.line(f"m_use = tl.where(m_new == {_NEG_INF}, 0.0, m_new)  # no -inf - -inf")
-        self.line(f"p = tl.exp2((s - m_use) * {LOG2E!r})")
-        self.line(f"alpha = tl.exp2((m_i - m_use) * {LOG2E!r})")
-        self.line("l_i = l_i * alpha + tl.sum(p, 1)[:, None]")
+        if self.fold:  # the scores are in the log2 domain already
+            self.line(f"p = tl.exp2({shifted})")
+            self.line("alpha = tl.exp2(m_i - m_use)")
+        else:
+            self.line(f"p = tl.exp2(({shifted}) * {LOG2E!r})")
+            self.line(f"alpha = tl.exp2((m_i - m_use) * {LOG2E!r})")
+        self.line("l_i = l_i * alpha + tl.sum(p, 1)")
         dn = Expr.dim("offs_n[:, None]", 1, d.tk, True)
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
-        vmask = f"(offs_n[:, None] < {d.tk})"
-        if d.dv != head_block(d.dv):
-            vmask += f" & (offs_dv[None, :] < {d.dv})"
-        self._operand_load("v", (*self.bh3, dn, dv), vmask, "v")
+        dvmask = "" if d.dv == head_block(d.dv) else f"(offs_dv[None, :] < {d.dv})"
+        self._operand_load("v", (*self.bh3, dn, dv), self._mask({"offs_n"}, dvmask), "v")
         self.dots += 1
         pd = TL_DTYPE[self.parts.p_dtype]
-        self.line(f"acc = tl.dot(p.to({pd}), v, acc * alpha{prec})  # rescaled, accumulated")
+        self.line(
+            f"acc = tl.dot(p.to({pd}), v, acc * alpha[:, None]{prec})  # rescaled, accumulated"
+        )
         self.line("m_i = m_new")
 
     def _const_x(self) -> str | None:
@@ -338,6 +440,8 @@ class AttentionEmitter(Emitter):
             i = g[i].inputs[0]
         if i != self.select.node:
             return None
+        if self.fold:
+            return repr(self.fold.consts[self.select.const])  # -inf: no pass, never rendered
         x = g[self.parts.x]
         c = float(g[self.select.const].attr("value"))
         import torch  # the constant rounded as eager rounds it on the way to x
@@ -355,7 +459,7 @@ class AttentionEmitter(Emitter):
             return
         self.lines.append("")
         if cx is not None:
-            self.line(f"if tl.max(tl.max(tl.where(xmask, {cx} - m_i, {_NEG_INF}), 1), 0) > "
+            self.line(f"if tl.max(tl.where(offs_m < {self.dims.t}, {cx} - m_i, {_NEG_INF}), 0) > "
                       f"{_UNDERFLOW}:  # a row whose max the masked keys reach")  # fmt: skip
             self.depth += 1
         self._loop("0", lo, True, "keys the mask hides: no product")
@@ -388,7 +492,7 @@ class AttentionEmitter(Emitter):
         mm2 = self.parts.mm2
         node = g[mm2]
         self.lines.append("")
-        self.line("out = acc / l_i  # a row of -inf only: 0 / 0 = NaN, as in eager")
+        self.line("out = acc / l_i[:, None]  # a row of -inf only: 0 / 0 = NaN, as in eager")
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
         off = linearize((*self.bh3, self.full[-2], dv), contiguous_strides(node.shape), node.shape)
         mask = "xmask" + ("" if d.dv == head_block(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
@@ -409,7 +513,7 @@ class AttentionEmitter(Emitter):
             node = g[i]
             shape = node.shape[:-1] if len(node.shape) == len(self.info.domain) else node.shape
             off = linearize(rows, contiguous_strides(shape), shape)
-            val = f"{var}.to({TL_DTYPE[node.dtype]})"
+            val = f"{var}[:, None].to({TL_DTYPE[node.dtype]})"
             self.line(f"tl.store({self.out_ptr[i]} + ({off.render()}), {val}, xmask)")
 
 

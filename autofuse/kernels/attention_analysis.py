@@ -4,6 +4,7 @@ masks) and the clones in front of Q / K / V; a refusal names what does not fit."
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
@@ -140,3 +141,109 @@ def attention_dims(graph: Graph, info: GroupInfo) -> Dims:
     mm1, mm2 = (graph[m] for m in info.matmuls)
     heads = mm1.shape[0] if len(mm1.shape) == 3 else 1
     return Dims(heads, mm1.shape[-2], mm1.shape[-1], graph[mm1.inputs[0]].shape[-1], mm2.shape[-1])
+
+
+def narrow_iota(graph: Graph, info: GroupInfo, extent: int) -> bool:
+    """The mask's aranges in int32: every op on them adds, subtracts or compares (the values
+    stay within a few times the extents, far below 2**31)."""
+    g = graph
+    if extent >= 2**24:
+        return False
+    ok = {"add", "sub", "neg", "eq", "ne", "lt", "le", "gt", "ge", "abs", "where"}
+    ok |= {"logical_and", "logical_or", "logical_not", "bitwise_not", "bitwise_and"}
+    ints = {i for i in info.nodes if g[i].op == "iota"}
+    for i in info.nodes:
+        node = g[i]
+        if node.kind == "view" or not any(g.base_of(j) in ints for j in node.inputs):
+            continue
+        if node.dtype == "bool" and node.op in ok:
+            continue
+        small = all(
+            g[b].op != "const" or abs(float(g[b].attr("value"))) < 2**24
+            for b in (g.base_of(j) for j in node.inputs)
+        )
+        if node.op not in ok or not small:
+            return False
+        ints.add(i)
+    return True
+
+
+_FLT_MAX = 3.4028234663852886e38
+
+
+@dataclass(frozen=True)
+class ScaleFold:
+    """The scores reach softmax as ``casts(selects(qk * scale))``: a positive scalar scale of
+    the first matmul and selects of constants (``consts``: the constant node of each select,
+    its value in the log2 domain, ``C * log2 e`` kept finite so a row of constants stays
+    uniform). The kernel then tracks the row max of ``qk * qk_scale`` (``qk_scale = scale *
+    log2 e``) and takes ``p = exp2(qk * qk_scale - m)``: one FMA and an exp2 per score."""
+
+    scale_node: int
+    qk_scale: float
+    consts: dict[int, float]
+    add: int | None = None  # an added mask (a padding mask): its values times log2 e
+    bias: int | None = None  # the add's input that is the mask
+
+
+def scale_fold(graph: Graph, parts: AttentionParts, stored, fused_dtype) -> ScaleFold | None:
+    """The fold of the softmax scale into the exp2, when the ops between the first matmul and
+    softmax are exactly a positive scalar scale, selects of a constant and casts (computed in
+    float32), and softmax's max and sum are not stored (they are of the unscaled scores);
+    also with one added tensor that does not read the scores (an additive mask)."""
+    if parts.amax in stored or parts.total in stored:
+        return None
+    i, consts, add, bias = parts.x, {}, None, None
+    while True:
+        node = graph[i]
+        if fused_dtype(node.dtype) != "float32":
+            return None
+        if node.op == "cast":
+            i = graph.base_of(node.inputs[0])
+            continue
+        if node.op == "add" and add is None and len(node.inputs) == 2:
+            a, b = (graph.base_of(j) for j in node.inputs)
+            if parts.mm1 in ancestors(graph, a) | {a}:
+                a, b = b, a
+            if parts.mm1 in ancestors(graph, a) | {a} or graph[a].op == "const" or a == b:
+                return None
+            add, bias, i = i, a, b
+            continue
+        if node.op != "where":
+            break
+        cond, t, f = (graph.base_of(j) for j in node.inputs)
+        if parts.mm1 in ancestors(graph, cond) | {cond}:
+            return None  # the condition reads the scores: it compares unscaled values
+        for c, other in ((t, f), (f, t)):
+            if graph[c].op == "const" and graph[other].op != "const" and _users(graph, c) == 1:
+                import torch  # the constant as eager rounds it on the way to the softmax input
+
+                v = torch.tensor(float(graph[c].attr("value")), dtype=getattr(torch, node.dtype))
+                v = float(v.to(getattr(torch, graph[parts.x].dtype))) * 1.4426950408889634
+                consts[c] = v if math.isinf(v) else min(max(v, -_FLT_MAX), _FLT_MAX)
+                i = other
+                break
+        else:
+            return None
+    node = graph[i]
+    if node.op not in ("mul", "div") or len(node.inputs) != 2:
+        return None
+    a, b = (graph.base_of(j) for j in node.inputs)
+    if node.op == "mul" and graph[a].op == "const":
+        a, b = b, a
+    if a != parts.mm1 or graph[b].op != "const" or graph[a].dtype != node.dtype:
+        return None
+    c = float(graph[b].attr("value"))
+    scale = 1.0 / c if node.op == "div" else c
+    if not (math.isfinite(scale) and scale > 0):
+        return None
+    clamped = [v for v in consts.values() if abs(v) == _FLT_MAX]
+    if clamped and len(set(consts.values())) > 1:
+        return None  # two constants beyond finfo.max / log2 e would merge
+    if _users(graph, i) != 1:
+        return None
+    return ScaleFold(i, scale * 1.4426950408889634, consts, add, bias)
+
+
+def _users(graph: Graph, i: int) -> int:
+    return sum(graph.base_of(j) == i for n in graph.nodes for j in n.inputs)
