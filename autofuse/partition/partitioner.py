@@ -189,18 +189,33 @@ class Partitioner:
             elif all(len(cluster[m]) == 1 for m in seed):
                 for m in seed:
                     cluster[m] = seed
+        refused: dict[Edge, str] = {}
         for e in edges:
-            ca, cb = cluster[e.a], cluster[e.b]
-            if ca is cb:
-                continue
-            merged = ca | cb
-            why = self.check(merged)
-            if isinstance(why, GroupInfo):
-                for m in merged:
-                    cluster[m] = merged
-            else:
-                refusals.append(Refusal(e, why))
+            self._merge(cluster, e, refused)
+        # a merge refused in edge order may be legal after later ones: two readers of x whose
+        # split reductions read it through a reshape (``ir/split.py``) are refused while one
+        # would be stored at x's shape, and legal once it has joined its reduction; the
+        # refused edges are tried again, in order, while that fuses more
+        while refused and any([self._merge(cluster, r, refused) for r in list(refused)]):
+            pass
+        refusals += [Refusal(e, why) for e, why in refused.items()]
         return list(dict.fromkeys(cluster.values())), refusals
+
+    def _merge(self, cluster: dict, e: Edge, refused: dict[Edge, str]) -> bool:
+        """Merge ``e``'s two clusters if the union is legal (True); else record the refusal."""
+        ca, cb = cluster[e.a], cluster[e.b]
+        if ca is cb:
+            refused.pop(e, None)
+            return False
+        merged = ca | cb
+        why = self.check(merged)
+        if not isinstance(why, GroupInfo):
+            refused[e] = why
+            return False
+        refused.pop(e, None)
+        for m in merged:
+            cluster[m] = merged
+        return True
 
     def _chains(self, members: frozenset[int]) -> list[tuple[frozenset[int], str | None]]:
         """Candidate groups of two chained matmuls with every member between them, the
