@@ -221,4 +221,10 @@ def pipeline_policy(cuda: bool) -> SplitPolicy | None:
 def split_for_pipeline(graph: Graph, cuda: bool) -> Graph:
     """``split_reductions`` under :func:`pipeline_policy` (``graph`` itself when it is off)."""
     policy = pipeline_policy(cuda)
-    return graph if policy is None else split_reductions(graph, policy)
+    if policy is None:
+        return graph
+    from autofuse.logs import log
+
+    for i, dec in plan_splits(graph, policy).items():
+        log.debug("split reductions: %s %%%d (%s): %s", graph[i].op, i, graph[i].name, dec.reason)
+    return split_reductions(graph, policy)
