@@ -76,6 +76,8 @@ class SplitPolicy:
         """The number of chunks to aim at (1: do not split) and why."""
         if rnumel < self.min_rnumel:
             return 1, f"reduced extent {rnumel} < {self.min_rnumel}"
+        if outputs < 1:
+            return 1, "no outputs"
         if inner:
             if outputs >= 2 * self.num_sm:
                 return 1, f"{outputs} outputs fill {self.num_sm} SMs"
@@ -121,7 +123,9 @@ def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
     if node.op not in SPLITTABLE:
         return SplitDecision(i, 1, f"{node.op} is not split (not an associative reduction)")
     shape = graph[node.inputs[0]].shape
-    dims = tuple(sorted(node.attr("dims")))
+    if not shape or not node.attr("dims"):
+        return SplitDecision(i, 1, "not split: nothing is reduced")
+    dims = tuple(sorted(d % max(len(shape), 1) for d in node.attr("dims")))
     rnumel = numel(shape[d] for d in dims)
     outputs = numel(shape) // max(rnumel, 1)
     inner = all(shape[j] == 1 for j in range(dims[-1] + 1, len(shape)))
@@ -152,7 +156,8 @@ def _node(op, inputs, out_shape, out_dtype, name, **attrs) -> Node:
 def _rewrite(node: Node, src: Node, x: int, dec: SplitDecision, add) -> int:
     """Append the split form of ``node`` (reading node ``x``, shaped like ``src``); the index of
     the node that replaces it."""
-    shape, dims, k, d = src.shape, tuple(sorted(node.attr("dims"))), dec.k, dec.dim
+    shape, k, d = src.shape, dec.k, dec.dim
+    dims = tuple(sorted(j % len(shape) for j in node.attr("dims")))
     name = node.name or node.op
     part_dtype = node.dtype
     if node.op in _WIDEN and node.dtype in ("float16", "bfloat16"):
