@@ -12,6 +12,10 @@ them again, for tests and for programs that change the environment on purpose):
   ``<cache home>/kernels``.
 - ``AUTOFUSE_STRICT``: a kernel that fails to build raises instead of running its ops in eager.
 - ``AUTOFUSE_LEAN_LAUNCH``: after a kernel's first call, launch its binary directly (default on).
+- ``AUTOFUSE_SPLIT_REDUCTIONS``: ``auto`` (default: split long reductions with few outputs in two
+  stages, ``ir/split.py``, when the captured inputs are CUDA tensors), ``1`` (always, the
+  interpreter too), ``0`` (never). ``AUTOFUSE_SPLIT_MIN_RNUMEL``: the shortest reduced extent
+  split (default 4096; tests lower it).
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
   ``+autofuse``, ``all``); an unknown topic raises, naming the valid ones.
 
@@ -64,6 +68,15 @@ class Settings:
     strict: bool
     lean_launch: bool
     logs: frozenset[str]
+    split_reductions: str = "auto"  # "auto" (CUDA inputs), "on", "off"
+    split_min_rnumel: int = 4096
+
+
+def _split_mode() -> str:
+    v = os.environ.get("AUTOFUSE_SPLIT_REDUCTIONS", "auto").strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    return "on" if _flag("AUTOFUSE_SPLIT_REDUCTIONS", False) else "off"
 
 
 @lru_cache(maxsize=1)
@@ -76,6 +89,8 @@ def settings() -> Settings:
         strict=_flag("AUTOFUSE_STRICT", False),
         lean_launch=_flag("AUTOFUSE_LEAN_LAUNCH", True),
         logs=parse_logs(os.environ.get("AUTOFUSE_LOGS", "")),
+        split_reductions=_split_mode(),
+        split_min_rnumel=int(os.environ.get("AUTOFUSE_SPLIT_MIN_RNUMEL", "4096")),
     )
 
 

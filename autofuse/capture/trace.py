@@ -22,6 +22,7 @@ from autofuse.capture.decompositions import decomposition_table
 from autofuse.capture.rules import Call, convert, dtype_name
 from autofuse.capture.structural import convert_multi, convert_structural, mutates
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
+from autofuse.ir.split import split_for_pipeline
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -114,6 +115,9 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         raise CaptureError(f"could not trace {_fn_name(fn)}: {type(e).__name__}: {e}") from e
     gm.graph.eliminate_dead_code()
     graph = dedupe(fx_to_ir(gm))
+    # long reductions with few outputs in two stages (a no-op unless the settings split them);
+    # the stages' views and casts of one input are shared
+    graph = dedupe(split_for_pipeline(graph, any(t.is_cuda for t in tensors)))
     return Captured(
         graph=graph,
         in_spec=in_spec,

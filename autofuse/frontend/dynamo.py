@@ -223,7 +223,8 @@ class AutofuseBackend:
                 stacklevel=2,
             )
             return gm
-        graph = to_ir(prepared)
+        cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+        graph = to_ir(prepared, cuda)
         metas = [prepared.gm.graph.find_nodes(op="placeholder")[k].meta["val"]
                  for k in range(len(graph.inputs))]  # fmt: skip
         plan, tuning = self.plan_for(graph, kind, metas)

@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from autofuse.capture import fx_to_ir
 from autofuse.ir import Graph, dedupe
+from autofuse.ir.split import split_for_pipeline
 
 
 class SymbolicShapes(ValueError):
@@ -169,8 +170,10 @@ def _fold_symbolic_scalars(graph: torch.fx.Graph) -> None:
             graph.erase_node(node)
 
 
-def to_ir(prepared: Prepared) -> Graph:
-    return dedupe(fx_to_ir(prepared.gm))
+def to_ir(prepared: Prepared, cuda: bool = False) -> Graph:
+    """The prepared graph in the IR, its long reductions split (``ir/split.py``) where the
+    settings split them (by default: ``cuda`` inputs)."""
+    return dedupe(split_for_pipeline(dedupe(fx_to_ir(prepared.gm)), cuda))
 
 
 # ---------------------------------------------------------------------------------------------

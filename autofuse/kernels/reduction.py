@@ -111,6 +111,20 @@ class ReductionKind:
 
     def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:
         r = next_pow2(info.rnumel)
+        last = max(info.reduce_dims, default=len(info.domain))
+        inner = numel(s for j, s in enumerate(info.domain) if j > last)
+        if inner >= 32:
+            # an outer reduction (column sums, a split reduction's stages): neighbouring outputs
+            # are neighbours in memory, so a block spans 64 of them (128-byte bf16 segments)
+            # and walks the reduced dim in 64-row chunks
+            x = min(64, next_pow2(inner), max(1, next_pow2(info.xnumel)))
+            rb = min(r, max(4, 4096 // x))
+            return KernelConfig(x, rb, min(8, max(1, x * rb // 512)))
+        return self.row_config(info)
+
+    def row_config(self, info: GroupInfo) -> KernelConfig:
+        """A few whole rows per block (up to 4096 elements), else 4096-element chunks."""
+        r = next_pow2(info.rnumel)
         if r <= 4096:
             x = max(1, min(8, 4096 // r, next_pow2(info.xnumel)))
             w = min(16, max(1, x * r // 256))

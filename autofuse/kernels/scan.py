@@ -36,7 +36,7 @@ class ScanKind(ReductionKind):
     def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:
         r = next_pow2(info.rnumel)
         if r <= 4096:
-            return super().default_config(graph, info)
+            return self.row_config(info)
         return KernelConfig(1, r, 16) if r <= MAX_ROW else KernelConfig(1, 4096, 8)
 
     def check_config(self, info: GroupInfo, config: KernelConfig) -> None:

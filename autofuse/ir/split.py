@@ -1,0 +1,235 @@
+"""Split reductions: a long reduction with few outputs becomes two reductions (an IR -> IR pass).
+
+A reduction kernel launches one program per block of outputs and loops each program over the
+reduced extent ``R``. With few outputs (``x.sum()``, ``x.mean(dim=0)`` of a tall matrix, the
+global average pool of a small batch) most of the GPU idles while a handful of programs walk
+millions of elements. Inductor splits such a reduction (``Reduction.num_splits``); this pass
+does the same in the IR, before partitioning, so the partitioner, the kernel kinds, the search
+and the cache all see two ordinary reductions::
+
+    r = op(x, dims=D, keepdim)                      # R = prod(x.shape[d] for d in D)
+    ->
+    v  = reshape(x, ... (k, R / k) ...)             # the reduced dims, merged, cut in k chunks
+    p  = op(v, dims=(chunk dim, ...), keepdim=False)  # k partials per output (k x more programs)
+    q  = reshape(p, x.shape with k at D[0], 1 at the other reduced dims)   (only if |D| > 1)
+    r' = op(q, dims=D, keepdim)                     # the same dims, now over k: r's shape
+
+Views are index arithmetic in this IR, so ``v`` costs nothing; the first stage fuses with the
+pointwise ops before ``r`` (the ``(x - mean)^2`` of a variance, through the reshape), the second
+with the ops after it. A 16-bit float sum / mean / prod reads a float32 cast of its input, so the
+``(k, ...)`` partials are float32 (the reduction kind accumulates 16-bit floats in float32 too)
+and one cast back rounds the result once, as eager does. ``mean`` stays ``mean`` in both stages:
+every chunk holds ``R / k`` elements, so the mean of the chunks' means is the mean.
+
+The reduced dims are merged when they are adjacent (``(H, W)`` of NCHW, every dim of
+``x.sum()``); otherwise only the first reduced dim is cut. ``k`` must divide the extent it cuts:
+an extent with no divisor near the wanted ``k`` (a prime ``R``) is left alone, with its reason.
+The heuristic follows Inductor's (read, not copied): split only where the outputs are too few to
+fill the GPU; an *outer* reduction (a kept dim of size > 1 after the reduced ones: column sums)
+aims at ~8 programs of 128 outputs per SM with 128..2048 rows per chunk, an *inner* one (the
+reduced dims are the innermost: ``x.sum()``) at ~4 programs per SM with 8192..131072 elements
+per chunk. The pass is deterministic and keeps names readable (``sum_1`` becomes ``sum_1.part``
+and ``sum_1``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs, numel
+
+__all__ = [
+    "SPLITTABLE",
+    "SplitDecision",
+    "SplitPolicy",
+    "pipeline_policy",
+    "plan_splits",
+    "split_for_pipeline",
+    "split_reductions",
+]
+
+# associative reductions whose partial results combine with the same op (cumsum / cumprod are
+# scans and argmax / argmin return indices: never split)
+SPLITTABLE = frozenset({"sum", "mean", "amax", "amin", "prod", "any"})
+_WIDEN = frozenset({"sum", "mean", "prod"})  # 16-bit float partials are kept in float32
+
+
+@dataclass(frozen=True)
+class SplitPolicy:
+    """When and how far to split. ``num_sm``: the target's multiprocessors; ``min_rnumel``: the
+    shortest reduced extent worth splitting (default 4096; tests lower it to split small
+    shapes). The shortest chunk scales with it: ``min_rnumel / 32`` rows of an outer reduction
+    (128), ``2 * min_rnumel`` elements of an inner one (8192)."""
+
+    num_sm: int = 132
+    min_rnumel: int = 4096
+
+    @property
+    def outer_chunk(self) -> tuple[int, int]:  # rows per chunk of an outer reduction
+        return max(2, self.min_rnumel // 32), 2048
+
+    @property
+    def inner_chunk(self) -> tuple[int, int]:  # elements per chunk of an inner reduction
+        return max(2, 2 * self.min_rnumel), 131072
+
+    def wanted_k(self, rnumel: int, outputs: int, inner: bool) -> tuple[int, str]:
+        """The number of chunks to aim at (1: do not split) and why."""
+        if rnumel < self.min_rnumel:
+            return 1, f"reduced extent {rnumel} < {self.min_rnumel}"
+        if outputs < 1:
+            return 1, "no outputs"
+        if inner:
+            if outputs >= 2 * self.num_sm:
+                return 1, f"{outputs} outputs fill {self.num_sm} SMs"
+            per_output = -(-4 * self.num_sm // outputs)  # programs per output for ~4 per SM
+            lo, hi = self.inner_chunk
+        else:
+            if outputs >= 64 * self.num_sm:
+                return 1, f"{outputs} outputs fill {self.num_sm} SMs"
+            xblocks = -(-outputs // 128)
+            per_output = -(-8 * self.num_sm // xblocks)  # ~8 programs of 128 outputs per SM
+            lo, hi = self.outer_chunk
+        chunk = min(max(-(-rnumel // per_output), lo), hi)
+        k = rnumel // chunk
+        if k < 2:
+            return 1, f"reduced extent {rnumel} is under two chunks of {chunk}"
+        return k, f"{outputs} outputs, reduced extent {rnumel}: ~{k} chunks of {chunk}"
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    """What the pass does with one reduction: ``k`` chunks (1: left alone) and why."""
+
+    node: int
+    k: int
+    reason: str
+    dim: int = 0  # the dim of the reduction's input that is cut (the first reduced dim)
+    merged: bool = False  # the reduced dims are adjacent and merged into one before the cut
+
+
+def _divisor_near(n: int, k: int) -> int | None:
+    """The divisor of ``n`` closest to ``k`` (by ratio) within a factor of two, at least 2."""
+    best = None
+    for d in range(max(2, k // 2), min(n // 2, 2 * k) + 1):
+        if n % d == 0:
+            score = max(d / k, k / d)
+            if best is None or score < best[0] or (score == best[0] and d > best[1]):
+                best = (score, d)
+    return None if best is None else best[1]
+
+
+def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
+    node = graph[i]
+    if node.op not in SPLITTABLE:
+        return SplitDecision(i, 1, f"{node.op} is not split (not an associative reduction)")
+    shape = graph[node.inputs[0]].shape
+    if not shape or not node.attr("dims"):
+        return SplitDecision(i, 1, "not split: nothing is reduced")
+    dims = tuple(sorted(d % max(len(shape), 1) for d in node.attr("dims")))
+    rnumel = numel(shape[d] for d in dims)
+    outputs = numel(shape) // max(rnumel, 1)
+    inner = all(shape[j] == 1 for j in range(dims[-1] + 1, len(shape)))
+    k, why = policy.wanted_k(rnumel, outputs, inner)
+    if k == 1:
+        return SplitDecision(i, 1, f"not split: {why}")
+    merged = dims == tuple(range(dims[0], dims[-1] + 1))
+    extent = rnumel if merged else shape[dims[0]]
+    kk = _divisor_near(extent, k)
+    if kk is None:
+        return SplitDecision(i, 1, f"not split: {why}, but {extent} has no divisor near {k}")
+    kind = "inner" if inner else "outer"
+    return SplitDecision(i, kk, f"split in {kk} ({kind}): {why}", dims[0], merged)
+
+
+def plan_splits(graph: Graph, policy: SplitPolicy | None = None) -> dict[int, SplitDecision]:
+    """The decision for every reduction of ``graph`` (by node index)."""
+    policy = policy or SplitPolicy()
+    return {i: decide(graph, i, policy) for i, n in enumerate(graph.nodes) if n.kind == "reduction"}
+
+
+def _node(op, inputs, out_shape, out_dtype, name, **attrs) -> Node:
+    shape = tuple(int(s) for s in out_shape)
+    strides = contiguous_strides(shape)
+    return Node(op, tuple(inputs), shape, out_dtype, strides, make_attrs(**attrs), name)
+
+
+def _rewrite(node: Node, src: Node, x: int, dec: SplitDecision, add) -> int:
+    """Append the split form of ``node`` (reading node ``x``, shaped like ``src``); the index of
+    the node that replaces it."""
+    shape, k, d = src.shape, dec.k, dec.dim
+    dims = tuple(sorted(j % len(shape) for j in node.attr("dims")))
+    name = node.name or node.op
+    part_dtype = node.dtype
+    if node.op in _WIDEN and node.dtype in ("float16", "bfloat16"):
+        x = add(_node("cast", (x,), shape, "float32", f"{name}.f32", dtype="float32"))
+        part_dtype = "float32"
+    if dec.merged:
+        extent = numel(shape[j] for j in dims)
+        cut = shape[:d] + (k, extent // k) + shape[dims[-1] + 1 :]
+        part_dims = (d + 1,)
+    else:
+        cut = shape[:d] + (k, shape[d] // k) + shape[d + 1 :]
+        part_dims = (d + 1,) + tuple(j + 1 for j in dims[1:])
+    v = add(_node("reshape", (x,), cut, add.nodes[x].dtype, f"{name}.chunks", shape=cut))
+    kept = tuple(s for j, s in enumerate(cut) if j not in part_dims)
+    p = add(_node(node.op, (v,), kept, part_dtype, f"{name}.part", dims=part_dims, keepdim=False))
+    if len(dims) > 1:
+        q_shape = tuple(k if j == d else 1 if j in dims else s for j, s in enumerate(shape))
+        p = add(_node("reshape", (p,), q_shape, part_dtype, f"{name}.parts", shape=q_shape))
+    if part_dtype == node.dtype:
+        return add(replace(node, inputs=(p,)))
+    t = add(replace(node, inputs=(p,), dtype=part_dtype, name=f"{name}.total"))
+    return add(_node("cast", (t,), node.shape, node.dtype, name, dtype=node.dtype))
+
+
+class _Appender:
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+
+    def __call__(self, node: Node) -> int:
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+
+def split_reductions(graph: Graph, policy: SplitPolicy | None = None) -> Graph:
+    """``graph`` with every reduction the policy splits cut in two stages (``plan_splits`` says
+    why each one is or is not). A graph with nothing to split is returned as is."""
+    decisions = plan_splits(graph, policy)
+    if not any(dec.k > 1 for dec in decisions.values()):
+        return graph
+    add, remap = _Appender(), {}
+    for i, node in enumerate(graph.nodes):
+        node = replace(node, inputs=tuple(remap[j] for j in node.inputs))
+        dec = decisions.get(i)
+        if dec is None or dec.k == 1:
+            remap[i] = add(node)
+        else:
+            remap[i] = _rewrite(node, add.nodes[node.inputs[0]], node.inputs[0], dec, add)
+    return Graph(
+        tuple(add.nodes),
+        tuple(remap[i] for i in graph.inputs),
+        tuple(remap[o] for o in graph.outputs),
+    )
+
+
+def pipeline_policy(cuda: bool) -> SplitPolicy | None:
+    """The policy the pipeline splits with after capture (None: no split), from the settings
+    (``AUTOFUSE_SPLIT_REDUCTIONS``: by default on for CUDA inputs) and the target's SMs."""
+    from autofuse.settings import settings, target
+
+    s = settings()
+    if s.split_reductions == "off" or (s.split_reductions == "auto" and not cuda):
+        return None
+    return SplitPolicy(num_sm=target().sm_count, min_rnumel=s.split_min_rnumel)
+
+
+def split_for_pipeline(graph: Graph, cuda: bool) -> Graph:
+    """``split_reductions`` under :func:`pipeline_policy` (``graph`` itself when it is off)."""
+    policy = pipeline_policy(cuda)
+    if policy is None:
+        return graph
+    from autofuse.logs import log
+
+    for i, dec in plan_splits(graph, policy).items():
+        log.debug("split reductions: %s %%%d (%s): %s", graph[i].op, i, graph[i].name, dec.reason)
+    return split_reductions(graph, policy)
