@@ -365,3 +365,20 @@ def test_fresh_index_inputs_stay_in_range():
             if node in bounds:
                 assert 0 <= int(x.min()) and int(x.max()) < bounds[node]
                 assert x.unique().numel() > 1
+
+
+def test_fresh_index_inputs_of_multi_index_and_scatter_stay_in_range():
+    from autofuse.measure.verify import index_bounds, random_inputs
+
+    def f(x, i, j, g, src):
+        return x[i, :, j], torch.zeros(4, 6).index_put((g,), src, accumulate=True)
+
+    args = (torch.randn(3, 5, 7), torch.tensor([0, 2]), torch.tensor([6, 1]),
+            torch.tensor([3, 0, 3]), torch.randn(3, 6))  # fmt: skip
+    g = capture(f, args).graph
+    bounds = index_bounds(g)
+    assert sorted(bounds.values()) == [3, 4, 7]
+    for seed in range(3):
+        for node, x in zip(g.inputs, random_inputs(g, "cpu", seed)):
+            if node in bounds:
+                assert 0 <= int(x.min()) and int(x.max()) < bounds[node]

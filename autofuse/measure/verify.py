@@ -94,7 +94,17 @@ def random_inputs(graph: Graph, device: Any = "cpu", seed: int = 0) -> list[torc
     return [random_tensor(graph[i], device, gen, bounds.get(i)) for i in graph.inputs]
 
 
-_INDEX_ARG = {"take": 1, "gather": 1}  # ops reading their source at an index tensor's values
+def _index_operands(graph: Graph, node: Node) -> list[tuple[int, int]]:
+    """(input node, size of the dim its values index) for each index operand of ``node``."""
+    if node.op in ("take", "gather"):
+        src = graph[node.inputs[0]].shape
+        dims = node.attr("dims") if len(node.inputs) > 2 else (node.attr("dim"),)
+        return [(j, src[d]) for j, d in zip(node.inputs[1:], dims)]
+    if node.op == "scatter":
+        along = node.attr("along")
+        dims = (along,) if along is not None else node.attr("dims")
+        return [(j, node.shape[d]) for j, d in zip(node.inputs[1:], dims)]
+    return []
 
 
 def index_bounds(graph: Graph) -> dict[int, int]:
@@ -102,19 +112,16 @@ def index_bounds(graph: Graph) -> dict[int, int]:
     bounds: dict[int, int] = {}
     inputs = set(graph.inputs)
     for node in graph.nodes:
-        k = _INDEX_ARG.get(node.op)
-        if k is None:
-            continue
-        size = graph[node.inputs[0]].shape[node.attr("dim")]
-        stack, seen = [node.inputs[k]], set()
-        while stack:
-            j = stack.pop()
-            if j in seen:
-                continue
-            seen.add(j)
-            if j in inputs:
-                bounds[j] = min(bounds.get(j, size), size)
-            stack.extend(graph[j].inputs)
+        for root, size in _index_operands(graph, node):
+            stack, seen = [root], set()
+            while stack:
+                j = stack.pop()
+                if j in seen:
+                    continue
+                seen.add(j)
+                if j in inputs:
+                    bounds[j] = min(bounds.get(j, size), size)
+                stack.extend(graph[j].inputs)
     return bounds
 
 
