@@ -15,6 +15,7 @@ import time
 import warnings
 from typing import Any
 
+from autofuse.cache.calls import CALLS_DIR
 from autofuse.cache.disk import _read_entry, list_entries, plans_dir
 from autofuse.cache.keys import _check_key
 from autofuse.plan.runtime import KernelStep
@@ -105,7 +106,8 @@ def cache_clear(root: Any, key: str | None) -> int:
     shutil.rmtree(plans_dir(root), ignore_errors=True)
     kernels = settings().kernel_dir if root is None else cache_home(root) / "kernels"
     shutil.rmtree(kernels, ignore_errors=True)
-    print(f"removed {n} entries and the kernel folder {kernels}")
+    shutil.rmtree(cache_home(root) / CALLS_DIR, ignore_errors=True)
+    print(f"removed {n} entries, the call index and the kernel folder {kernels}")
     return 0
 
 
