@@ -113,3 +113,23 @@ def test_a_damaged_index_record_falls_back_to_capture(tmp_path):
     torch.testing.assert_close(out, rms(*args)[0], rtol=1e-4, atol=1e-4)
     # the capture path rewrote a good record
     assert json.loads(rec.read_text())["payload"]["leaf_kinds"] == ["tensor"] * 3
+
+
+def test_a_module_config_object_is_part_of_the_key():
+    class Cfg:
+        def __init__(self, act):
+            self.act = act
+
+    class Block(torch.nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg = cfg
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return torch.relu(y) if self.cfg.act == "relu" else torch.tanh(y)
+
+    x = (torch.randn(2, 8),)
+    assert call_key(Block(Cfg("relu")), x) != call_key(Block(Cfg("tanh")), x)
+    assert call_key(Block(Cfg("relu")), x) == call_key(Block(Cfg("relu")), x)

@@ -120,13 +120,25 @@ def _module(m: torch.nn.Module) -> list:
             try:
                 attrs.append([k, _value(v, 1, seen)])
             except Opaque:
-                attrs.append([k, type(v).__qualname__])
+                attrs.append([k, _shallow(v)])
         fwd = type(sub).forward
         out.append(
             [name, sub.training, _code(fwd.__code__) if hasattr(fwd, "__code__") else "", attrs]
         )
     for name, t in [*m.named_parameters(), *m.named_buffers()]:
         out.append([name, list(t.shape), str(t.dtype), t.requires_grad])
+    return out
+
+
+def _shallow(obj: Any) -> list:
+    """An object attribute of a module (a model config, say): its class and the simple values
+    among its own attributes, so a config that changes what forward computes changes the key."""
+    out: list = [f"{type(obj).__module__}.{type(obj).__qualname__}"]
+    for k, v in sorted(getattr(obj, "__dict__", {}).items()):
+        try:
+            out.append([k, _value(v, 0, set())])
+        except Opaque:
+            out.append([k, type(v).__qualname__])
     return out
 
 
