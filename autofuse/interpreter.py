@@ -4,7 +4,10 @@ The interpreter stores bf16 as uint16 and its ``create_dot`` multiplies the raw 
 (triton-lang/triton#11584), so a bf16 ``tl.dot`` returns garbage on CPU. The patch converts bf16
 dot operands to fp32 first, which is what the GPU's bf16 MMA computes (exact products, fp32
 accumulation). The interpreter also ignores ``tl.device_assert`` (it builds with debug off):
-the second patch turns it on. Nothing changes on a GPU.
+the second patch turns it on. A mask ``block_condition & scalar_condition`` (a gather's range
+check on an index read once per program, e.g. of the program's batch) is typed int1 but holds
+int32 data there, which its loads and stores refuse: the third patch reads such masks as bool.
+Nothing changes on a GPU.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def apply_patches() -> None:
     from triton.runtime import interpreter as interp
 
     _run_device_asserts(interp)
+    _bool_masks(interp)
     orig = interp.InterpreterBuilder.create_dot
     if getattr(orig, "_autofuse_patched", False):
         _APPLIED = True
@@ -65,3 +69,29 @@ def _run_device_asserts(interp) -> None:
     interp.InterpreterBuilder.__init__ = __init__
     shared = interp.interpreter_builder  # the instance every interpreted kernel uses
     shared.options = dataclasses.replace(shared.options, debug=True, sanitize_overflow=False)
+
+
+def _bool_masks(interp) -> None:
+    """Masked loads and stores read their mask's data as bool (int1 typed, int32 held: see the
+    module docstring)."""
+    import numpy as np
+
+    cls = interp.InterpreterBuilder
+    if getattr(cls.create_masked_load, "_autofuse_patched", False):
+        return
+    load, store = cls.create_masked_load, cls.create_masked_store
+
+    def _bool(mask):
+        if mask.data.dtype == np.bool_:
+            return mask
+        return interp.TensorHandle(mask.data != 0, mask.dtype)
+
+    def create_masked_load(self, ptrs, mask, *args, **kwargs):
+        return load(self, ptrs, _bool(mask), *args, **kwargs)
+
+    def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
+        return store(self, ptrs, value, _bool(mask), *args, **kwargs)
+
+    create_masked_load._autofuse_patched = True
+    cls.create_masked_load = create_masked_load
+    cls.create_masked_store = create_masked_store

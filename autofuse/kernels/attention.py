@@ -1,14 +1,15 @@
 """Kernel kind ``attention``: matmul -> pointwise / mask -> row softmax -> matmul in one kernel.
 
-The group is found from the IR: two matmuls, the second reading (through casts) the softmax of
-pointwise ops over the first's output. One program takes BLOCK_M query rows of one (batch,
-head) and walks the keys in BLOCK_N tiles, flash-attention style: the score tile ``Q K^T``
-(``tl.dot``, fp32), the group's pointwise ops on it (scale, masks: rendered by the emitter from
-the op table), an online softmax (running row max ``m_i`` and sum ``l_i``; the output
+The group is found from the IR: two matmuls, the second reading (through casts and clones: a p = 0
+dropout) the softmax of pointwise ops over the first's output. One program takes BLOCK_M query rows
+of one (batch, head) and walks the keys in BLOCK_N tiles, flash-attention style: the score tile
+``Q K^T`` (``tl.dot``, fp32), the group's pointwise ops on it (scale, masks: rendered by the emitter
+from the op table), an online softmax (running row max ``m_i`` and sum ``l_i``; the output
 accumulator is rescaled when the max grows) and ``acc += P V``; the score matrix never goes to
-memory. Where the graph keeps softmax's row max and sum (the statistics a training forward
-saves for the backward, see ``frontend/remat.py``), the final ``m_i`` and ``l_i`` are stored. Q, K and V are read through their views (a transposed K, grouped-query heads shared by
-an expand + reshape: index arithmetic, no copy).
+memory. Where the graph keeps softmax's row max and sum (the statistics a training forward saves
+for the backward, see ``frontend/remat.py``), the final ``m_i`` and ``l_i`` are stored. Q, K and V
+are read through their views (a transposed K, grouped-query heads shared by an expand + reshape:
+index arithmetic, no copy).
 
 An index-expression mask (causal, sliding window) bounds the key loop: tiles whose every
 element the mask replaces by its constant C are skipped. They matter only to a row whose max

@@ -78,10 +78,11 @@ def attention_parts(graph: Graph, members: frozenset[int]) -> AttentionParts:
 
 
 def _probs(graph: Graph, members, exp: int, total: int, mm2: int) -> int:
-    """softmax's ``exp / sum``: the node that reaches mm2's A operand through casts only."""
+    """softmax's ``exp / sum``: the node that reaches mm2's A operand through casts and
+    identities (a clone or ``contiguous``: dropout with p = 0; a product with 1)."""
     i = graph.base_of(graph[mm2].inputs[0])
-    while graph[i].op == "cast" and i in members:
-        i = graph.base_of(graph[i].inputs[0])
+    while i in members and (j := _read_through(graph, i)) is not None:
+        i = j
     node = graph[i]
     if not (
         node.op == "div"
@@ -94,6 +95,22 @@ def _probs(graph: Graph, members, exp: int, total: int, mm2: int) -> int:
             f"casts (it reads {describe(graph, i)}): no other op between softmax and P @ V"
         )
     return i
+
+
+def _read_through(graph: Graph, i: int) -> int | None:
+    """What node ``i`` passes on as it is (a cast: rounded), or None: a cast, a copy, ``x * 1``
+    or ``x / 1`` of ``x``'s shape and dtype."""
+    node = graph[i]
+    if node.op in ("cast", "copy"):
+        return graph.base_of(node.inputs[0])
+    if node.op not in ("mul", "div") or len(node.inputs) != 2:
+        return None
+    x, c = (graph.base_of(j) for j in node.inputs)
+    if node.op == "mul" and graph[x].op == "const":
+        x, c = c, x
+    one = graph[c].op == "const" and float(graph[c].attr("value")) == 1.0
+    same = graph[x].shape == node.shape and graph[x].dtype == node.dtype
+    return x if one and same else None
 
 
 def _operand_copies(graph: Graph, members, mm1: int, mm2: int) -> frozenset[int]:

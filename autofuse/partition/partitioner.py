@@ -213,7 +213,8 @@ class Partitioner:
 
     def _chains(self, members: frozenset[int]) -> list[tuple[frozenset[int], str | None]]:
         """Candidate groups of two chained matmuls with every member between them, the
-        pointwise members that feed only that path (a mask) and clones in front of their
+        pointwise members read only by that path or by each other (a mask, see
+        :meth:`_mask_feeders`) and clones in front of their
         operands (attention: ``softmax(mask(q @ k^T)) @ v``), each with the reason it is
         refused (None: legal). The repair tries them before its pairwise merges, which reach
         the whole chain only through groups no kind takes (a matmul and half a softmax)."""
@@ -232,19 +233,33 @@ class Partitioner:
                     inner |= 1 << n
                 seed = core | {a, b} | self._operand_clones(members, (a, b))
                 operands = {g.base_of(j) for j in g[b].inputs} - core
-                for n in members - seed:
-                    if (
-                        g[n].kind == "pointwise"
-                        and reach[n] & inner
-                        and not reach[n] >> a & 1
-                        and n not in operands
-                        and not any(reach[n] >> j & 1 for j in operands)
-                    ):
-                        seed.add(n)
-                group = frozenset(seed)
+                feeders = {
+                    n
+                    for n in members - seed
+                    if g[n].kind == "pointwise"
+                    and reach[n] & inner
+                    and not reach[n] >> a & 1
+                    and n not in operands
+                    and not any(reach[n] >> j & 1 for j in operands)
+                }
+                group = frozenset(seed | self._mask_feeders(seed, feeders))
                 why = self.check(group)
                 out.append((group, None if isinstance(why, GroupInfo) else why))
         return out
+
+    def _mask_feeders(self, seed: set[int], feeders: set[int]) -> set[int]:
+        """The ``feeders`` (pointwise ops feeding the scores) read only inside the chain: a
+        feeder that another node reads (a scan of the padding mask's positions, the next
+        layer's attention, an output) stays outside, its value loaded as a tensor, and so do
+        the feeders it reads (else a path would leave the group and come back into it)."""
+        g = self.graph
+        feeders = feeders - {g.base_of(o) for o in g.outputs}
+        while True:
+            keep = seed | feeders
+            drop = {n for n in feeders if any(u not in keep for u in g.compute_users[n])}
+            if not drop:
+                return feeders
+            feeders -= drop
 
     def _operand_clones(self, members: frozenset[int], mms: tuple[int, ...]) -> set[int]:
         """Clones (an expand + reshape of shared K / V heads) in front of the matmuls' operands."""
