@@ -42,7 +42,7 @@ from autofuse.kernels.base import (
     next_pow2,
     stored_nodes,
 )
-from autofuse.kernels.emitter import Emitter, Scope
+from autofuse.kernels.emitter import Emitter, Scope, kernel_header
 from autofuse.kernels.gemm import ITEM
 from autofuse.kernels.gemm_row import ConstantSelect, constant_selects
 from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
@@ -529,17 +529,8 @@ def generate_attention(
     bd, bdv = head_block(d.d), head_block(d.dv)
     params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored]
     consts = ["BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV"]
-    header = [
-        f"# {name}: {len(info.nodes)} ops -> 1 kernel (attention, scores {list(info.domain)}, "
-        f"head dim {d.d})",
-        "#   reads:  "
-        + ", ".join(f"{em.ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.loads),
-        "#   writes: "
-        + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
-        f"#   config: {config.label()}",
-        "@triton.jit(debug=True)" if em.checked else "@triton.jit",
-        f"def {name}({', '.join(params + [f'{c}: tl.constexpr' for c in consts])}):",
-    ]
+    what = f"attention, scores {list(info.domain)}, head dim {d.d}"
+    header = kernel_header(em, name, what, params + [f"{c}: tl.constexpr" for c in consts])
     helpers = [h.source + "\n" for h in sorted(em.helpers, key=lambda h: h.name)]
     src = "\n".join(["import triton", "import triton.language as tl", "", ""] + helpers + header)
     layout = [("in", k) for k in range(len(info.loads))]

@@ -597,18 +597,10 @@ def render_loop_kernel(
         params.append("rnumel")
         const_params.append("RBLOCK: tl.constexpr")
     const_params += [f"{c}: tl.constexpr" for c in consts]
-    header = [
-        f"# {name}: {len(info.nodes)} ops -> 1 kernel ({kind}, domain {list(info.domain)}"
-        + (f", reducing dims {list(info.reduce_dims)}" if em.red else "")
-        + ")",
-        "#   reads:  "
-        + ", ".join(f"{em.ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.loads),
-        "#   writes: "
-        + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
-        f"#   config: {config.label()}",
-        "@triton.jit(debug=True)" if em.checked else "@triton.jit",
-        f"def {name}({', '.join(params + const_params)}):",
-    ]
+    what = f"{kind}, domain {list(info.domain)}" + (
+        f", reducing dims {list(info.reduce_dims)}" if em.red else ""
+    )
+    header = kernel_header(em, name, what, params + const_params)
     helpers = [h.source for h in sorted(em.helpers, key=lambda h: h.name)]
     src = "\n".join(
         ["import triton", "import triton.language as tl", "", ""]
@@ -634,3 +626,19 @@ def render_loop_kernel(
         launch_kw=tuple(kw + list(launch_kw)),
         meta=KernelMeta(load_passes=passes, dots=em.dots),
     )
+
+
+def kernel_header(em: Emitter, name: str, what: str, params: list[str]) -> list[str]:
+    """The comment lines a generated kernel starts with (what it fuses, reads, writes, its
+    config) and its ``@triton.jit`` signature."""
+    graph, info = em.g, em.info
+    return [
+        f"# {name}: {len(info.nodes)} ops -> 1 kernel ({what})",
+        "#   reads:  "
+        + ", ".join(f"{em.ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.loads),
+        "#   writes: "
+        + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
+        f"#   config: {em.cfg.label()}",
+        "@triton.jit(debug=True)" if em.checked else "@triton.jit",
+        f"def {name}({', '.join(params)}):",
+    ]
