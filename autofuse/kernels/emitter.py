@@ -589,7 +589,7 @@ def render_loop_kernel(
 ) -> Kernel:
     """The source and launch record of a loop kernel whose body ``em`` renders. ``consts``
     and ``launch_kw``: the kind's constexprs beyond XBLOCK / RBLOCK."""
-    graph, info, config = em.g, em.info, em.cfg
+    info, config = em.info, em.cfg
     body = em.emit()
     params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored] + ["xnumel"]
     const_params = ["XBLOCK: tl.constexpr"]
