@@ -11,10 +11,11 @@ for the backward, see ``frontend/remat.py``), the final ``m_i`` and ``l_i`` are 
 are read through their views (a transposed K, grouped-query heads shared by an expand + reshape:
 index arithmetic, no copy).
 
-An index-expression mask (causal, sliding window) bounds the key loop: tiles whose every
-element the mask replaces by its constant C are skipped. They matter only to a row whose max
-stays near C (a row the mask hides entirely, which eager makes uniform for a finite C): a
-guarded pass over the skipped tiles then adds them exactly as eager would.
+An index-expression mask (causal, sliding window; a select, or an added ``where(cond, 0, C)``,
+see ``attention_bounds.py``) bounds the key loop: tiles whose every element the mask makes its
+constant C are skipped. They matter only to a row whose max stays near C (a row the mask hides
+entirely, which eager makes uniform for a finite C): a guarded pass over the skipped tiles then
+adds them exactly as eager would.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from autofuse.kernels.attention_analysis import (
     narrow_iota,
     scale_fold,
 )
-from autofuse.kernels.attention_bounds import ColumnLimit, live_limits
+from autofuse.kernels.attention_bounds import key_bound
 from autofuse.kernels.base import (
     FusionRefused,
     GroupInfo,
@@ -44,7 +45,6 @@ from autofuse.kernels.base import (
 )
 from autofuse.kernels.emitter import Emitter, Scope, kernel_header
 from autofuse.kernels.gemm import ITEM
-from autofuse.kernels.gemm_row import ConstantSelect, constant_selects
 from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
 from autofuse.kernels.pointwise import check_pow2
 from autofuse.kernels.render import LOG2E, TL_DTYPE, Val, cast, compute_dtype, literal
@@ -141,7 +141,7 @@ class AttentionEmitter(Emitter):
         self.bh3 = (
             (Expr.dim("bh", 1, self.dims.heads, True),) if len(graph[parts.mm1].shape) == 3 else ()
         )
-        self.select, self.limits, self.exact = self._bounds()
+        self.select, self.limits, self.exact = key_bound(graph, info, self.full)
         self.const_tile = False  # emitting a tile on which the select gives its constant
         self.pass_tile = False  # emitting a tile on which the select passes the scores
         self.fold = scale_fold(graph, parts, info.stored, compute_dtype)
@@ -152,29 +152,16 @@ class AttentionEmitter(Emitter):
         sizes.append(numel(self.g[self.info.matmuls[1]].shape))
         return max(sizes) >= 2**31 - 1
 
-    def _bounds(self) -> tuple[ConstantSelect | None, list[ColumnLimit], bool]:
-        """The select whose index-expression condition bounds the key loop, with its limits
-        and whether they are exact."""
-        for sel in constant_selects(self.g, self.info):
-            limits, exact = live_limits(self.g, sel.node, sel.cond, sel.const_when, self.full)
-            if limits:
-                return sel, limits, exact
-        return None, [], False
-
     # -- values ------------------------------------------------------------------------------
     def value(self, i: int, index) -> Val:
         if self.pass_tile and i == self.select.node:
-            node = self.g[i]
-            j = node.inputs[2 if self.select.const_when else 1]
-            return self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
+            j = self.select.passed
+            return self.value(j, broadcast_index(self.g[j].shape, self.g[i].shape, index))
         if self.const_tile and i == self.select.node:
-            dt = self.g[i].dtype
             if self.fold:
-                return Val(
-                    literal(self.fold.consts[self.select.const], "float32"), 0, "float32", True
-                )
-            c = self.g[self.select.const].attr("value")
-            return Val(literal(c, dt), 0, compute_dtype(dt), True)
+                return Val(literal(self.select.folded(self.fold), "float32"), 0, "float32", True)
+            dt = self.g[i].dtype
+            return Val(literal(self.select.const, dt), 0, compute_dtype(dt), True)
         if self.fold and i in self.fold.consts:  # the scores in the log2 domain: C * log2 e
             return Val(literal(self.fold.consts[i], "float32"), 0, "float32", True)
         if self.fold and i == self.fold.scale_node:
@@ -374,7 +361,8 @@ class AttentionEmitter(Emitter):
             )
             self.dots += 1
             self.line(f"qk = tl.dot(q, kt{prec})  # scores")
-            if self.fold and not self.fold.add and (self.pass_tile or not self.fold.consts):
+            f, added = self.fold, self.pass_tile and self.fold and self.fold.add == self.select.node
+            if f and ((not f.add and (self.pass_tile or not f.consts)) or (added and not f.consts)):
                 self._online_fma(prec)
                 return
         self.const_tile = const
@@ -442,9 +430,9 @@ class AttentionEmitter(Emitter):
         if i != self.select.node:
             return None
         if self.fold:
-            return repr(self.fold.consts[self.select.const])  # -inf: no pass, never rendered
+            return repr(self.select.folded(self.fold))  # -inf: no pass, never rendered
         x = g[self.parts.x]
-        c = float(g[self.select.const].attr("value"))
+        c = float(self.select.const)
         import torch  # the constant rounded as eager rounds it on the way to x
 
         t = torch.tensor(c, dtype=getattr(torch, g[i].dtype)).to(getattr(torch, x.dtype))

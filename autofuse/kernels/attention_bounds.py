@@ -9,6 +9,14 @@ scores pass) is then, as far as it is a conjunction, a set of bounds ``col <= a 
 of the formula it cannot read (a mask tensor, an ``or``) are dropped from the conjunction, which
 only widens the live region: a skipped tile is always a constant one. When nothing was dropped
 the limits are exact, and the tiles inside every limit for all the program's rows need no mask.
+
+An additive mask (Hugging Face's ``scores + where(cond, 0.0, finfo.min)``, or ``where(cond, C,
+0.0)``, or ``zeros.masked_fill(cond, C)``, through views) bounds the loop the same way when C
+is -inf or at most -2**127 in the add's dtype (finfo.min of float32 or bfloat16): on a skipped
+tile ``s + C`` rounds to C (exactly, for |s| < 2**103 ~ 1e31: beyond that eager's sum moves
+off C and the guarded pass over the skipped keys, which adds C, would differ on a row the mask
+hides entirely), and on a tile of live keys ``s + 0.0`` is s. A smaller C (float16's finfo.min,
+-1e9) keeps the general path: every key tile.
 """
 
 from __future__ import annotations
@@ -17,7 +25,91 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
+from autofuse.kernels.base import GroupInfo
+from autofuse.kernels.gemm import ancestors
+from autofuse.kernels.gemm_row import _only_through, constant_selects
 from autofuse.kernels.views import broadcast_index, view_source_index
+
+_FLT_MAX = 3.4028234663852886e38
+
+
+@dataclass(frozen=True)
+class KeyBound:
+    """The node whose condition bounds the key loop (a select of the scores, or their add of
+    an index-expression mask): on a key tile of live keys only (when the limits are exact) it
+    is its input ``passed``; on a skipped tile it is ``const`` (in its dtype, as eager
+    rounds it), or in the log2 domain of a scale fold the fold's constant ``const_node``
+    (a select's) or ``log2`` (an additive mask's C times log2 e, kept finite as the kernel
+    keeps the added mask)."""
+
+    node: int
+    passed: int
+    const: float
+    const_node: int | None = None
+    log2: float = 0.0
+
+    def folded(self, fold) -> float:
+        return fold.consts[self.const_node] if self.const_node is not None else self.log2
+
+
+def key_bound(
+    graph: Graph, info: GroupInfo, full
+) -> tuple[KeyBound | None, list[ColumnLimit], bool]:
+    """The first select, else the first additive mask, whose index-expression condition bounds
+    the key loop, with its limits and whether they are exact (see ``live_limits``)."""
+    for sel in constant_selects(graph, info):
+        limits, exact = live_limits(graph, sel.node, sel.cond, sel.const_when, full)
+        if limits:
+            passed = graph[sel.node].inputs[2 if sel.const_when else 1]
+            return (
+                KeyBound(sel.node, passed, graph[sel.const].attr("value"), sel.const),
+                limits,
+                exact,
+            )
+    for bound, where, cond, const_when, index in _additive_masks(graph, info, full):
+        limits, exact = live_limits(graph, where, cond, const_when, index)
+        if limits:
+            return bound, limits, exact
+    return None, [], False
+
+
+def _additive_masks(graph: Graph, info: GroupInfo, full):
+    """``add(x, where(cond, 0, C))`` of the group through which every use of the first matmul
+    passes, ``x`` reading the matmul and the mask not, C large enough (see above): each as its
+    bound, the where, its condition, the value of cond giving C, and the where's index."""
+    import torch  # C as eager rounds it on the way to the add
+
+    mm = info.matmuls[0]
+    for a in info.nodes:
+        node = graph[a]
+        if node.op != "add" or node.shape != info.domain or len(node.inputs) != 2:
+            continue
+        for m, x in (node.inputs, node.inputs[::-1]):
+            if mm in ancestors(graph, m) | {graph.base_of(m)}:
+                continue
+            if mm not in ancestors(graph, x) | {graph.base_of(x)}:
+                continue
+            if not _only_through(graph, info, mm, a):
+                continue
+            index, j = broadcast_index(graph[m].shape, node.shape, full), m
+            while graph[j].kind == "view":
+                index = view_source_index(graph, j, index)
+                j = graph[j].inputs[0]
+            if graph[j].op != "where":
+                continue
+            cond, t, f = graph[j].inputs
+            vals = [graph[graph.base_of(k)].attr("value") if graph[graph.base_of(k)].op == "const"
+                    else None for k in (t, f)]  # fmt: skip
+            for const_when, (c, zero) in ((True, vals), (False, vals[::-1])):
+                if c is None or zero != 0 or isinstance(c, bool):
+                    continue
+                v = torch.tensor(float(c), dtype=getattr(torch, graph[j].dtype))
+                v = float(v.to(getattr(torch, node.dtype)))
+                if not (v == float("-inf") or v <= -(2.0**127)):
+                    continue
+                log2 = max(v * 1.4426950408889634, -_FLT_MAX) if v > float("-inf") else v
+                yield KeyBound(a, x, v, None, log2), j, cond, const_when, index
+                break
 
 
 @dataclass(frozen=True)
