@@ -202,3 +202,14 @@ def test_hugging_face_masks_bound_the_key_loop(name):
         assert "hi = tl.minimum(" in kernel.source and "range(lo, hi, BLOCK_N)" in kernel.source
     finally:
         torch._dynamo.reset()
+
+
+def test_huge_scores_in_the_ordinary_range():
+    """Scores ~1e6 (far inside |s| < 2**103, where ``s + finfo.min`` is finfo.min): hidden
+    rows stay uniform, the live rows one-hot, as in eager."""
+    fn, (q, k, v) = _cases(torch.float32)["shifted_min"]
+    args = (q * 1e6, k, v)
+    src, out = _run(fn, args)
+    assert "keys the mask hides: no product" in src
+    torch.testing.assert_close(out, fn(*args), atol=2e-5, rtol=2e-5)
+    _check(fn, args, torch.float32, out)
