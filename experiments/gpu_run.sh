@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One pass of the GPU checks and benchmarks, each stage bounded in time, results under $OUT.
+#
+#   OUT=/path/to/out AUTOFUSE_COMMIT=<commit> bash experiments/gpu_run.sh [STAGE ...]
+#
+# Stages (default: tests attention model_fns cold host): tests (the GPU test tier), attention
+# (experiments.attention_bench), model_fns (autofuse tune over experiments/model_spec.py), suite
+# (autofuse tune over the public suite), cold (experiments.cold_start), host
+# (experiments.host_overhead), models (experiments.bench_models, inference and training).
+# Each stage's seconds: STAGE_S_<stage> (e.g. STAGE_S_attention=300).
+set -u
+OUT=${OUT:?set OUT to the folder for results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+C=${AUTOFUSE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+stages=${*:-tests attention model_fns cold host}
+limit() { local v="STAGE_S_$1"; echo "${!v:-$2}"; }
+for s in $stages; do
+    t0=$(date +%s)
+    case $s in
+        tests) timeout "$(limit tests 150)" python3 -m pytest -m gpu -q -p no:warnings -rf \
+                   > "$OUT/gpu_tests_$C.txt" 2>&1
+               grep -E "passed|failed|^FAILED" "$OUT/gpu_tests_$C.txt" | tail -20 ;;
+        attention) timeout "$(limit attention 360)" python3 -m experiments.attention_bench \
+                       --out "$OUT" --train-variants causal,gqa --trials 4 --time-budget 12 \
+                       --max-autotune-passes forward 2>&1 | grep -v Warning | tail -12 ;;
+        model_fns) timeout "$(limit model_fns 300)" python3 -m autofuse tune experiments/model_spec.py \
+                       --trials 6 --time-budget 8 --polish 3 --out "$OUT/model_fns" --no-progress \
+                       2>&1 | tail -5 ;;
+        suite) timeout "$(limit suite 540)" python3 -m autofuse tune experiments/suite_spec.py \
+                   --trials 12 --time-budget 18 --polish 6 --out "$OUT/suite" --no-progress 2>&1 | tail -5 ;;
+        cold) timeout "$(limit cold 330)" python3 -m experiments.cold_start --out "$OUT" --trials 2 \
+                  --time-budget 10 --repeats 2 2>&1 | tail -4
+              mv "$OUT/cold_start.json" "$OUT/cold_start_$C.json" 2>/dev/null
+              rm -rf "$OUT/cold_start_caches" ;;
+        host) timeout "$(limit host 90)" python3 -m experiments.host_overhead --out "$OUT" 2>&1 | tail -12
+              mv "$OUT/host_overhead.json" "$OUT/host_overhead_$C.json" 2>/dev/null ;;
+        models) timeout "$(limit models 540)" python3 -m experiments.bench_models --out "$OUT" \
+                    --size realistic --models gpt2,llama_eager,llama_sdpa,bert,vit --modes inference,train \
+                    --skip-max-autotune --tag "models_$C" --budget-s "$(( $(limit models 540) - 30 ))" \
+                    2>&1 | tail -14 ;;
+        *) echo "unknown stage $s (tests attention model_fns suite cold host models)"; exit 2 ;;
+    esac
+    echo "== $s: $(( $(date +%s) - t0 )) s"
+done
