@@ -146,12 +146,13 @@ def _grads(fn, args, grad):
     return [x.grad.clone() for x in args[:3]]
 
 
-def _build(variant: str, a, fn, args, sdpa, train: bool) -> tuple[dict, dict]:
-    """name -> callable (a forward call, or a train step) and name -> build seconds / error."""
+def _build(variant: str, a, fn, args, sdpa, train: bool) -> dict:
+    """name -> callable: each backend's forward call of ``fn`` (or the function a train step
+    runs)."""
     import autofuse
     from autofuse.tune.results import own_code
 
-    calls, notes = {"eager": fn}, {}
+    calls = {"eager": fn}
     for b in SDPA_BACKENDS:
         calls[f"sdpa {b.lower()}"] = _sdpa_with(b, sdpa)
     for mode in a.modes:
@@ -171,19 +172,18 @@ def _build(variant: str, a, fn, args, sdpa, train: bool) -> tuple[dict, dict]:
             calls["autofuse tuned"] = autofuse.optimize(
                 fn, args, trials=a.trials, time_budget=a.time_budget, progress=False
             )
-    return calls, notes
+    return calls
 
 
-def _check(name, call, args, ref, train, grad) -> tuple[float | None, str | None]:
+def _check(call, args, ref, train, grad) -> tuple[float | None, str | None]:
     from autofuse.tune.results import max_rel_err
 
     try:
         t0 = time.perf_counter()
         got = _grads(call, args, grad) if train else call(*args)
         torch.cuda.synchronize()
-        return time.perf_counter() - t0, None if max_rel_err(got, ref) < 0.05 else (
-            f"wrong result: max rel err {max_rel_err(got, ref):.3g}"
-        )
+        first, err = time.perf_counter() - t0, max_rel_err(got, ref)
+        return first, None if err < 0.05 else f"wrong result: max rel err {err:.3g}"
     except Exception as e:  # noqa: BLE001 - a backend that cannot run this variant
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
 
@@ -203,10 +203,10 @@ def run_variant(variant: str, a, peak: float) -> dict:
         grad = torch.randn_like(args[0]) if train else None
         ref = _grads(fn, dargs, grad.double()) if train else fn(*dargs)
         t0 = time.perf_counter()
-        calls, _ = _build(variant, a, fn, targs, sdpa, train)
+        calls = _build(variant, a, fn, targs, sdpa, train)
         out = {"build_s": time.perf_counter() - t0, "us": {}, "first_call_s": {}, "errors": {}}
         for name, call in calls.items():
-            first, why = _check(name, call, targs, ref, train, grad)
+            first, why = _check(call, targs, ref, train, grad)
             if why:
                 out["errors"][name] = why
                 continue
