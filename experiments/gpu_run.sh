@@ -29,7 +29,7 @@ for s in $stages; do
                        2>&1 | tail -5 ;;
         suite) timeout "$(limit suite 540)" python3 -m autofuse tune experiments/suite_spec.py \
                    --trials 12 --time-budget 18 --polish 6 --out "$OUT/suite" --no-progress 2>&1 | tail -5 ;;
-        cold) timeout "$(limit cold 330)" python3 -m experiments.cold_start --out "$OUT" --trials 2 \
+        cold) timeout "$(limit cold 720)" python3 -m experiments.cold_start --out "$OUT" --trials 2 \
                   --time-budget 10 --repeats 2 2>&1 | tail -4
               mv "$OUT/cold_start.json" "$OUT/cold_start_$C.json" 2>/dev/null
               rm -rf "$OUT/cold_start_caches" ;;
