@@ -65,6 +65,9 @@ class OpDef:
     # ops whose value is written, not read, at indexed places (kernels/scatter.py): the output
     # buffer starts as zeros and the kernel iterates over the values' domain
     scatter: bool = False
+    # ops with index operands: (graph, node) -> (index input, size of the dim its values
+    # index) per index operand (verification draws those inputs in range)
+    index_operands: Callable[[Any, Any], list[tuple[int, int]]] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -345,6 +348,20 @@ def _eager_scatter(node: Any, values: torch.Tensor, *idxs: torch.Tensor) -> torc
     return torch.ops.aten.index_put(out, full, values, acc)
 
 
+def _read_index_operands(graph: Any, node: Any) -> list[tuple[int, int]]:
+    """take / gather: each index tensor indexes a dim of the source (input 0)."""
+    src = graph[node.inputs[0]].shape
+    dims = node.attr("dims") if len(node.inputs) > 2 else (node.attr("dim"),)
+    return [(j, src[d]) for j, d in zip(node.inputs[1:], dims)]
+
+
+def _write_index_operands(graph: Any, node: Any) -> list[tuple[int, int]]:
+    """scatter: each index tensor indexes a dim of the output."""
+    along = node.attr("along")
+    dims = (along,) if along is not None else node.attr("dims")
+    return [(j, node.shape[d]) for j, d in zip(node.inputs[1:], dims)]
+
+
 def _indexed(node: Any, c: list[str], dt: str) -> str:
     raise NoLowering(f"{node.op} is rendered from its index (kernels/indexed.py)")
 
@@ -454,10 +471,40 @@ _ENTRIES: tuple[OpDef, ...] = (
     OpDef("iota", "pointwise", 0),
     # values that select where to read their inputs (kernels/indexed.py)
     OpDef("cat", "pointwise", 0, (), _eager_cat, _indexed, "raw", indexed=True),
-    OpDef("take", "pointwise", 2, (), _eager_take, _indexed, "raw", indexed=True),
-    OpDef("gather", "pointwise", 2, (), _eager_gather, _indexed, "raw", indexed=True),
+    OpDef(
+        "take",
+        "pointwise",
+        2,
+        (),
+        _eager_take,
+        _indexed,
+        "raw",
+        indexed=True,
+        index_operands=_read_index_operands,
+    ),
+    OpDef(
+        "gather",
+        "pointwise",
+        2,
+        (),
+        _eager_gather,
+        _indexed,
+        "raw",
+        indexed=True,
+        index_operands=_read_index_operands,
+    ),
     # values put / added at indexed places of a zero tensor (index_put, scatter, scatter_add)
-    OpDef("scatter", "pointwise", 0, (), _eager_scatter, _indexed, "raw", scatter=True),
+    OpDef(
+        "scatter",
+        "pointwise",
+        0,
+        (),
+        _eager_scatter,
+        _indexed,
+        "raw",
+        scatter=True,
+        index_operands=_write_index_operands,
+    ),
     # reductions
     OpDef("sum", "reduction", 1, (), _reduce(torch.sum), identity="0", combine="+"),
     OpDef("mean", "reduction", 1, (), _reduce(torch.mean), identity="0", combine="+"),

@@ -13,7 +13,7 @@ import torch
 from autofuse.interpreter import interpreting
 from autofuse.ir.eager import eval_node
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node
-from autofuse.ir.ops import op_def
+from autofuse.ir.ops import OPS, op_def
 from autofuse.kernels import GroupInfo, Kernel, generate
 from autofuse.measure.candidate import (
     Candidate,
@@ -94,25 +94,13 @@ def random_inputs(graph: Graph, device: Any = "cpu", seed: int = 0) -> list[torc
     return [random_tensor(graph[i], device, gen, bounds.get(i)) for i in graph.inputs]
 
 
-def _index_operands(graph: Graph, node: Node) -> list[tuple[int, int]]:
-    """(input node, size of the dim its values index) for each index operand of ``node``."""
-    if node.op in ("take", "gather"):
-        src = graph[node.inputs[0]].shape
-        dims = node.attr("dims") if len(node.inputs) > 2 else (node.attr("dim"),)
-        return [(j, src[d]) for j, d in zip(node.inputs[1:], dims)]
-    if node.op == "scatter":
-        along = node.attr("along")
-        dims = (along,) if along is not None else node.attr("dims")
-        return [(j, node.shape[d]) for j, d in zip(node.inputs[1:], dims)]
-    return []
-
-
 def index_bounds(graph: Graph) -> dict[int, int]:
     """Input node -> the smallest dim size that its values (through any ops) index."""
     bounds: dict[int, int] = {}
     inputs = set(graph.inputs)
     for node in graph.nodes:
-        for root, size in _index_operands(graph, node):
+        d = OPS.get(node.op)
+        for root, size in d.index_operands(graph, node) if d and d.index_operands else ():
             stack, seen = [root], set()
             while stack:
                 j = stack.pop()
