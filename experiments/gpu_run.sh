@@ -6,7 +6,8 @@
 # Stages (default: tests attention model_fns cold host): tests (the GPU test tier), attention
 # (experiments.attention_bench), model_fns (autofuse tune over experiments/model_spec.py), suite
 # (autofuse tune over the public suite), cold (experiments.cold_start), host
-# (experiments.host_overhead), models (experiments.bench_models, inference and training).
+# (experiments.host_overhead), models (experiments.bench_models, inference and training), code
+# (experiments.kernel_code: Inductor's and autofuse's kernels for CODE_FUNCTIONS).
 # Each stage's seconds: STAGE_S_<stage> (e.g. STAGE_S_attention=300).
 set -u
 OUT=${OUT:?set OUT to the folder for results}
@@ -39,7 +40,9 @@ for s in $stages; do
                     --size realistic --models gpt2,llama_eager,llama_sdpa,bert,vit --modes inference,train \
                     --skip-max-autotune --tag "models_$C" --budget-s "$(( $(limit models 540) - 30 ))" \
                     2>&1 | tail -14 ;;
-        *) echo "unknown stage $s (tests attention model_fns suite cold host models)"; exit 2 ;;
+        code) timeout "$(limit code 150)" python3 -m experiments.kernel_code --out "$OUT/kernel_code" \
+                  ${CODE_FUNCTIONS:-column_stats lm_cross_entropy group_norm_silu gpt2_split_heads} 2>&1 | tail -8 ;;
+        *) echo "unknown stage $s (tests attention model_fns suite cold host models code)"; exit 2 ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done
