@@ -144,6 +144,15 @@ def test_enough_outputs_are_not_split(split_on):
     assert split_reductions(short, POLICY) is short  # 500 rows: under min_rnumel
 
 
+def test_inner_reduction_with_a_row_per_sm_is_not_split():
+    # group_norm's statistics on the H200: 256 groups of 65536 (8 x 32 groups); one kernel
+    # beat the split (the split wrote the groups' float32 inputs out between its stages)
+    policy = SplitPolicy(num_sm=132)
+    assert policy.wanted_k(65536, 256, inner=True)[0] == 1
+    assert policy.wanted_k(65536, 132, inner=True)[0] == 1
+    assert policy.wanted_k(65536, 64, inner=True)[0] > 1  # half the SMs idle: split
+
+
 def test_default_splits_only_for_cuda_inputs(monkeypatch):
     monkeypatch.delenv("AUTOFUSE_SPLIT_REDUCTIONS", raising=False)
     monkeypatch.setenv("AUTOFUSE_SPLIT_MIN_RNUMEL", "1024")

@@ -28,7 +28,9 @@ The heuristic follows Inductor's (read, not copied): split only where the output
 fill the GPU; an *outer* reduction (a kept dim of size > 1 after the reduced ones: column sums)
 aims at ~8 programs of 128 outputs per SM with 128..2048 rows per chunk, an *inner* one (the
 reduced dims are the innermost: ``x.sum()``) at ~4 programs per SM with 8192..131072 elements
-per chunk. The pass is deterministic and keeps names readable (``sum_1`` becomes ``sum_1.part``
+per chunk, and only with fewer outputs than SMs: group_norm's 256 groups of 65536 elements
+(8 x 512 x 64 x 64) ran at 123 us split (the statistics' passes in separate kernels, their
+inputs written out in float32) against 80 us in one kernel on the H200. The pass is deterministic and keeps names readable (``sum_1`` becomes ``sum_1.part``
 and ``sum_1``).
 """
 
@@ -79,7 +81,7 @@ class SplitPolicy:
         if outputs < 1:
             return 1, "no outputs"
         if inner:
-            if outputs >= 2 * self.num_sm:
+            if outputs >= self.num_sm:  # a program per SM or more: the split only adds passes
                 return 1, f"{outputs} outputs fill {self.num_sm} SMs"
             per_output = -(-4 * self.num_sm // outputs)  # programs per output for ~4 per SM
             lo, hi = self.inner_chunk

@@ -464,11 +464,13 @@ class Emitter:
 
     def _looped_phase(self, phase: list[int]) -> dict:
         accs = {}
+        row_accs = set(self.online.values())  # an online max is kept per row, not per lane
         for r in phase:
             acc_dtype = self.acc_dtype(r)
             ident = identity(self.g[r].op, acc_dtype)
+            lanes = "1" if r in row_accs else "RBLOCK"
             acc = self.tmp(
-                f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype
+                f"tl.full([XBLOCK, {lanes}], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype
             )
             accs[r] = (acc, acc_dtype)
             if rowops.is_row_op(self.g[r].op):
@@ -476,7 +478,7 @@ class Emitter:
         online = {s: m for s, m in self.online.items() if m in phase}
         for s in online:
             accs[s] = (
-                self.tmp("tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)", 2, "float32"),
+                self.tmp("tl.full([XBLOCK, 1], 0.0, tl.float32)", 2, "float32"),
                 "float32",
             )
         self._in_loop(lambda: self._accumulate(phase, accs, online))
@@ -494,28 +496,25 @@ class Emitter:
             if r not in partner:
                 self.line(f"{acc.code} = {self._combine(node.op, acc.code, val, acc_dtype)}")
                 continue
-            # online softmax: keep the running max and rescale the running sum of exp(x - max)
+            # online softmax, one rescale per tile: the row's running max and the running sum
+            # of exp(x - max) (one exp per element, as the hand-written cross-entropy kernels)
             s_acc = accs[partner[r]][0].code
+            tile = self.tmp(self.row_reduce(node.op, val, acc_dtype), 1, acc_dtype, "tile max")
             m_new = self.tmp(
-                minmax("maximum", acc.code, val, acc_dtype), 2, acc_dtype, "running max"
+                minmax("maximum", acc.code, tile.code, acc_dtype), 1, acc_dtype, "running max"
             )
             self.line(
                 f'{s_acc} = tl.where({m_new.code} == float("-inf"), 0.0, '
-                f"{s_acc} * tl.exp({acc.code} - {m_new.code}) + "
-                f"tl.where(xmask & rmask, tl.exp({cast(src, acc_dtype)} - {m_new.code}), 0.0))"
+                f"{s_acc} * tl.exp({acc.code} - {m_new.code}) + tl.sum(tl.where(xmask & rmask, "
+                f"tl.exp({cast(src, acc_dtype)} - {m_new.code}), 0.0), 1)[:, None])"
             )
             self.line(f"{acc.code} = {m_new.code}")
 
     def finish_online(self, s: int, m: int, s_acc: Val, m_acc: Val) -> None:
-        """sum(exp(x - max)) from the per-lane running sums, rescaled to the row's max."""
+        """sum(exp(x - max)) from the running sum (already relative to the row's max)."""
         mx = self.red_val[m].code
-        # lanes that saw only -inf add nothing, but a row that is all -inf sums
-        # exp(-inf - -inf) = NaN in eager
-        expr = (
-            f'tl.where({mx} == float("-inf"), float("nan"), '
-            f'tl.sum(tl.where({m_acc.code} == float("-inf"), 0.0, '
-            f"{s_acc.code} * tl.exp({m_acc.code} - {mx})), 1)[:, None])"
-        )
+        # a row that is all -inf sums exp(-inf - -inf) = NaN in eager
+        expr = f'tl.where({mx} == float("-inf"), float("nan"), {s_acc.code})'
         self.red_val[s] = self.tmp(expr, 1, "float32", self.g[s].name + " (online)")
 
     def find_online(self) -> dict[int, int]:
@@ -614,6 +613,8 @@ def render_loop_kernel(
     if em.red:
         layout.append(("int", info.rnumel))
         kw.insert(1, ("RBLOCK", config.RBLOCK))
+    if em.checked:  # debug mode for the index asserts, without checking every integer op
+        kw.append(("sanitize_overflow", False))
     looped = em.red and not em.persistent
     passes = em.load_passes() if looped else (1,) * len(info.loads)
     return Kernel(
