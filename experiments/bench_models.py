@@ -8,7 +8,8 @@ plans, no tuning options), each model as an inference call and as a training ste
 
 Per (model, mode) case, in one process: every backend is compiled by its first call (wall time
 recorded as ``compile_s``) and checked against eager (outputs; for a training step also the
-loss and every parameter's gradient), then all backends are timed in ``--rounds`` interleaved
+loss and every parameter's gradient; a 16-bit model's gradients are judged by their distance
+from a float32 copy's, at most twice eager's own distance or the dtype's tolerance), then all backends are timed in ``--rounds`` interleaved
 rounds (``triton.testing.do_bench`` medians on CUDA; min and median of the rounds recorded).
 Backends run in the order eager, autofuse, compile default, compile max-autotune: the three
 quick ones are compiled and timed first (and the record written) before max-autotune's long
@@ -199,6 +200,7 @@ def grad_errors(got: dict, want: dict, tol: float) -> dict:
         "grads_over_tol": [n for n, v in scaled.items() if not v <= tol],
         "grads_missing": missing,
         "n_grads": len(scaled),
+        "per_param": [[n, v, plain[n]] for n, v in scaled.items()],
     }
 
 
@@ -217,6 +219,42 @@ def _train_call(case, fn) -> tuple[Any, Any, dict]:
              if p.grad is not None}  # fmt: skip
     case.model.zero_grad(set_to_none=True)
     return out.detach(), loss.detach(), grads
+
+
+def float32_grads(case) -> dict | None:
+    """For a 16-bit model: every parameter's gradient of the same training step computed by a
+    float32 copy (the same weights and inputs, upcast exactly), the truth that eager's and each
+    backend's 16-bit gradients are measured against. None for a float32 model."""
+    import copy
+
+    import torch
+
+    if case.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    m32 = copy.deepcopy(case.model).float()
+    inputs = {k: v.float() if v.is_floating_point() else v for k, v in case.inputs.items()}
+    out = m32(**inputs)
+    out = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    case.loss(out).backward()
+    grads = {n: p.grad.detach() for n, p in m32.named_parameters() if p.grad is not None}
+    del m32, out
+    return grads
+
+
+def grad_errors_vs_float32(got: dict, eager: dict, truth: dict, tol: float) -> dict:
+    """Gradients of a 16-bit run judged by their distance from the float32 truth: a parameter
+    is off when its scaled error exceeds twice eager's own (16-bit eager is itself that far
+    from the truth) and ``tol``. Both worst errors are recorded."""
+    mine = grad_errors(got, truth, tol)
+    ref = grad_errors(eager, truth, tol)
+    per_ref = {n: v for n, v, _ in ref.pop("per_param")}
+    per = {n: v for n, v, _ in mine.pop("per_param")}
+    over = [n for n, v in per.items() if not v <= max(2 * per_ref.get(n, 0.0), tol)]
+    return {
+        "grads_vs_fp32_max_err_scaled": mine["grads_max_err_scaled"],
+        "eager_grads_vs_fp32_max_err_scaled": ref["grads_max_err_scaled"],
+        "grads_vs_fp32_over_bound": over,
+    }
 
 
 def _step(case, fn, mode: str):
@@ -348,15 +386,22 @@ def run_case(rec: dict, case, mode: str, a, device: str, rep_ms: float, deadline
                 msgs = sorted({f"{w.category.__name__}: {w.message}"[:300] for w in seen})
                 br["warnings"] = msgs[:20]
             if name == "eager":
-                ref = (out, loss, grads)
+                truth = float32_grads(case) if mode == "train" else None
+                ref = (out, loss, grads, truth)
             else:
                 br["max_rel_err_out"] = max_rel_err(out, ref[0])
                 ok = br["max_rel_err_out"] <= tol
                 if mode == "train":
                     br["max_rel_err_loss"] = max_rel_err(loss, ref[1])
-                    br.update(grad_errors(grads, ref[2], tol))
-                    ok = (ok and br["max_rel_err_loss"] <= tol and not br["grads_over_tol"]
-                          and not br["grads_missing"])  # fmt: skip
+                    errs = grad_errors(grads, ref[2], tol)
+                    errs.pop("per_param")
+                    br.update(errs)
+                    ok = ok and br["max_rel_err_loss"] <= tol and not br["grads_missing"]
+                    if ref[3] is None:  # float32: against eager's gradients
+                        ok = ok and not br["grads_over_tol"]
+                    else:  # 16-bit: against the float32 truth, bounded by eager's own error
+                        br.update(grad_errors_vs_float32(grads, ref[2], ref[3], tol))
+                        ok = ok and not br["grads_vs_fp32_over_bound"]
                 br["correct"] = bool(ok)
             del out, loss, grads
             print(f"  {case.name} {mode} {name}: first call {br['compile_s']:.1f} s"
