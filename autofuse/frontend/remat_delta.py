@@ -61,9 +61,9 @@ def _is_row_sum(node: fx.Node) -> bool:
 def _delta_sum(chain: Any) -> tuple[fx.Node, fx.Node] | None:
     """The ``sum(dP * P, -1, keepdim)`` of the chain's softmax backward and its dP matmul."""
     views, todo = {chain.probs}, [chain.probs]
-    while todo:  # probs and its aliases
+    while todo:  # probs, its aliases and casts (a bf16 softmax's output, upcast again)
         for u in todo.pop().users:
-            if _name(u) in _VIEWS and u not in views:
+            if _name(u) in _VIEWS + _CASTS and u not in views:
                 views.add(u)
                 todo.append(u)
     for p in views:
