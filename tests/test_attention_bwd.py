@@ -41,6 +41,15 @@ def bool_mask_attention(q, k, v, keep):
     return torch.softmax(s, -1) @ v
 
 
+def hidden_row_causal(q, k, v, keep):
+    """A boolean mask tensor, then the causal mask (an index expression) over it: a row the
+    tensor hides entirely is uniform over *every* key in eager, the causally masked ones too
+    (the kernel must not skip them for that row)."""
+    s = (q @ k.transpose(-1, -2) * 0.25).masked_fill(~keep, MIN)
+    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    return torch.softmax(torch.where(i >= j, s, MIN), -1) @ v
+
+
 def _leaves(dtype, *shapes):
     return [torch.randn(s, dtype=dtype, requires_grad=True) for s in shapes]
 
@@ -60,7 +69,8 @@ def _hidden_rows(t):
 
 def _keep(t):
     keep = torch.ones(B, 1, t, t, dtype=torch.bool).tril()
-    keep[1, :, :, 5:9] = False  # some rows lose every key they had
+    keep[1, :, :, 5:9] = False
+    keep[1, :, 3, :] = False  # a row with no key
     return keep
 
 
@@ -68,6 +78,13 @@ CASES = {
     "causal_fp32_d16": (eager_attention, lambda: _qkv(37, 16), torch.float32),
     "causal_bf16_d16": (eager_attention, lambda: _qkv(37, 16, torch.bfloat16), torch.bfloat16),
     "causal_fp32_d8": (eager_attention, lambda: _qkv(23, 8), torch.float32),
+    "causal_fp32_d64": (eager_attention, lambda: _qkv(11, 64), torch.float32),
+    "causal_two_tiles_d8": (eager_attention, lambda: _qkv(70, 8), torch.float32),
+    "causal_hidden_row_two_tiles": (
+        hidden_row_causal,
+        lambda: [*_qkv(70, 8), _keep(70)],
+        torch.float32,
+    ),
     "no_mask_fp32_d8": (plain_attention, lambda: _qkv(9, 8), torch.float32),
     "no_mask_bf16_d16": (plain_attention, lambda: _qkv(21, 16, torch.bfloat16), torch.bfloat16),
     "additive_hidden_row": (

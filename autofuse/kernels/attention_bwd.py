@@ -239,8 +239,6 @@ class BwdEmitter(Emitter):
         extents |= {gm.free_extent(self.g) for gm in p.grads}
         for e in sorted(extents):
             self.line(f"{self.head_var(e)} = tl.arange(0, {head_block(e)})  # head dim {e}")
-        if self.skip:
-            self.skip.emit_prologue(self)
         if kv and q:
             self.line(f"if pid < {nk}:  # a block of keys: {self._names(kv)}")
             self.depth += 1
@@ -262,12 +260,15 @@ class BwdEmitter(Emitter):
     def _role(self, role: str, grads: list[GradMatmul], pid: str = "pid") -> None:
         p = self.parts
         self.role, self.held = role, {}
+        self.scopes.append(Scope())
         if role == "kv":
-            self.line(f"offs_n = ({pid}) * BLOCK_N + tl.arange(0, BLOCK_N)")
+            self.line(f"start_k = ({pid}) * BLOCK_N")
+            self.line("offs_n = start_k + tl.arange(0, BLOCK_N)")
             self.line("rindex = offs_n[None, :]")
             self.line(f"rmask = rindex < {p.tk}")
         else:
-            self.line(f"offs_m = ({pid}) * BLOCK_M + tl.arange(0, BLOCK_M)")
+            self.line(f"start_q = ({pid}) * BLOCK_M")
+            self.line("offs_m = start_q + tl.arange(0, BLOCK_M)")
             self.line("xindex = offs_m[:, None]")
             self.line(f"xmask = xindex < {p.t}")
         accs = []
@@ -275,17 +276,32 @@ class BwdEmitter(Emitter):
             blk = head_block(gm.free_extent(self.g))
             fixed = "BLOCK_N" if role == "kv" else "BLOCK_M"
             shape = f"[{fixed}, {blk}]" if gm.tile_pos == 0 else f"[{blk}, {fixed}]"
-            acc = f"acc{k}"
-            self.line(f"{acc} = tl.zeros({shape}, dtype=tl.float32)  # {self.g[gm.node].name}")
-            accs.append(acc)
-        lo, hi = ("0", str(p.t)) if role == "kv" else ("0", str(p.tk))
-        if self.skip:
-            lo, hi = self.skip.emit_bounds(self, role)
-        step = "BLOCK_M" if role == "kv" else "BLOCK_N"
-        var = "start_m" if role == "kv" else "start_n"
+            self.line(f"acc{k} = tl.zeros({shape}, dtype=tl.float32)  # {self.g[gm.node].name}")
+            accs.append(f"acc{k}")
+        body = lambda: [self._accumulate(gm, acc) for gm, acc in zip(grads, accs)]  # noqa: E731
+        if not self.skip:
+            self._loop(role, "0", str(p.t if role == "kv" else p.tk), body, "every tile")
+        elif role == "q":
+            lo, hi = self.skip.q_bounds(self)
+            self._loop(role, lo, hi, body, "the keys the mask leaves live for these rows")
+        else:
+            lo, hi = self.skip.kv_bounds(self)
+            self._loop(role, lo, hi, body, "the rows these keys are live for")
+            note = "rows the mask hides these keys from: only a row block within reach"
+            self._loop(role, "0", lo, body, note, guard=True)
+            self._loop(role, hi, str(p.t), body, note, guard=True)
+        self.lines.append("")
+        for gm, acc in zip(grads, accs):
+            self._store(gm, acc)
+        self.scopes.pop()
+        self.held = {}
+
+    def _loop(self, role: str, lo: str, hi: str, body, note: str, guard: bool = False) -> None:
+        p = self.parts
+        step, var = ("BLOCK_M", "start_m") if role == "kv" else ("BLOCK_N", "start_n")
         self.lines.append("")
         self.loops.append(Loop(len(self.lines), self.depth))
-        self.line(f"for {var} in range({lo}, {hi}, {step}):")
+        self.line(f"for {var} in range({lo}, {hi}, {step}):  # {note}")
         self.depth += 1
         self.scopes.append(Scope())
         self.regions.append(set())
@@ -298,16 +314,17 @@ class BwdEmitter(Emitter):
             self.line("offs_n = start_n + tl.arange(0, BLOCK_N)")
             self.line("rindex = offs_n[None, :]")
             self.line(f"rmask = rindex < {p.tk}")
-        for gm, acc in zip(grads, accs):
-            self._accumulate(gm, acc)
+        if guard:
+            self.line(f"if {self.skip.reach(self, 'reach')}:")
+            self.depth += 1
+        dots = self.dots
+        body()
+        if guard:  # the metadata counts the dots of a tile once
+            self.dots = dots
+        self.depth -= 1 + guard
         self.region = outer
         self.scopes.pop()
         self.loops.pop()
-        self.depth -= 1
-        self.lines.append("")
-        for gm, acc in zip(grads, accs):
-            self._store(gm, acc)
-        self.held = {}
 
     def _tile(self, gm: GradMatmul) -> str:
         """The gradient's tile operand on the program's tile, zero past the rows and keys."""
@@ -406,7 +423,7 @@ def generate_attention_bwd(
         ("BLOCK_M", config.BLOCK_M), ("BLOCK_N", config.BLOCK_N),
         ("num_warps", config.num_warps), ("num_stages", config.num_stages),
     )  # fmt: skip
-    work = em.skip.work(config) if em.skip else 1.0
+    work = em.skip.work(config.BLOCK_M, config.BLOCK_N, kv, q) if em.skip else 1.0
     return Kernel(
         name=name,
         source=src + "\n" + "\n".join(body) + "\n",
