@@ -79,6 +79,16 @@ def head_block(d: int) -> int:
     return max(16, next_pow2(d))
 
 
+def _swap(code: str) -> str:
+    """An offset or mask of a tile with its two axes exchanged (the index names broadcast
+    along one axis each: ``offs_m[:, None]`` <-> ``offs_m[None, :]``)."""
+    return (
+        code.replace("[:, None]", "[@]")
+        .replace("[None, :]", "[:, None]")
+        .replace("[@]", "[None, :]")
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Analysis
 # ---------------------------------------------------------------------------------------------
@@ -200,6 +210,13 @@ class BwdEmitter(Emitter):
         index = (*self.bh3, *pair) if rank == 3 else tuple(pair)
         base, off = self.operand_offset(j, index)
         self.note_load(base)
+        if not fixed:  # the same tile read again this step, or its transpose
+            key = ("operand", base, off.render(), mask)
+            if (hit := self.lookup(key)) is not None:
+                return hit
+            swapped = tuple(_swap(x) if x else x for x in key[2:])
+            if (hit := self.lookup(("operand", base, *swapped))) is not None:
+                return f"tl.trans({hit})"
         var = f"{'h' if fixed else 'o'}{self.n_tmp}"
         self.n_tmp += 1
         masked = f", {mask}, other=0.0" if mask else ""
@@ -209,6 +226,7 @@ class BwdEmitter(Emitter):
             self.held[j] = var
         else:
             self.line(code + f"  # {self.g[base].name}")
+            self.scopes[-1].cache[key] = var
         return var
 
     def operand_offset(self, j: int, index) -> tuple[int, Expr]:
