@@ -167,10 +167,10 @@ def test_every_config_computes_the_same_gradients():
             assert_close(o, r, torch.float32, cfg.label())
 
 
-def test_a_reduction_inside_the_group_is_refused_with_its_reason():
-    """When the forward returns P (kept: no recompute, no delta rewrite), the backward's row
-    term is a sum over the keys inside the chain: the kind refuses it, the plan keeps today's
-    path and the gradients stay right."""
+def test_a_backward_without_recomputed_softmax_is_refused_with_its_reason():
+    """When the forward returns P (kept: no recompute, no delta rewrite), the backward reads
+    the saved P and its row term is a sum over the keys inside the chain: the kind refuses the
+    chain's matmuls, the plan keeps today's path and the gradients stay right."""
 
     def returns_probs(q, k, v):
         p = torch.softmax(q @ k.transpose(-1, -2) * 0.25, dim=-1)
@@ -189,4 +189,18 @@ def test_a_reduction_inside_the_group_is_refused_with_its_reason():
     bw = backend.records[-1]
     assert "attention_bwd" not in [k.info.kind for k in bw.plan.kernels]
     reasons = [r.reason for r in Partitioner(bw.plan.graph).greedy().refusals]
-    assert any("inside the attention backward" in r for r in reasons), reasons
+    assert any("not an attention backward" in r for r in reasons), reasons
+
+
+def test_a_row_sum_inside_the_group_is_refused_with_its_reason(monkeypatch):
+    """Without the ``rowsum(dO * O)`` rewrite the softmax backward's ``sum(dP * P)`` is a
+    reduction over the keys among the tiles' ops: refused with its reason, today's path."""
+    import autofuse.frontend.remat_delta as remat_delta
+
+    monkeypatch.setattr(remat_delta, "rewrite_deltas", lambda graph, chains: [])
+    torch.manual_seed(0)
+    args = _qkv(13, 8)
+    bw = _run(eager_attention, args, torch.float32)
+    assert "attention_bwd" not in [k.info.kind for k in bw.plan.kernels]
+    reasons = [r.reason for r in Partitioner(bw.plan.graph).greedy().refusals]
+    assert any("is a reduction inside the attention backward" in r for r in reasons), reasons

@@ -91,10 +91,26 @@ def bwd_parts(graph: Graph, members: frozenset[int]) -> BwdParts:
         )
     heads = shape[0] if len(shape) == 3 else 1
     t, tk = shape[-2], shape[-1]
+    if not any(recomputed_softmax(graph, members, e) for e in members):
+        raise FusionRefused(
+            "no softmax recomputed from its saved row max (exp(x - max), the max loaded) among "
+            "the ops between the matmuls: not an attention backward"
+        )
     domain = _domain(graph, members, shape)
     grads = tuple(_grad(graph, members, m, pos, domain, heads, t, tk) for m, pos in grads_raw)
     _check_members(graph, members, set(tiles), grads, copies, domain)
     return BwdParts(tuple(tiles), grads, frozenset(copies), domain, heads, t, tk)
+
+
+def recomputed_softmax(graph: Graph, members, e: int) -> bool:
+    """``e`` is ``exp(x - m)`` with ``x`` computed in the group and ``m`` a loaded row value."""
+    if graph[e].op != "exp":
+        return False
+    s = graph.base_of(graph[e].inputs[0])
+    if s not in members or graph[s].op != "sub":
+        return False
+    x, m = (graph.base_of(j) for j in graph[s].inputs)
+    return x in members and m not in members and graph[m].shape[-1:] == (1,)
 
 
 def _domain(graph: Graph, members, shape) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels.attention_bounds import ColumnLimit, key_bound
+from autofuse.kernels.attention_bwd_analysis import recomputed_softmax
 from autofuse.kernels.base import GroupInfo
 from autofuse.kernels.gemm import ancestors
 from autofuse.kernels.views import broadcast_index
@@ -130,19 +131,13 @@ def skip_plan(graph: Graph, info: GroupInfo, parts, full) -> SkipPlan | None:
 
 def _softmax(graph: Graph, info: GroupInfo) -> tuple[int, int, int] | None:
     """The group's ``exp(x - amax)`` with ``amax`` loaded (the saved row max): (exp, x, amax)."""
-    members = set(info.nodes)
-    found = []
-    for e in info.nodes:
-        if graph[e].op != "exp":
-            continue
-        s = graph.base_of(graph[e].inputs[0])
-        if s not in members or graph[s].op != "sub":
-            continue
-        x, m = graph[s].inputs
-        m = graph.base_of(m)
-        if m not in members and graph[m].shape[-1:] == (1,) and graph.base_of(x) in members:
-            found.append((e, graph.base_of(x), m))
-    return found[0] if len(found) == 1 else None
+    members = frozenset(info.nodes)
+    found = [e for e in info.nodes if recomputed_softmax(graph, members, e)]
+    if len(found) != 1:
+        return None
+    sub = graph[graph.base_of(graph[found[0]].inputs[0])]
+    x, m = (graph.base_of(j) for j in sub.inputs)
+    return found[0], x, m
 
 
 def _const_at(graph: Graph, x: int, bound) -> float | None:
