@@ -304,8 +304,9 @@ class BwdEmitter(Emitter):
             blk = head_block(gm.free_extent(self.g))
             fixed = "BLOCK_N" if role == "kv" else "BLOCK_M"
             shape = f"[{fixed}, {blk}]" if gm.tile_pos == 0 else f"[{blk}, {fixed}]"
-            self.line(f"acc{k} = tl.zeros({shape}, dtype=tl.float32)  # {self.g[gm.node].name}")
-            accs.append(f"acc{k}")
+            acc = f"acc_{role}{k}"  # names differ between the roles' branches (Triton types
+            accs.append(acc)  # a name both branches define alike)
+            self.line(f"{acc} = tl.zeros({shape}, dtype=tl.float32)  # {self.g[gm.node].name}")
         body = lambda: [self._accumulate(gm, acc) for gm, acc in zip(grads, accs)]  # noqa: E731
         if not self.skip:
             self._loop(role, "0", str(p.t if role == "kv" else p.tk), body, "every tile")

@@ -62,32 +62,38 @@ class SkipPlan:
             else:
                 cur = lim.render("r0", "r1")
                 lo = cur if lo is None else f"tl.maximum({lo}, {cur})"
-        em.line(f"hi = tl.minimum(tl.maximum({hi or self.tk}, 0), {self.tk})  # live keys")
-        em.line(f"lo = tl.minimum(tl.maximum({lo or 0}, 0), hi)")
+        em.line(f"hi_q = {_clamp(hi, self.tk)}  # live keys")
+        em.line(f"lo_q = {_clamp(lo, 'hi_q')}")
         self.reach(em, "reach")
-        em.line("lo = tl.where(reach, 0, (lo // BLOCK_N) * BLOCK_N)")
-        em.line(f"hi = tl.where(reach, {self.tk}, hi)")
-        return "lo", "hi"
+        em.line("lo_q = tl.where(reach, 0, (lo_q // BLOCK_N) * BLOCK_N)")
+        em.line(f"hi_q = tl.where(reach, {self.tk}, hi_q)")
+        return "lo_q", "hi_q"
 
     def kv_bounds(self, em) -> tuple[str, str]:
         """The rows a block of keys is live for (the others: the guarded passes)."""
         em.line("c0 = start_k  # the program's keys")
         em.line(f"c1 = tl.minimum(c0 + BLOCK_N - 1, {self.tk - 1})")
-        lo, hi = "0", str(self.t)
+        lo = hi = None
         for lim in self.limits:
             if lim.upper and lim.a == 1:  # col <= row + b: rows >= c0 - b
-                lo = f"tl.maximum({lo}, c0 - {lim.b})"
+                cur = f"c0 - {lim.b}"
             elif lim.upper:  # col <= b: no row when c0 > b
-                lo = f"tl.maximum({lo}, tl.where(c0 > {lim.b}, {self.t}, 0))"
+                cur = f"tl.where(c0 > {lim.b}, {self.t}, 0)"
             elif lim.a == 1:  # col >= row + b: rows <= c1 - b
-                hi = f"tl.minimum({hi}, c1 - {lim.b} + 1)"
+                cur = f"c1 - {lim.b} + 1"
             else:  # col >= b: no row when c1 < b
-                hi = f"tl.minimum({hi}, tl.where(c1 < {lim.b}, 0, {self.t}))"
-        em.line(f"hi = tl.minimum(tl.maximum({hi}, 0), {self.t})  # rows these keys are live for")
-        em.line(f"lo = tl.minimum(tl.maximum({lo}, 0), hi)")
-        em.line("lo = (lo // BLOCK_M) * BLOCK_M")
-        em.line("hi = lo + ((hi - lo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M  # whole row blocks")
-        return "lo", "hi"
+                cur = f"tl.where(c1 < {lim.b}, 0, {self.t})"
+            if lim.upper:
+                lo = cur if lo is None else f"tl.maximum({lo}, {cur})"
+            else:
+                hi = cur if hi is None else f"tl.minimum({hi}, {cur})"
+        em.line(f"hi_k = {_clamp(hi, self.t)}  # rows these keys are live for")
+        em.line(f"lo_k = {_clamp(lo, 'hi_k')}")
+        em.line("lo_k = (lo_k // BLOCK_M) * BLOCK_M")
+        em.line(
+            "hi_k = lo_k + ((hi_k - lo_k + BLOCK_M - 1) // BLOCK_M) * BLOCK_M  # whole row blocks"
+        )
+        return "lo_k", "hi_k"
 
     def work(self, bm: int, bn: int, kv: bool, q: bool) -> float:
         """The fraction of the tiles the live loops visit, over both kinds of programs."""
@@ -106,6 +112,13 @@ class SkipPlan:
                 visited += live * (kv + q)
                 total += kv + q
         return visited / max(total, 1)
+
+
+def _clamp(expr: str | None, top: int | str) -> str:
+    """``expr`` within ``[0, top]``; no expression: ``top`` when it is the extent, else 0."""
+    if expr is None:
+        return str(top) if isinstance(top, int) else "0"
+    return f"tl.minimum(tl.maximum({expr}, 0), {top})"
 
 
 def skip_plan(graph: Graph, info: GroupInfo, parts, full) -> SkipPlan | None:
