@@ -16,7 +16,9 @@ front of the matmuls ``MUST_RECOMPUTE``. The forward graph then outputs the
 max and sum beside the attention's result (the ``attention`` kernel stores its running max and
 sum: no T x T buffer in the forward plan), and the backward graph starts by recomputing
 ``P = exp(mask(q @ k^T) - max) / sum`` before the softmax backward and the two gradient
-matmuls.
+matmuls. The softmax backward's row term ``sum(dP * P)`` is rewritten as ``sum(dO * O)``
+(``remat_delta.py``: the attention's output is saved, it exists anyway), so that the backward's
+``attention_bwd`` kernel reads it as a tensor.
 """
 
 from __future__ import annotations
@@ -200,9 +202,14 @@ def attention_partition(
     choice: they exist anyway."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    from .remat_delta import rewrite_deltas
+
     returned = _forward_outputs(joint_module.graph, num_fwd_outputs)
     chains = find_attention_chains(joint_module.graph)
-    tag_chains(c for c in chains if not (c.recompute | {c.amax, c.total}) & returned)
+    chains = [c for c in chains if not (c.recompute | {c.amax, c.total}) & returned]
+    tag_chains(chains)
+    if rewrite_deltas(joint_module.graph, chains):
+        joint_module.recompile()
     return min_cut_rematerialization_partition(
         joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw
     )

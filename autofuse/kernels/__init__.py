@@ -2,7 +2,8 @@
 
 Each kind is a plugin (``base.KernelKind``) in its own module and owns its config class:
 ``pointwise``, ``reduction``, ``scan`` (a reduction kernel with a cumsum / cumprod), ``gemm``,
-``gemm_row``, ``attention`` (matmul, softmax, matmul: flash-attention style), ``scatter``
+``gemm_row``, ``attention`` (matmul, softmax, matmul: flash-attention style),
+``attention_bwd`` (its backward: dQ, dK, dV from recomputed tiles), ``scatter``
 (index_put / scatter / scatter_add). This registry is the one place that
 chooses a kind: ``analyze_group`` asks the kinds in order which one claims a set of nodes, and
 every other call finds the plugin by the kind named in the group's ``GroupInfo``.
@@ -14,6 +15,7 @@ from typing import Any
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels.attention import AttentionConfig, AttentionKind
+from autofuse.kernels.attention_bwd import AttentionBwdConfig, AttentionBwdKind
 from autofuse.kernels.base import (
     INLINE_OPS,
     FusionRefused,
@@ -35,6 +37,7 @@ from autofuse.kernels.scatter import ScatterKind
 __all__ = [
     "INLINE_OPS",
     "KINDS",
+    "AttentionBwdConfig",
     "AttentionConfig",
     "FusionRefused",
     "GemmConfig",
@@ -57,6 +60,7 @@ __all__ = [
 
 KINDS: tuple[KernelKind, ...] = (
     AttentionKind(),
+    AttentionBwdKind(),
     ScatterKind(),
     GemmRowKind(),
     GemmKind(),

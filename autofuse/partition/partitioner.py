@@ -220,7 +220,7 @@ class Partitioner:
         the whole chain only through groups no kind takes (a matmul and half a softmax)."""
         g, reach = self.graph, self._reach
         mms = sorted(m for m in members if g[m].kind == "matmul")
-        out = []
+        pairs = []
         for a in mms:
             for b in mms:
                 if a == b or not reach[a] >> b & 1:
@@ -228,24 +228,53 @@ class Partitioner:
                 if any(reach[a] >> m & 1 and reach[m] >> b & 1 for m in mms):
                     continue  # another matmul between them: not one attention
                 core = {n for n in members if reach[a] >> n & 1 and reach[n] >> b & 1}
-                inner = 0
-                for n in core:
-                    inner |= 1 << n
-                seed = core | {a, b} | self._operand_clones(members, (a, b))
-                operands = {g.base_of(j) for j in g[b].inputs} - core
-                feeders = {
-                    n
-                    for n in members - seed
-                    if g[n].kind == "pointwise"
-                    and reach[n] & inner
-                    and not reach[n] >> a & 1
-                    and n not in operands
-                    and not any(reach[n] >> j & 1 for j in operands)
-                }
-                group = frozenset(seed | self._mask_feeders(seed, feeders))
-                why = self.check(group)
-                out.append((group, None if isinstance(why, GroupInfo) else why))
-        return out
+                pairs.append(({a}, {b}, core))
+        out = [self._chain(members, *p) for p in self._joined(pairs)]
+        return out + [self._chain(members, *p) for p in pairs]
+
+    @staticmethod
+    def _joined(pairs: list) -> list:
+        """The chains whose cores share a node, joined (matmuls feeding matmuls through common
+        ops: an attention's backward, its recomputed scores and dP feeding dQ, dK and dV);
+        only joins of more than one chain (the chains themselves are candidates anyway)."""
+        groups = [(set(a), set(b), set(core), 1) for a, b, core in pairs if core]
+        merged = True
+        while merged:
+            merged = False
+            for x in range(len(groups)):
+                for y in range(x + 1, len(groups)):
+                    if groups[x][2] & groups[y][2]:
+                        ax, bx, cx, nx = groups[x]
+                        ay, by, cy, ny = groups.pop(y)
+                        groups[x] = (ax | ay, bx | by, cx | cy, nx + ny)
+                        merged = True
+                        break
+                if merged:
+                    break
+        return [(a, b, core) for a, b, core, n in groups if n > 1]
+
+    def _chain(self, members: frozenset[int], srcs: set[int], sinks: set[int], core: set[int]):
+        """The candidate group of matmuls ``srcs`` feeding ``sinks`` through ``core`` (with
+        their operand clones and mask feeders) and the reason it is refused (None: legal)."""
+        g, reach = self.graph, self._reach
+        inner = 0
+        for n in core:
+            inner |= 1 << n
+        mms = srcs | sinks
+        seed = core | mms | self._operand_clones(members, tuple(mms))
+        operands = {g.base_of(j) for b in sinks for j in g[b].inputs} - core
+        feeders = {
+            n
+            for n in members - seed
+            if g[n].kind == "pointwise"
+            and reach[n] & inner
+            and not any(reach[n] >> a & 1 for a in srcs)
+            and n not in operands
+            and not any(reach[n] >> j & 1 for j in operands)
+        }
+        group = frozenset(seed | self._mask_feeders(seed, feeders))
+        why = self.check(group)
+        return group, None if isinstance(why, GroupInfo) else why
 
     def _mask_feeders(self, seed: set[int], feeders: set[int]) -> set[int]:
         """The ``feeders`` (pointwise ops feeding the scores) read only inside the chain: a

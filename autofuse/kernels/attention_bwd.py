@@ -1,0 +1,549 @@
+"""Kernel kind ``attention_bwd``: the attention backward (dQ, dK, dV) in one kernel, flash-attention
+2 style, with no (T, Tk) tensor in memory.
+
+The group is the backward graph of eager attention (``frontend/remat.py`` makes the forward save
+softmax's row max and sum and the attention's output; ``frontend/remat_delta.py`` turns the
+softmax backward's row term into ``delta = rowsum(dO * O)``, a small reduction kernel before
+this one): tile matmuls recomputing the scores ``Q K^T`` and ``dP = dO V^T``, the pointwise ops
+on them (the mask, ``P = exp(x - max) / sum``, ``dS = P * dP - P * delta``, the mask's and the
+scale's backward: rendered by the emitter from the op table, as the forward kind does) and the
+gradient matmuls reading those tiles (``attention_bwd_analysis.py`` gives each its role).
+
+The grid has two kinds of programs per (batch, head): one per block of BLOCK_N keys, walking the
+query rows in BLOCK_M steps and accumulating the key-side gradients (dK, dV: contractions over
+the rows) in registers; and one per block of BLOCK_M query rows, walking the keys and
+accumulating the query-side gradient (dQ). Each recomputes its tiles from Q, K, V, dO and the
+loaded row statistics; nothing is accumulated across programs (no atomics, deterministic).
+
+An index-expression mask (causal, a sliding window: ``attention_bounds.key_bound``) bounds both
+loops to the tiles it leaves live, when every gradient's tile operand vanishes with P (see
+``attention_bwd_skip.py``): a tile the mask hides then adds exactly zero, unless a row of it has
+its max within reach of the mask's constant (a row the mask hides entirely, uniform in eager):
+such a program visits every tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autofuse.ir.graph import Graph, contiguous_strides, numel
+from autofuse.ir.indexing import Expr, linearize
+from autofuse.kernels.attention_analysis import narrow_iota
+from autofuse.kernels.attention_bwd_analysis import BwdParts, GradMatmul, bwd_parts, tile_index
+from autofuse.kernels.attention_bwd_skip import SkipPlan, skip_plan
+from autofuse.kernels.base import (
+    FusionRefused,
+    GroupInfo,
+    Kernel,
+    KernelMeta,
+    describe,
+    kernel_name,
+    loaded_nodes,
+    next_pow2,
+    stored_nodes,
+)
+from autofuse.kernels.emitter import Emitter, Loop, Scope, kernel_header
+from autofuse.kernels.gemm import ITEM
+from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
+from autofuse.kernels.pointwise import check_pow2
+from autofuse.kernels.render import TL_DTYPE, Val, cast, compute_dtype
+from autofuse.kernels.views import view_source_index
+
+
+@dataclass(frozen=True, order=True)
+class AttentionBwdConfig:
+    """BLOCK_M query rows and BLOCK_N keys per tile (a key program holds BLOCK_N keys and
+    walks the rows; a query program holds BLOCK_M rows and walks the keys)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+    @property
+    def XBLOCK(self) -> int:  # the loop emitter's (and the cost model's) row block
+        return self.BLOCK_M
+
+    @property
+    def RBLOCK(self) -> int:
+        return self.BLOCK_N
+
+    def label(self) -> str:
+        return (
+            f"BLOCK_M={self.BLOCK_M} BLOCK_N={self.BLOCK_N} num_warps={self.num_warps} "
+            f"num_stages={self.num_stages}"
+        )
+
+
+def head_block(d: int) -> int:
+    """A head dim's tile width: a power of two, at least 16 (tl.dot); masked past d."""
+    return max(16, next_pow2(d))
+
+
+def _swap(code: str) -> str:
+    """An offset or mask of a tile with its two axes exchanged (the index names broadcast
+    along one axis each: ``offs_m[:, None]`` <-> ``offs_m[None, :]``)."""
+    return (
+        code.replace("[:, None]", "[@]")
+        .replace("[None, :]", "[:, None]")
+        .replace("[@]", "[None, :]")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis
+# ---------------------------------------------------------------------------------------------
+
+
+def analyze_attention_bwd_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
+    parts = bwd_parts(graph, members)
+    stored = stored_nodes(graph, members)
+    grads = {g.node for g in parts.grads}
+    extra = [s for s in stored if s not in grads]
+    if extra:
+        raise FusionRefused(
+            f"{describe(graph, extra[0])} must be stored: the attention backward kernel writes "
+            "only its gradient matmuls (no (T, Tk) tile goes to memory)"
+        )
+    info = GroupInfo(
+        nodes=tuple(sorted(members)),
+        kind=AttentionBwdKind.name,
+        domain=parts.domain,
+        reduce_dims=(len(parts.domain) - 1,),
+        stored=stored,
+        loads=loaded_nodes(graph, members),
+        matmuls=(*parts.tiles, *sorted(grads)),
+    )
+    heads = [graph[graph.base_of(graph[t].inputs[0])].shape[-1] for t in parts.tiles]
+    heads += [g.free_extent(graph) for g in parts.grads]
+    if max(heads) > 256:
+        raise FusionRefused(f"head dim {max(heads)} > 256: the tiles do not fit")
+    BwdEmitter(graph, info, AttentionBwdConfig(16, 16), parts).emit()  # index checks
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Code generation
+# ---------------------------------------------------------------------------------------------
+
+
+class BwdEmitter(Emitter):
+    """Renders the kernel body. Inside a loop the tile is rows ``xindex = offs_m[:, None]``
+    by keys ``rindex = offs_n[None, :]``; a tile matmul's value is its ``tl.dot`` (operands
+    that the program holds fixed are loaded once, before the loop), every other tile value is
+    the loop emitter's ``value`` at the domain index."""
+
+    def __init__(self, graph: Graph, info: GroupInfo, config, parts: BwdParts) -> None:
+        super().__init__(graph, info, config)
+        self.parts = parts
+        p = parts
+        self.rows = Expr.dim("xindex", 1, p.t, True)
+        self.keys = Expr.dim("rindex", 1, p.tk, True)
+        self.full = tile_index(p.domain, p.heads, len(p.domain), self.rows, self.keys)
+        self.bh3 = (Expr.dim("bh", 1, p.heads, True),)
+        self.role = ""  # "kv": the program holds keys; "q": it holds rows
+        self.held: dict[int, str] = {}  # operand node -> the variable loaded before the loop
+        self.skip: SkipPlan | None = skip_plan(graph, info, parts, self.full)
+        self.narrow = narrow_iota(graph, info, max(parts.t, parts.tk))
+
+    def _needs_int64(self) -> bool:  # the tiles are never addressed: only loads and outputs
+        sizes = [self._extent(i) for i in self.info.loads]
+        sizes += [numel(self.g[s].shape) for s in self.info.stored]
+        return max(sizes) >= 2**31 - 1
+
+    # -- values ------------------------------------------------------------------------------
+    def value(self, i: int, index) -> Val:
+        node = self.g[i]
+        if self.narrow and node.op == "iota":  # int32 arithmetic: the extents fit
+            e = index[0].scale(node.attr("step")).shift(node.attr("start"))
+            if e.terms:
+                return Val(f"({e.render()})", self.cls_of(e), compute_dtype(node.dtype))
+        return super().value(i, index)
+
+    def reduced(self, i: int, index) -> Val:
+        """A tile matmul's product at the program's tile: ``tl.dot`` of its operands."""
+        g, p = self.g, self.parts
+        if i not in p.tiles:
+            raise FusionRefused(f"{describe(g, i)} is read by the tiles' ops")
+        want = tile_index(p.domain, p.heads, len(g[i].shape), self.rows, self.keys)
+        if tuple(index) != want:
+            raise FusionRefused(
+                f"{describe(g, i)} is read at ({', '.join(map(str, index))}), not at the tile "
+                "the program computes"
+            )
+        a, b = g[i].inputs
+        d = g[a].shape[-1]
+        dh = self.head_var(d)
+        fixed_a, fixed_b = self.role == "q", self.role == "kv"
+        rows = Expr.dim("offs_m[:, None]", 1, p.t, True)
+        keys = Expr.dim("offs_n[None, :]", 1, p.tk, True)
+        ha = Expr.dim(f"{dh}[None, :]", 1, d, True)
+        hb = Expr.dim(f"{dh}[:, None]", 1, d, True)
+        va = self.operand(
+            a, (rows, ha), self.mask(rows="[:, None]", head=(d, "[None, :]")), fixed_a
+        )
+        vb = self.operand(
+            b, (hb, keys), self.mask(keys="[None, :]", head=(d, "[:, None]")), fixed_b
+        )
+        self.dots += 1
+        k = p.tiles.index(i)
+        self.line(f"mm{k} = tl.dot({va}, {vb}{self.prec(g[a].dtype)})  # {g[i].name}")
+        return Val(f"mm{k}", 2, "float32")
+
+    def prec(self, dtype: str) -> str:
+        return ', input_precision="ieee"' if dtype == "float32" else ""
+
+    def head_var(self, d: int) -> str:
+        return f"offs_h{d}"
+
+    def mask(
+        self, rows: str = "", keys: str = "", head: tuple[int, str] | None = None
+    ) -> str | None:
+        """The bounds mask of a tile load or store: rows and keys (``rows`` / ``keys``: the
+        broadcast of ``offs_m`` / ``offs_n`` used) where they may run past their extent, a
+        head dim past its own."""
+        p, cfg, parts = self.parts, self.cfg, []
+        if rows and p.t % cfg.BLOCK_M:
+            parts.append(f"(offs_m{rows} < {p.t})")
+        if keys and p.tk % cfg.BLOCK_N:
+            parts.append(f"(offs_n{keys} < {p.tk})")
+        if head is not None and head[0] != head_block(head[0]):
+            parts.append(f"({self.head_var(head[0])}{head[1]} < {head[0]})")
+        return " & ".join(parts) or None
+
+    def operand(self, j: int, pair, mask: str | None, fixed: bool) -> str:
+        """Load matmul operand ``j`` at ``(bh, *pair)`` through its views (before the loop when
+        the program holds it fixed); returns its variable."""
+        if fixed and j in self.held:
+            return self.held[j]
+        rank = len(self.g[j].shape)
+        index = (*self.bh3, *pair) if rank == 3 else tuple(pair)
+        base, off = self.operand_offset(j, index)
+        self.note_load(base)
+        if not fixed:  # the same tile read again this step, or its transpose
+            key = ("operand", base, off.render(), mask)
+            if (hit := self.lookup(key)) is not None:
+                return hit
+            swapped = tuple(_swap(x) if x else x for x in key[2:])
+            if (hit := self.lookup(("operand", base, *swapped))) is not None:
+                return f"tl.trans({hit})"
+        var = f"{'h' if fixed else 'o'}{self.n_tmp}"
+        self.n_tmp += 1
+        masked = f", {mask}, other=0.0" if mask else ""
+        code = f"{var} = tl.load({self.ptr[base]} + ({off.render()}){masked})"
+        if fixed:
+            self.loops[-1].before(self, code + f"  # {self.g[base].name}, held")
+            self.held[j] = var
+        else:
+            self.line(code + f"  # {self.g[base].name}")
+            self.scopes[-1].cache[key] = var
+        return var
+
+    def operand_offset(self, j: int, index) -> tuple[int, Expr]:
+        """The loaded buffer behind operand ``j`` (through views and read-through copies) and
+        the offset of ``index`` in it."""
+        g = self.g
+        while True:
+            if g[j].kind == "view":
+                index = view_source_index(g, j, index)
+                j = g[j].inputs[0]
+            elif j in self.parts.copies:
+                j = g[j].inputs[0]
+            else:
+                break
+        node = g[j]
+        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        return j, linearize(index, strides, node.shape)
+
+    # -- kernel ------------------------------------------------------------------------------
+    def emit(self) -> list[str]:
+        p = self.parts
+        kv = [gm for gm in p.grads if gm.over_rows]
+        q = [gm for gm in p.grads if not gm.over_rows]
+        nk = -(-p.tk // self.cfg.BLOCK_N) if kv else 0
+        self.line("pid = tl.program_id(0)")
+        self.line(f"bh = tl.program_id(1){'.to(tl.int64)' if self.int64 else ''}  # batch x head")
+        extents = {self.g[self.g[t].inputs[0]].shape[-1] for t in p.tiles}
+        extents |= {gm.free_extent(self.g) for gm in p.grads}
+        for e in sorted(extents):
+            self.line(f"{self.head_var(e)} = tl.arange(0, {head_block(e)})  # head dim {e}")
+        if kv and q:
+            self.line(f"if pid < {nk}:  # a block of keys: {self._names(kv)}")
+            self.depth += 1
+            self._role("kv", kv)
+            self.depth -= 1
+            self.line(f"else:  # a block of query rows: {self._names(q)}")
+            self.depth += 1
+            self._role("q", q, f"pid - {nk}")
+            self.depth -= 1
+        elif kv:
+            self._role("kv", kv)
+        else:
+            self._role("q", q)
+        return self.lines
+
+    def _names(self, grads) -> str:
+        return ", ".join(self.g[gm.node].name for gm in grads)
+
+    def _role(self, role: str, grads: list[GradMatmul], pid: str = "pid") -> None:
+        p = self.parts
+        self.role, self.held = role, {}
+        self.scopes.append(Scope())
+        if role == "kv":
+            self.line(f"start_k = ({pid}) * BLOCK_N")
+            self.line("offs_n = start_k + tl.arange(0, BLOCK_N)")
+            self.line("rindex = offs_n[None, :]")
+            self.line(f"rmask = rindex < {p.tk}")
+        else:
+            self.line(f"start_q = ({pid}) * BLOCK_M")
+            self.line("offs_m = start_q + tl.arange(0, BLOCK_M)")
+            self.line("xindex = offs_m[:, None]")
+            self.line(f"xmask = xindex < {p.t}")
+        accs = []
+        for k, gm in enumerate(grads):
+            blk = head_block(gm.free_extent(self.g))
+            fixed = "BLOCK_N" if role == "kv" else "BLOCK_M"
+            shape = f"[{fixed}, {blk}]" if gm.tile_pos == 0 else f"[{blk}, {fixed}]"
+            acc = f"acc_{role}{k}"  # names differ between the roles' branches (Triton types
+            accs.append(acc)  # a name both branches define alike)
+            self.line(f"{acc} = tl.zeros({shape}, dtype=tl.float32)  # {self.g[gm.node].name}")
+        body = lambda: [self._accumulate(gm, acc) for gm, acc in zip(grads, accs)]  # noqa: E731
+        if not self.skip:
+            self._loop(role, "0", str(p.t if role == "kv" else p.tk), body, "every tile")
+        elif role == "q":
+            lo, hi = self.skip.q_bounds(self)
+            self._loop(role, lo, hi, body, "the keys the mask leaves live for these rows")
+        else:
+            lo, hi = self.skip.kv_bounds(self)
+            self._loop(role, lo, hi, body, "the rows these keys are live for")
+            note = "rows the mask hides these keys from: only a row block within reach"
+            self._loop(role, "0", lo, body, note, guard=True)
+            self._loop(role, hi, str(p.t), body, note, guard=True)
+        self.lines.append("")
+        for gm, acc in zip(grads, accs):
+            self._store(gm, acc)
+        self.scopes.pop()
+        self.held = {}
+
+    def _loop(self, role: str, lo: str, hi: str, body, note: str, guard: bool = False) -> None:
+        p = self.parts
+        step, var = ("BLOCK_M", "start_m") if role == "kv" else ("BLOCK_N", "start_n")
+        self.lines.append("")
+        self.loops.append(Loop(len(self.lines), self.depth))
+        self.line(f"for {var} in range({lo}, {hi}, {step}):  # {note}")
+        self.depth += 1
+        self.scopes.append(Scope())
+        self.regions.append(set())
+        outer, self.region = self.region, len(self.regions) - 1
+        if role == "kv":
+            self.line("offs_m = start_m + tl.arange(0, BLOCK_M)")
+            self.line("xindex = offs_m[:, None]")
+            self.line(f"xmask = xindex < {p.t}")
+        else:
+            self.line("offs_n = start_n + tl.arange(0, BLOCK_N)")
+            self.line("rindex = offs_n[None, :]")
+            self.line(f"rmask = rindex < {p.tk}")
+        if guard:
+            self.line(f"if {self.skip.reach(self, 'reach')}:")
+            self.depth += 1
+        dots = self.dots
+        body()
+        if guard:  # the metadata counts the dots of a tile once
+            self.dots = dots
+        self.depth -= 1 + guard
+        self.region = outer
+        self.scopes.pop()
+        self.loops.pop()
+
+    def _tile(self, gm: GradMatmul) -> str:
+        """The gradient's tile operand on the program's tile, zero past the rows and keys."""
+        g, p = self.g, self.parts
+        index = tile_index(p.domain, p.heads, len(g[gm.tile].shape), self.rows, self.keys)
+        v = self.value(gm.tile, index)
+        code = cast(v, "float32")
+        if v.cls < 2:
+            code = (f"tl.full([BLOCK_M, BLOCK_N], {code}, tl.float32)" if v.literal
+                    else f"tl.broadcast_to({code}, [BLOCK_M, BLOCK_N])")  # fmt: skip
+        edge = [
+            m
+            for m, ok in (("xmask", p.t % self.cfg.BLOCK_M), ("rmask", p.tk % self.cfg.BLOCK_N))
+            if ok
+        ]
+        if edge:
+            code = f"tl.where({' & '.join(edge)}, {code}, 0.0)"
+        dt = g[g[gm.node].inputs[gm.tile_pos]].dtype
+        return f"({code}).to({TL_DTYPE[dt]})"
+
+    def _accumulate(self, gm: GradMatmul, acc: str) -> None:
+        g, p = self.g, self.parts
+        e = gm.free_extent(g)
+        h = self.head_var(e)
+        k = p.grads.index(gm)
+        self.line(f"t{k} = {self._tile(gm)}  # {g[gm.tile].name}, read by {g[gm.node].name}")
+        L = gm.loaded(g)
+        var, ext = ("offs_m", p.t) if gm.over_rows else ("offs_n", p.tk)
+        side = "rows" if gm.over_rows else "keys"
+        t = f"tl.trans(t{k})" if gm.transposed else f"t{k}"
+        if gm.tile_pos == 0:  # out = tile' @ L, L[c, j]
+            pair = (
+                Expr.dim(f"{var}[:, None]", 1, ext, True),
+                Expr.dim(f"{h}[None, :]", 1, e, True),
+            )
+            lv = self.operand(
+                L, pair, self.mask(**{side: "[:, None]"}, head=(e, "[None, :]")), False
+            )
+            self.line(f"{acc} = tl.dot({t}, {lv}, {acc}{self.prec(g[L].dtype)})")
+        else:  # out = L @ tile', L[i, c]
+            pair = (
+                Expr.dim(f"{h}[:, None]", 1, e, True),
+                Expr.dim(f"{var}[None, :]", 1, ext, True),
+            )
+            lv = self.operand(
+                L, pair, self.mask(**{side: "[None, :]"}, head=(e, "[:, None]")), False
+            )
+            self.line(f"{acc} = tl.dot({lv}, {t}, {acc}{self.prec(g[L].dtype)})")
+        self.dots += 1
+
+    def _store(self, gm: GradMatmul, acc: str) -> None:
+        g, p = self.g, self.parts
+        node = g[gm.node]
+        e = gm.free_extent(g)
+        h = self.head_var(e)
+        var, ext = ("offs_n", p.tk) if gm.over_rows else ("offs_m", p.t)
+        side = "keys" if gm.over_rows else "rows"
+        if gm.tile_pos == 0:  # acc[held, head]
+            pair = (
+                Expr.dim(f"{var}[:, None]", 1, ext, True),
+                Expr.dim(f"{h}[None, :]", 1, e, True),
+            )
+            mask = self.mask(**{side: "[:, None]"}, head=(e, "[None, :]"))
+        else:  # acc[head, held]
+            pair = (
+                Expr.dim(f"{h}[:, None]", 1, e, True),
+                Expr.dim(f"{var}[None, :]", 1, ext, True),
+            )
+            mask = self.mask(**{side: "[None, :]"}, head=(e, "[:, None]"))
+        index = (*self.bh3, *pair) if len(node.shape) == 3 else pair
+        off = linearize(index, contiguous_strides(node.shape), node.shape)
+        masked = f", {mask}" if mask else ""
+        out = f"{acc}.to({TL_DTYPE[node.dtype]})"
+        self.line(f"tl.store({self.out_ptr[gm.node]} + ({off.render()}), {out}{masked})")
+
+
+def generate_attention_bwd(
+    graph: Graph, info: GroupInfo, config: AttentionBwdConfig, index: int
+) -> Kernel:
+    parts = bwd_parts(graph, frozenset(info.nodes))
+    em = BwdEmitter(graph, info, config, parts)
+    body = em.emit()
+    name = kernel_name(graph, info, "attbwd", index)
+    params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored]
+    consts = ["BLOCK_M", "BLOCK_N"]
+    what = f"attention backward, tiles {list(info.domain)}"
+    header = kernel_header(em, name, what, params + [f"{c}: tl.constexpr" for c in consts])
+    helpers = [h.source + "\n" for h in sorted(em.helpers, key=lambda h: h.name)]
+    src = "\n".join(["import triton", "import triton.language as tl", "", ""] + helpers + header)
+    layout = [("in", k) for k in range(len(info.loads))]
+    layout += [("out", k) for k in range(len(info.stored))]
+    kv = any(gm.over_rows for gm in parts.grads)
+    q = any(not gm.over_rows for gm in parts.grads)
+    programs = kv * -(-parts.tk // config.BLOCK_N) + q * -(-parts.t // config.BLOCK_M)
+    kw = (
+        ("BLOCK_M", config.BLOCK_M), ("BLOCK_N", config.BLOCK_N),
+        ("num_warps", config.num_warps), ("num_stages", config.num_stages),
+    )  # fmt: skip
+    work = em.skip.work(config.BLOCK_M, config.BLOCK_N, kv, q) if em.skip else 1.0
+    return Kernel(
+        name=name,
+        source=src + "\n" + "\n".join(body) + "\n",
+        config=config,
+        info=info,
+        layout=tuple(layout),
+        grid=(programs, parts.heads),
+        launch_kw=kw,
+        meta=KernelMeta(load_passes=em.load_passes(), dots=em.dots, work=work),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs and the plugin
+# ---------------------------------------------------------------------------------------------
+
+
+def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdConfig]:
+    """BLOCK_M / BLOCK_N 16..128 (16 and 32 only for short sequences), 4 or 8 warps, 1..3
+    stages, within about 160 fp32 registers per thread for the tiles (P, dP, dS) and the
+    accumulators, and within shared memory for the operand tiles."""
+    parts = bwd_parts(graph, frozenset(info.nodes))
+    item = max(ITEM.get(graph[graph[m].inputs[0]].dtype, 2) for m in info.matmuls)
+    heads = [head_block(gm.free_extent(graph)) for gm in parts.grads]
+    dh = max([*heads, *(head_block(graph[graph[t].inputs[0]].shape[-1]) for t in parts.tiles)])
+    cap_m, cap_n = max(16, next_pow2(parts.t)), max(16, next_pow2(parts.tk))
+    out = []
+    for bm in (16, 32, 64, 128):
+        if bm > cap_m or (bm < 32 and cap_m > 64):
+            continue
+        for bn in (16, 32, 64, 128):
+            if bn > cap_n or (bn < 32 and cap_n > 64):
+                continue
+            for w in (4, 8):
+                accs = max(bm, bn) * sum(heads)
+                regs = (3 * bm * bn + accs) // (32 * w)
+                if regs > 160:
+                    continue
+                for st in (1, 2, 3):
+                    smem = st * (bm + bn) * dh * 2 * item + bm * bn * (item + 4)
+                    if smem <= HOPPER_SMEM_BYTES:
+                        out.append(AttentionBwdConfig(bm, bn, w, st))
+    return out or [AttentionBwdConfig(16, 16, 1, 1)]
+
+
+def attention_bwd_default(graph: Graph, info: GroupInfo) -> AttentionBwdConfig:
+    """The flash-attention 2 backward's usual tiles on Hopper (64 x 64, 4 warps, 2 stages for
+    head dims up to 64; 8 warps above): the nearest config that fits this group."""
+    parts = bwd_parts(graph, frozenset(info.nodes))
+    big = max(gm.free_extent(graph) for gm in parts.grads) > 64
+    want = (64, 64, 8 if big else 4, 2)
+    return min(
+        attention_bwd_configs(graph, info),
+        key=lambda c: (
+            sum(
+                abs(a.bit_length() - b.bit_length())
+                for a, b in zip((c.BLOCK_M, c.BLOCK_N, c.num_warps), want)
+            )
+            + abs(c.num_stages - want[3])
+        ),
+    )
+
+
+class AttentionBwdKind:
+    name = "attention_bwd"
+    config_class = AttentionBwdConfig
+
+    def claims(self, graph: Graph, members: frozenset[int]) -> bool:
+        return sum(graph[m].kind == "matmul" for m in members) >= 3
+
+    def analyze(self, graph: Graph, members: frozenset[int]) -> GroupInfo:
+        return analyze_attention_bwd_group(graph, members)
+
+    def config_space(self, graph: Graph, info: GroupInfo) -> list[AttentionBwdConfig]:
+        return attention_bwd_configs(graph, info)
+
+    def default_config(self, graph: Graph, info: GroupInfo) -> AttentionBwdConfig:
+        return attention_bwd_default(graph, info)
+
+    def check_config(self, info: GroupInfo, config: AttentionBwdConfig) -> None:
+        if not isinstance(config, AttentionBwdConfig):
+            raise ValueError(
+                f"an attention backward kernel takes an AttentionBwdConfig, got {config!r}"
+            )
+        check_pow2(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, num_warps=config.num_warps)
+
+    def prefix(self, info: GroupInfo, config: AttentionBwdConfig) -> str:
+        return "attbwd"
+
+    def generate(
+        self, graph: Graph, info: GroupInfo, config: AttentionBwdConfig, index: int
+    ) -> Kernel:
+        self.check_config(info, config)
+        return generate_attention_bwd(graph, info, config, index)
