@@ -21,10 +21,12 @@ better torch.compile mode.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -206,7 +208,8 @@ def run_variant(variant: str, a, peak: float) -> dict:
         calls = _build(variant, a, fn, targs, sdpa, train)
         out = {"build_s": time.perf_counter() - t0, "us": {}, "first_call_s": {}, "errors": {}}
         for name, call in calls.items():
-            first, why = _check(call, targs, ref, train, grad)
+            with _plans(out, name):
+                first, why = _check(call, targs, ref, train, grad)
             if why:
                 out["errors"][name] = why
                 continue
@@ -223,6 +226,28 @@ def run_variant(variant: str, a, peak: float) -> dict:
         for k, v in out["errors"].items():
             print(f"{variant:9s} {p:17s} {k}: {v}", flush=True)
     return rec
+
+
+@contextlib.contextmanager
+def _plans(out: dict, name: str):
+    """For the torch.compile backend's call: every graph it compiled (forward, backward) with
+    its kernels' kinds and names and its eager steps, and the warnings raised meanwhile (a
+    kernel that failed to build and ran in eager says so here)."""
+    if name != "autofuse":
+        yield
+        return
+    from autofuse.frontend import compiled_graphs
+
+    before = {id(g) for g in compiled_graphs()}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        yield
+    out["autofuse_graphs"] = [
+        {"kind": g.kind, "kernels": [[k.info.kind, k.name] for k in g.plan.kernels],
+         "eager_ops": {str(op): n for op, n in g.fallback_ops().items()}}
+        for g in compiled_graphs() if id(g) not in before
+    ]  # fmt: skip
+    out["autofuse_warnings"] = sorted({f"{w.category.__name__}: {w.message}"[:300] for w in seen})
 
 
 def _ratios(out: dict) -> None:
