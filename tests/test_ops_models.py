@@ -86,6 +86,35 @@ def test_rope_rotate_half_is_one_kernel(dtype):
     check_partitions(rope, (q, cos, sin), dtype, configs_per_group=2, max_enumerate=40)
 
 
+def slice_scatters(base, a, b, c):
+    # a slice's backward (zeros + the gradient of the slice, as RoPE's rotate_half backward
+    # writes it), a middle slice, negative bounds, an end past the size, a leading dim
+    zeros = torch.zeros_like(base)
+    return (
+        torch.slice_scatter(zeros, a, dim=-1, start=7),
+        torch.slice_scatter(base, b * 2.0, dim=-1, start=3, end=-5) + 1.0,
+        torch.slice_scatter(base, c, dim=0, start=-2, end=2**62).exp(),
+    )
+
+
+def upcasts(x):
+    # norm backwards upcast with memory_format=torch.contiguous_format
+    return torch.ops.aten._to_copy(x, dtype=torch.float32, memory_format=torch.contiguous_format)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_slice_scatter_is_a_cat_and_fuses(dtype):
+    base, a = rand(3, 4, 14, dtype=dtype), rand(3, 4, 7, dtype=dtype, seed=1)
+    b, c = rand(3, 4, 6, dtype=dtype, seed=2), rand(2, 4, 14, dtype=dtype, seed=3)
+    plan = check_fused(slice_scatters, (base, a, b, c), dtype, op="cat")
+    assert "slice_scatter" not in {n.op for n in plan.graph.nodes}
+    check_partitions(slice_scatters, (base, a, b, c), dtype, configs_per_group=1, sample=4)
+    x = rand(5, 6, dtype=dtype)
+    check_fused(upcasts, (x,), dtype, kernels=1)
+    stepped = capture(lambda t, u: torch.slice_scatter(t, u, 1, 0, 6, 2), (x, x[:, ::2] * 1))
+    assert [n.op for n in stepped.graph.nodes if n.kind == "opaque"]  # a step: eager, as said
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_split_chunk_unbind_stack_are_views_and_cats(dtype):
     x = rand(4, 9, dtype=dtype)

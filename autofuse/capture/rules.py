@@ -119,7 +119,12 @@ def _pow(c: Call) -> Any:
 
 
 def _to_copy(c: Call) -> Any:
-    if set(c.kwargs) <= {"dtype", "layout", "device"}:
+    # a contiguous result is what the IR makes (norm backwards upcast with
+    # memory_format=torch.contiguous_format); another layout stays an eager call
+    fmt = c.kwargs.get("memory_format", torch.contiguous_format)
+    if set(c.kwargs) <= {"dtype", "layout", "device", "memory_format"} and (
+        fmt is torch.contiguous_format or (fmt is torch.preserve_format and c.val.is_contiguous())
+    ):
         return c.like("cast", (c.node(0),), dtype=c.out_dtype)
     return None
 

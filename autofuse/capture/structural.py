@@ -45,6 +45,8 @@ def convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name):
         if len(parts) == 1:
             return b.like("cast", parts, val, name, dtype=out_dtype)
         return b.like("cat", parts, val, name, dim=dim)
+    if packet == "slice_scatter" and overload == "default":
+        return _slice_scatter(b, args, kwargs, val, name)
     if packet == "gather" and overload == "default" and not kwargs.get("sparse_grad"):
         src, idx = env[args[0]], env[args[2]]
         if b.nodes[idx].dtype not in INDEX_DTYPES:
@@ -194,3 +196,34 @@ def mutates(gm: torch.fx.GraphModule) -> bool:
         if schema is not None and schema.is_mutable:
             return True
     return False
+
+
+def _slice_scatter(b, args, kwargs, val, name):
+    """``slice_scatter(base, src, dim, start, end, 1)`` (a slice's backward: ``base`` is zeros;
+    RoPE's ``rotate_half``) as ``cat`` of base's slice before, ``src``, base's slice after:
+    views and one concatenation, fused like any cat. Other steps stay eager."""
+    base, src = b.env[args[0]], b.env[args[1]]
+    rest = list(args[2:]) + [None] * 4
+    dim = kwargs.get("dim", rest[0] if rest[0] is not None else 0)
+    start, end = kwargs.get("start", rest[1]), kwargs.get("end", rest[2])
+    step = kwargs.get("step", rest[3] if rest[3] is not None else 1)
+    shape = b.nodes[base].shape
+    if step != 1 or not shape:
+        return None
+    dim %= len(shape)
+    size = shape[dim]
+    lo = 0 if start is None else (start + size if start < 0 else start)
+    hi = size if end is None else (end + size if end < 0 else end)
+    lo, hi = max(0, min(lo, size)), max(0, min(hi, size))
+    if b.nodes[src].shape[dim] != max(hi - lo, 0):
+        return None
+    parts = []
+    for a, z in ((0, lo), (hi, size)):
+        if z > a:
+            piece = tuple(z - a if d == dim else n for d, n in enumerate(shape))
+            parts.append(b.view("slice", base, piece, f"{name}_{a}", dim=dim, start=a, step=1))
+    if hi > lo:
+        parts.insert(1 if lo > 0 else 0, src)
+    if len(parts) == 1:
+        return b.like("cast", parts, val, name, dtype=_dtype(val.dtype))
+    return b.like("cat", parts, val, name, dim=dim)
