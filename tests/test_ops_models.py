@@ -280,7 +280,24 @@ def test_inplace_op_on_an_input_still_mutates_it():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_causal_mask_from_tril_fuses_into_the_softmax(dtype):
     s = rand(2, 9, 9, dtype=dtype)
-    check_fused(causal_masked_softmax, (s,), dtype, kernels=1)
+    plan = check_fused(causal_masked_softmax, (s,), dtype, kernels=1)
+    # the mask's aranges stay 32-bit integers (no emulated 64-bit compare per element) ...
+    assert "tl.int64" not in plan.kernels[0].source, plan.kernels[0].source
+
+
+def test_aranges_that_could_overflow_int32_stay_int64():
+    # ... unless an arange's values could grow past what the int32 rewrite allows: a multiply
+    # (2**25 * i overflows int32 from i = 64), or values from 2**25 on
+    def scaled(x):
+        return x + (torch.arange(x.shape[0]) * 2**25 > 3).to(x.dtype)
+
+    def far(x):
+        n = x.shape[0]
+        return x + (torch.arange(2**25, 2**25 + n) - 2**25 >= 40 - torch.arange(n)).to(x.dtype)
+
+    for fn in (scaled, far):
+        plan = check_fused(fn, (rand(70),), torch.float32)
+        assert all("tl.int64" in k.source for k in plan.kernels), fn.__name__
 
 
 # ---------------------------------------------------------------------------------------------

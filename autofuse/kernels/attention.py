@@ -28,7 +28,6 @@ from autofuse.kernels.attention_analysis import (
     AttentionParts,
     attention_dims,
     attention_parts,
-    narrow_iota,
     scale_fold,
 )
 from autofuse.kernels.attention_bounds import key_bound
@@ -48,7 +47,11 @@ from autofuse.kernels.gemm import ITEM
 from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
 from autofuse.kernels.pointwise import check_pow2
 from autofuse.kernels.render import LOG2E, TL_DTYPE, Val, cast, compute_dtype, literal
-from autofuse.kernels.views import broadcast_index, domain_index, view_source_index
+from autofuse.kernels.views import (
+    broadcast_index,
+    domain_index,
+    view_source_index,
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -145,7 +148,6 @@ class AttentionEmitter(Emitter):
         self.const_tile = False  # emitting a tile on which the select gives its constant
         self.pass_tile = False  # emitting a tile on which the select passes the scores
         self.fold = scale_fold(graph, parts, info.stored, compute_dtype)
-        self.narrow = narrow_iota(graph, info, max(self.dims.t, self.dims.tk))
 
     def _needs_int64(self) -> bool:  # the scores are never addressed: only loads and the output
         sizes = [self._extent(i) for i in self.info.loads]
@@ -166,14 +168,9 @@ class AttentionEmitter(Emitter):
             return Val(literal(self.fold.consts[i], "float32"), 0, "float32", True)
         if self.fold and i == self.fold.scale_node:
             return self.tmp("qk * qk_scale", 2, "float32", f"{self.g[i].name}, times log2 e")
-        node = self.g[i]
         if self.fold and i == self.fold.add and self.lookup((i, index)) is None:
             self.scopes[-1].cache[(i, index)] = v = self._add_bias(i, index)
             return v
-        if self.narrow and node.op == "iota":  # int32 arithmetic: the extents fit
-            e = index[0].scale(node.attr("step")).shift(node.attr("start"))
-            if e.terms:
-                return Val(f"({e.render()})", self.cls_of(e), compute_dtype(node.dtype))
         return super().value(i, index)
 
     def _add_bias(self, i: int, index) -> Val:

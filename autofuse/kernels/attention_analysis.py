@@ -160,31 +160,6 @@ def attention_dims(graph: Graph, info: GroupInfo) -> Dims:
     return Dims(heads, mm1.shape[-2], mm1.shape[-1], graph[mm1.inputs[0]].shape[-1], mm2.shape[-1])
 
 
-def narrow_iota(graph: Graph, info: GroupInfo, extent: int) -> bool:
-    """The mask's aranges in int32: every op on them adds, subtracts or compares (the values
-    stay within a few times the extents, far below 2**31)."""
-    g = graph
-    if extent >= 2**24:
-        return False
-    ok = {"add", "sub", "neg", "eq", "ne", "lt", "le", "gt", "ge", "abs", "where"}
-    ok |= {"logical_and", "logical_or", "logical_not", "bitwise_not", "bitwise_and"}
-    ints = {i for i in info.nodes if g[i].op == "iota"}
-    for i in info.nodes:
-        node = g[i]
-        if node.kind == "view" or not any(g.base_of(j) in ints for j in node.inputs):
-            continue
-        if node.dtype == "bool" and node.op in ok:
-            continue
-        small = all(
-            g[b].op != "const" or abs(float(g[b].attr("value"))) < 2**24
-            for b in (g.base_of(j) for j in node.inputs)
-        )
-        if node.op not in ok or not small:
-            return False
-        ints.add(i)
-    return True
-
-
 _FLT_MAX = 3.4028234663852886e38
 
 

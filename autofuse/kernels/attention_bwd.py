@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
-from autofuse.kernels.attention_analysis import narrow_iota
 from autofuse.kernels.attention_bwd_analysis import BwdParts, GradMatmul, bwd_parts, tile_index
 from autofuse.kernels.attention_bwd_skip import SkipPlan, skip_plan
 from autofuse.kernels.base import (
@@ -46,7 +45,7 @@ from autofuse.kernels.emitter import Emitter, Loop, Scope, kernel_header
 from autofuse.kernels.gemm import ITEM
 from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
 from autofuse.kernels.pointwise import check_pow2
-from autofuse.kernels.render import TL_DTYPE, Val, cast, compute_dtype
+from autofuse.kernels.render import TL_DTYPE, Val, cast
 from autofuse.kernels.views import view_source_index
 
 
@@ -144,7 +143,6 @@ class BwdEmitter(Emitter):
         self.role = ""  # "kv": the program holds keys; "q": it holds rows
         self.held: dict[int, str] = {}  # operand node -> the variable loaded before the loop
         self.skip: SkipPlan | None = skip_plan(graph, info, parts, self.full)
-        self.narrow = narrow_iota(graph, info, max(parts.t, parts.tk))
 
     def _needs_int64(self) -> bool:  # the tiles are never addressed: only loads and outputs
         sizes = [self._extent(i) for i in self.info.loads]
@@ -152,14 +150,6 @@ class BwdEmitter(Emitter):
         return max(sizes) >= 2**31 - 1
 
     # -- values ------------------------------------------------------------------------------
-    def value(self, i: int, index) -> Val:
-        node = self.g[i]
-        if self.narrow and node.op == "iota":  # int32 arithmetic: the extents fit
-            e = index[0].scale(node.attr("step")).shift(node.attr("start"))
-            if e.terms:
-                return Val(f"({e.render()})", self.cls_of(e), compute_dtype(node.dtype))
-        return super().value(i, index)
-
     def reduced(self, i: int, index) -> Val:
         """A tile matmul's product at the program's tile: ``tl.dot`` of its operands."""
         g, p = self.g, self.parts

@@ -40,6 +40,7 @@ from autofuse.kernels.views import (
     broadcast_index,
     domain_index,
     domain_of_flat,
+    narrow_iota,
     view_source_index,
 )
 
@@ -90,6 +91,7 @@ class Emitter:
         self.guards: list[tuple[str, int]] = []  # (condition, class) every load must also meet
         self.checked = False  # the kernel asserts its indirect indices are in range
         self.int64 = self._needs_int64()
+        self.narrow = not self.int64 and narrow_iota(graph, info.nodes)
         dom, rd = info.domain, info.reduce_dims
         if self.red:
             kept = tuple(s for i, s in enumerate(dom) if i not in rd)
@@ -158,6 +160,8 @@ class Emitter:
             cd = compute_dtype(node.dtype)
             if not e.terms:
                 return Val(str(e.const), 0, cd, True)
+            if self.narrow:  # int32 arithmetic: the extents fit (views.narrow_iota)
+                return Val(f"({e.render()})", self.cls_of(e), cd)
             return self.tmp(f"({e.render()}).to({TL_DTYPE[cd]})", self.cls_of(e), cd, node.name)
         key = (i, index)
         hit = self.lookup(key)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from autofuse.ir.graph import Graph, contiguous_strides
+from collections.abc import Iterable
+
+from autofuse.ir.graph import Graph, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 
 
@@ -60,3 +62,38 @@ def domain_index(shape: tuple[int, ...], var: str) -> tuple[Expr, ...]:
     strides = contiguous_strides(shape)
     outer = _outer(shape)
     return tuple(Expr.dim(var, st, s, j == outer) for j, (st, s) in enumerate(zip(strides, shape)))
+
+
+def narrow_iota(graph: Graph, nodes: Iterable[int], extent: int | None = None) -> bool:
+    """Whether a group's aranges (``nodes``: its members) may be computed in int32: every op on
+    them adds, subtracts or compares (the values stay within a few times ``extent``, far below
+    2**31). Masks built from ``arange`` (causal, sliding windows) then cost 32-bit integer ops
+    instead of emulated 64-bit ones. ``extent`` defaults to the aranges' largest value."""
+    g = graph
+    nodes = tuple(nodes)
+    # the aranges: members, or read by members (an arange is rendered inline, not a member)
+    ints = {i for i in nodes if g[i].op == "iota"}
+    ints |= {g.base_of(j) for i in nodes for j in g[i].inputs if g[g.base_of(j)].op == "iota"}
+    if extent is None:
+        extent = max(
+            (abs(g[i].attr("start")) + abs(g[i].attr("step")) * numel(g[i].shape) for i in ints),
+            default=0,
+        )
+    if extent >= 2**24:
+        return False
+    ok = {"add", "sub", "neg", "eq", "ne", "lt", "le", "gt", "ge", "abs", "where"}
+    ok |= {"logical_and", "logical_or", "logical_not", "bitwise_not", "bitwise_and"}
+    for i in nodes:
+        node = g[i]
+        if node.kind == "view" or not any(g.base_of(j) in ints for j in node.inputs):
+            continue
+        if node.dtype == "bool" and node.op in ok:
+            continue
+        small = all(
+            g[b].op != "const" or abs(float(g[b].attr("value"))) < 2**24
+            for b in (g.base_of(j) for j in node.inputs)
+        )
+        if node.op not in ok or not small:
+            return False
+        ints.add(i)
+    return True
