@@ -4,7 +4,7 @@ The pipeline, as a short list of named steps::
 
     captured  = capture(fn, example_inputs)          # PyTorch -> IR
     space     = Partitioner(captured.graph)          # legal fusion decisions, with reasons
-    partition = space.greedy()  (or the search)      # which nodes share a kernel
+    partition = space.untuned()  (or the search)     # which nodes share a kernel
     plan      = build_plan(graph, groups, configs)   # Triton source per group, eager fallbacks
     runner    = OptimizedFunction(captured, plan)    # call it like fn
 """
@@ -87,7 +87,7 @@ def optimize(
     if options.get("trials") or options.get("time_budget"):
         opt = _tuned(fn, captured, example_inputs, space, **options)
     else:
-        plan = build_plan(graph, space.greedy().groups, label="greedy")
+        plan = build_plan(graph, space.untuned().groups, label="greedy")
         opt = OptimizedFunction(captured, plan, fn)
     if cuda_graph:
         opt.graphs = GraphReplay(opt.plan)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import autofuse
+from autofuse.capture.trace import capture
 from autofuse.kernels.gemm import gemm_configs
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, eager_group, execute
@@ -29,21 +30,40 @@ def test_greedy_bf16(name):
     check_partitions(fn, args, torch.bfloat16, configs_per_group=1, max_enumerate=4, sample=3)
 
 
+def greedy_plan(fn, args):
+    """The greedy plan (every legal fusion: the GEMM kernels) and its outputs."""
+    graph = capture(fn, args).graph
+    plan = build_plan(graph, Partitioner(graph).greedy().groups)
+    return plan, execute(plan, list(args))
+
+
 def test_epilogue_fused_into_the_gemm():
     fn, args = gemm_cases()["gemm_bias_gelu"]
-    opt = autofuse.optimize(fn, args)
-    (k,) = opt.plan.kernels
-    assert k.name.startswith("autofuse_mm_fused_") and not opt.plan.fallbacks
+    plan, outs = greedy_plan(fn, args)
+    (k,) = plan.kernels
+    assert k.name.startswith("autofuse_mm_fused_") and not plan.fallbacks
     assert "tl.dot(" in k.source and "tl.erf(" in k.source
-    assert_close(opt(*args), fn(*args), torch.float32)
+    assert_close(outs[0], fn(*args), torch.float32)
+
+
+def test_untuned_plan_runs_gemms_in_cublas_with_one_fused_epilogue():
+    """Without a search, a GEMM + epilogue runs as torch.mm and one generated kernel (the kind
+    is ``library_first``); attention-style groups are not split (see test_attention_kind)."""
+    for name, epilogue_ops in (("gemm_bias_gelu", {"erf", "add"}), ("swiglu", {"sigmoid"})):
+        fn, args = gemm_cases()[name]
+        opt = autofuse.optimize(fn, args)
+        assert [s.reason for s in opt.plan.fallbacks if "cuBLAS" in s.reason]
+        (k,) = opt.plan.kernels
+        assert epilogue_ops <= {opt.plan.graph[n].op for n in k.info.nodes}, name
+        assert_close(opt(*args), fn(*args), torch.float32)
 
 
 def test_horizontal_gemm_pair_shares_the_a_tile():
     fn, args = gemm_cases()["swiglu"]
-    opt = autofuse.optimize(fn, args)
-    (k,) = opt.plan.kernels
+    plan, outs = greedy_plan(fn, args)
+    (k,) = plan.kernels
     assert "acc1" in k.source and k.source.count("tl.dot(") == 2
-    assert_close(opt(*args), fn(*args), torch.float32)
+    assert_close(outs[0], fn(*args), torch.float32)
 
 
 def test_prologue_fused_into_operand_load():
@@ -62,10 +82,10 @@ def test_transposed_weight_is_strides_not_a_copy():
         return F.relu(F.linear(x, w, b))
 
     x, w, b = torch.randn(17, 24), torch.randn(30, 24), torch.randn(30)
-    opt = autofuse.optimize(linear, (x, w, b))
-    assert len(opt.plan.kernels) == 1 and not opt.plan.fallbacks
-    assert "clone" not in opt.plan.kernels[0].name
-    assert_close(opt(x, w, b), linear(x, w, b), torch.float32)
+    plan, outs = greedy_plan(linear, (x, w, b))
+    assert len(plan.kernels) == 1 and not plan.fallbacks
+    assert "clone" not in plan.kernels[0].name
+    assert_close(outs[0], linear(x, w, b), torch.float32)
 
 
 def test_lone_matmul_runs_as_torch_mm():

@@ -55,6 +55,7 @@ __all__ = [
     "default_config",
     "generate",
     "kind_of",
+    "library_first",
     "next_pow2",
 ]
 
@@ -80,6 +81,14 @@ def kind_of(info: GroupInfo) -> KernelKind:
         raise ValueError(
             f"unknown kernel kind {info.kind!r}: expected one of {sorted(_BY_NAME)}"
         ) from None
+
+
+def library_first(graph: Graph, group: frozenset[int]) -> bool:
+    """Whether an unmeasured plan runs ``group``'s matmuls in cuBLAS (its kind says so)."""
+    try:
+        return kind_of(analyze_group(graph, group)).library_first
+    except FusionRefused:
+        return False
 
 
 def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:

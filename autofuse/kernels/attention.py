@@ -589,6 +589,7 @@ def attention_default(graph: Graph, info: GroupInfo) -> AttentionConfig:
 
 class AttentionKind:
     name = "attention"
+    library_first = False
     config_class = AttentionConfig
 
     def claims(self, graph: Graph, members: frozenset[int]) -> bool:

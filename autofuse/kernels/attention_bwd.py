@@ -508,6 +508,7 @@ def attention_bwd_default(graph: Graph, info: GroupInfo) -> AttentionBwdConfig:
 
 class AttentionBwdKind:
     name = "attention_bwd"
+    library_first = False
     config_class = AttentionBwdConfig
 
     def claims(self, graph: Graph, members: frozenset[int]) -> bool:

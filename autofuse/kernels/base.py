@@ -148,10 +148,14 @@ class KernelKind(Protocol):
     kinds in order); ``analyze`` checks the group and describes it (or raises FusionRefused);
     ``config_space`` / ``default_config`` / ``check_config`` are over the kind's own config
     class; ``generate`` renders one kernel with its metadata; ``prefix`` names it.
+    ``library_first``: a plan chosen without measuring runs this kind's matmuls as library
+    calls (cuBLAS) with the rest of the group fused in its own kernel; only a search that
+    times the generated kernel faster picks it.
     """
 
     name: str
     config_class: type
+    library_first: bool
 
     def claims(self, graph: Graph, members: frozenset[int]) -> bool: ...
 

@@ -336,6 +336,9 @@ def sm_count() -> int:
 
 class GemmKind:
     name = "gemm"
+    # cuBLAS + a fused epilogue kernel beat one generated GEMM kernel at default configs on
+    # the H200 (results/h200/gemm_probe_088186d.json, lib_a3c3894.*): measured first
+    library_first = True
     config_class = GemmConfig
 
     def claims(self, graph: Graph, members: frozenset[int]) -> bool:

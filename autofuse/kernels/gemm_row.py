@@ -559,6 +559,7 @@ def _log2(x: int) -> int:
 
 class GemmRowKind:
     name = "gemm_row"
+    library_first = False
     config_class = RowGemmConfig
 
     def claims(self, graph: Graph, members: frozenset[int]) -> bool:

@@ -45,6 +45,7 @@ def check_pow2(**values: int) -> None:
 
 class PointwiseKind:
     name = "pointwise"
+    library_first = False
     config_class = KernelConfig
 
     def claims(self, graph: Graph, members: frozenset[int]) -> bool:

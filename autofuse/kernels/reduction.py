@@ -62,6 +62,7 @@ def check_stored_shapes(graph: Graph, stored, domain, rdims, reshapes: bool = Fa
 
 class ReductionKind:
     name = "reduction"
+    library_first = False
     config_class = KernelConfig
 
     def claims(self, graph: Graph, members: frozenset[int]) -> bool:

@@ -102,6 +102,7 @@ class ScatterEmitter(Emitter):
 
 class ScatterKind(PointwiseKind):
     name = "scatter"
+    library_first = False
 
     def claims(self, graph: Graph, members: frozenset[int]) -> bool:
         return any(is_scatter(graph, m) for m in members)
