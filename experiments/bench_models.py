@@ -311,6 +311,20 @@ def _time_rounds(recs: dict, steps: dict, a, device: str, rep_ms: float) -> int:
     return counters["stats"]["unique_graphs"] - graphs_before
 
 
+def _profile(recs: dict, steps: dict, device: str) -> None:
+    """autofuse's and torch.compile default's kernels by device time (what holds a case back)."""
+    if device != "cuda":
+        return
+    from experiments.kernel_profile import kernel_times
+
+    for n in ("autofuse", "compile_default"):
+        if n in steps:
+            try:
+                recs[n]["kernel_profile"] = kernel_times(steps[n])
+            except Exception as e:  # noqa: BLE001 - a profile is extra: the timings stand
+                recs[n]["kernel_profile"] = _err(e)
+
+
 def _summarize(rec: dict) -> None:
     b = rec["backends"]
 
@@ -431,6 +445,7 @@ def run_case(rec: dict, case, mode: str, a, device: str, rep_ms: float, deadline
     rec["graphs_compiled_while_timing"] = _time_rounds(
         rec["backends"], {n: steps[n] for n in timed}, a, device, rep_ms
     )
+    _profile(rec["backends"], steps, device)
     _summarize(rec)
     rec["quick_s"] = time.perf_counter() - t_case
     save()

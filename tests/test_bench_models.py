@@ -59,3 +59,19 @@ def test_16bit_gradients_are_judged_against_float32_truth():
     bad = bench_models.grad_errors_vs_float32(far, eager, truth, tol=0.03)
     assert bad["grads_vs_fp32_over_bound"] == ["b"]
     assert bad["grads_vs_fp32_max_err_scaled"] == pytest.approx(0.2, rel=1e-3)  # |0.1| / max|b|
+
+
+def test_kernel_profile_ranks_what_a_step_launches():
+    from experiments.kernel_profile import kernel_times
+
+    a, b = torch.randn(256, 256), torch.randn(256)
+
+    def step():
+        for _ in range(4):
+            torch.mm(a, a)
+        b.exp()
+
+    prof = kernel_times(step, runs=2, device="cpu")
+    names = {row[0]: row for row in prof["kernels"]}
+    assert names["aten::mm"][2] == 4 and names["aten::exp"][2] == 1  # launches per step
+    assert prof["kernels"][0][0] == "aten::mm" and prof["total_us"] > 0
