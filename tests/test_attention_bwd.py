@@ -50,6 +50,14 @@ def hidden_row_causal(q, k, v, keep):
     return torch.softmax(torch.where(i >= j, s, MIN), -1) @ v
 
 
+def sliding_window(q, k, v):
+    """Causal within a sliding window of 8 keys (both bounds index expressions)."""
+    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    live = (j <= i) & ((i - j) < 8)
+    s = (q @ k.transpose(-1, -2) * 0.25).masked_fill(~live, torch.finfo(q.dtype).min)
+    return torch.softmax(s, -1) @ v
+
+
 def _leaves(dtype, *shapes):
     return [torch.randn(s, dtype=dtype, requires_grad=True) for s in shapes]
 
@@ -85,6 +93,8 @@ CASES = {
         lambda: [*_qkv(70, 8), _keep(70)],
         torch.float32,
     ),
+    "sliding_window_two_tiles": (sliding_window, lambda: _qkv(70, 8), torch.float32),
+    "sliding_window_bf16": (sliding_window, lambda: _qkv(37, 16, torch.bfloat16), torch.bfloat16),
     "no_mask_fp32_d8": (plain_attention, lambda: _qkv(9, 8), torch.float32),
     "no_mask_bf16_d16": (plain_attention, lambda: _qkv(21, 16, torch.bfloat16), torch.bfloat16),
     "additive_hidden_row": (
@@ -204,3 +214,14 @@ def test_a_row_sum_inside_the_group_is_refused_with_its_reason(monkeypatch):
     assert "attention_bwd" not in [k.info.kind for k in bw.plan.kernels]
     reasons = [r.reason for r in Partitioner(bw.plan.graph).greedy().refusals]
     assert any("is a reduction inside the attention backward" in r for r in reasons), reasons
+
+
+def test_sliding_window_bounds_both_loops():
+    """Tiles outside the window are skipped: the kernel's visited fraction is well under the
+    causal half."""
+    torch.manual_seed(2)
+    bw = _run(sliding_window, _qkv(200, 8), torch.float32)
+    (att,) = [k for k in bw.plan.kernels if k.info.kind == "attention_bwd"]
+    causal = _run(eager_attention, _qkv(200, 8), torch.float32)
+    (att_c,) = [k for k in causal.plan.kernels if k.info.kind == "attention_bwd"]
+    assert att.meta.work < att_c.meta.work < 1.0, (att.meta.work, att_c.meta.work)
