@@ -33,6 +33,13 @@ def column_stats(x):
     return x.mean(dim=0), x.var(dim=0, unbiased=False)
 
 
+def shifted_stats(x):
+    """Column mean and sum of squares around a constant: no variance (the centre is not x's
+    mean), so both sums split as plain reductions."""
+    d = x - 3.0
+    return x.mean(dim=0), (d * d).sum(dim=0) / 5000.0
+
+
 def global_avg_pool(x):
     return torch.flatten(x.mean(dim=(2, 3), keepdim=True), 1)
 
@@ -59,31 +66,30 @@ def _check(fn, x, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_column_stats_split_in_two_stages_and_equal_eager(split_on, dtype):
+def test_column_sums_split_in_two_stages_and_equal_eager(split_on, dtype):
     x = torch.randn(5000, 7).to(dtype) + 3.0
-    g = capture(column_stats, (x,)).graph
+    g = capture(shifted_stats, (x,)).graph
     parts = _parts(g)
-    assert len(parts) == 3  # mean, and var's two sums
+    assert len(parts) == 2  # the mean and the sum of squares
     for first, _second in parts:
         assert g[g[first].inputs[0]].op == "reshape"  # (k, R / k, 7): a view, no copy
         k = g[first].shape[0]
         assert g[first].shape == (k, 7) and 2 <= k < 5000 and 5000 % k == 0
         assert g[first].dtype == "float32"  # 16-bit partials are kept in float32
-    _check(column_stats, x, dtype)
+    _check(shifted_stats, x, dtype)
 
 
 def test_split_stages_fuse_with_prologue_and_epilogue(split_on):
     x = torch.randn(5000, 7)
-    g = capture(column_stats, (x,)).graph
+    g = capture(shifted_stats, (x,)).graph
     groups = Partitioner(g).greedy().groups
     where = {n: grp for grp in groups for n in grp}
     ops = {g[n].name: n for n in range(len(g))}
-    # var's (x - mean)^2 runs in its first stage's kernel, its division by N in the second's
-    assert {ops["sub"], ops["mul_2"], ops["sum_2.part"]} <= where[ops["sum_2.part"]]
-    assert ops["div"] in where[ops["sum_2"]]
-    # mean's first stage and the first sum of var read x in one kernel
+    # the (x - 3)^2 runs in its first stage's kernel, its division by N in the second's
+    assert {ops["sub"], ops["mul"], ops["sum_1.part"]} <= where[ops["sum_1.part"]]
+    assert ops["div"] in where[ops["sum_1"]]
+    # the mean's first stage and the sum's read x in one kernel
     assert ops["mean.part"] in where[ops["sum_1.part"]]
-    assert ops["mul"] in where[ops["sum_1.part"]]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -170,5 +176,6 @@ def test_pass_is_deterministic_and_readable():
     a, b = split_reductions(g, POLICY), split_reductions(g, POLICY)
     assert a.key == b.key and a.key != g.key
     names = [n.name for n in a.nodes]
-    assert {"sum_2.chunks", "sum_2.part", "sum_2", "mean.part", "mean"} <= set(names)
+    # the variance's chunk statistics and combine (tests/test_split_variance.py)
+    assert {"sum_2.chunks", "sum_2.chunk_mean", "sum_2.chunk_m2", "sum_2.m2"} <= set(names)
     assert [a[o].shape for o in a.outputs] == [g[o].shape for o in g.outputs]

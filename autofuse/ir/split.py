@@ -32,6 +32,12 @@ per chunk, and only with fewer outputs than SMs: group_norm's 256 groups of 6553
 (8 x 512 x 64 x 64) ran at 123 us split (the statistics' passes in separate kernels, their
 inputs written out in float32) against 80 us in one kernel on the H200. The pass is deterministic and keeps names readable (``sum_1`` becomes ``sum_1.part``
 and ``sum_1``).
+
+A variance, ``sum((x - mean(x))^2)`` with that mean over the same dims, is not split as two
+independent reductions (each would read all of x: the second needs the global mean) but as
+per-chunk means and M2s in one pass over x, combined by Chan's formula; every mean of that x
+over those dims becomes the combined mean (``ir/split_variance.py``; decisions with ``role``
+"m2" / "mean" say so).
 """
 
 from __future__ import annotations
@@ -107,6 +113,9 @@ class SplitDecision:
     reason: str
     dim: int = 0  # the dim of the reduction's input that is cut (the first reduced dim)
     merged: bool = False  # the reduced dims are adjacent and merged into one before the cut
+    # "m2": a sum((x - mean(x))^2) computed as chunk means and M2s combined by Chan's formula
+    # (ir/split_variance.py); "mean": a mean of that x replaced by the combined mean
+    role: str = ""
 
 
 def _divisor_near(n: int, k: int) -> int | None:
@@ -143,10 +152,18 @@ def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
     return SplitDecision(i, kk, f"split in {kk} ({kind}): {why}", dims[0], merged)
 
 
-def plan_splits(graph: Graph, policy: SplitPolicy | None = None) -> dict[int, SplitDecision]:
-    """The decision for every reduction of ``graph`` (by node index)."""
+def _plain_splits(graph: Graph, policy: SplitPolicy | None) -> dict[int, SplitDecision]:
     policy = policy or SplitPolicy()
     return {i: decide(graph, i, policy) for i, n in enumerate(graph.nodes) if n.kind == "reduction"}
+
+
+def plan_splits(graph: Graph, policy: SplitPolicy | None = None) -> dict[int, SplitDecision]:
+    """The decision for every reduction of ``graph`` (by node index), with the variance
+    rewrite's roles and reasons (``ir/split_variance.py``)."""
+    from autofuse.ir.split_variance import annotate, find_variances
+
+    decisions = _plain_splits(graph, policy)
+    return annotate(graph, decisions, find_variances(graph, decisions))
 
 
 def _node(op, inputs, out_shape, out_dtype, name, **attrs) -> Node:
@@ -155,28 +172,40 @@ def _node(op, inputs, out_shape, out_dtype, name, **attrs) -> Node:
     return Node(op, tuple(inputs), shape, out_dtype, strides, make_attrs(**attrs), name)
 
 
+def chunk_layout(
+    shape: tuple[int, ...], dims: tuple[int, ...], dec: SplitDecision
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """How ``dec`` cuts a reduction of ``shape`` over (sorted) ``dims``: the chunked view's
+    shape, the dims of that view a chunk's partial reduces, and the shape of the partials
+    viewed for the second stage (``shape`` with k at ``dec.dim``, 1 at the other reduced dims,
+    reduced over ``dims`` again)."""
+    k, d = dec.k, dec.dim
+    if dec.merged:
+        extent = numel(shape[j] for j in dims)
+        cut = shape[:d] + (k, extent // k) + shape[dims[-1] + 1 :]
+        part_dims: tuple[int, ...] = (d + 1,)
+    else:
+        cut = shape[:d] + (k, shape[d] // k) + shape[d + 1 :]
+        part_dims = (d + 1,) + tuple(j + 1 for j in dims[1:])
+    q_shape = tuple(k if j == d else 1 if j in dims else s for j, s in enumerate(shape))
+    return cut, part_dims, q_shape
+
+
 def _rewrite(node: Node, src: Node, x: int, dec: SplitDecision, add) -> int:
     """Append the split form of ``node`` (reading node ``x``, shaped like ``src``); the index of
     the node that replaces it."""
-    shape, k, d = src.shape, dec.k, dec.dim
+    shape = src.shape
     dims = tuple(sorted(j % len(shape) for j in node.attr("dims")))
     name = node.name or node.op
     part_dtype = node.dtype
     if node.op in _WIDEN and node.dtype in ("float16", "bfloat16"):
         x = add(_node("cast", (x,), shape, "float32", f"{name}.f32", dtype="float32"))
         part_dtype = "float32"
-    if dec.merged:
-        extent = numel(shape[j] for j in dims)
-        cut = shape[:d] + (k, extent // k) + shape[dims[-1] + 1 :]
-        part_dims = (d + 1,)
-    else:
-        cut = shape[:d] + (k, shape[d] // k) + shape[d + 1 :]
-        part_dims = (d + 1,) + tuple(j + 1 for j in dims[1:])
+    cut, part_dims, q_shape = chunk_layout(shape, dims, dec)
     v = add(_node("reshape", (x,), cut, add.nodes[x].dtype, f"{name}.chunks", shape=cut))
     kept = tuple(s for j, s in enumerate(cut) if j not in part_dims)
     p = add(_node(node.op, (v,), kept, part_dtype, f"{name}.part", dims=part_dims, keepdim=False))
     if len(dims) > 1:
-        q_shape = tuple(k if j == d else 1 if j in dims else s for j, s in enumerate(shape))
         p = add(_node("reshape", (p,), q_shape, part_dtype, f"{name}.parts", shape=q_shape))
     if part_dtype == node.dtype:
         return add(replace(node, inputs=(p,)))
@@ -196,22 +225,31 @@ class _Appender:
 def split_reductions(graph: Graph, policy: SplitPolicy | None = None) -> Graph:
     """``graph`` with every reduction the policy splits cut in two stages (``plan_splits`` says
     why each one is or is not). A graph with nothing to split is returned as is."""
-    decisions = plan_splits(graph, policy)
+    from autofuse.ir.split_variance import VarianceStats, find_variances, prune
+
+    decisions = _plain_splits(graph, policy)
     if not any(dec.k > 1 for dec in decisions.values()):
         return graph
     add, remap = _Appender(), {}
+    replaced: dict[int, VarianceStats] = {}
+    for group in find_variances(graph, decisions):
+        stats = VarianceStats(graph, group, decisions[group.sums[0]], add)
+        replaced.update((i, stats) for i in group.sums + group.means)
     for i, node in enumerate(graph.nodes):
         node = replace(node, inputs=tuple(remap[j] for j in node.inputs))
         dec = decisions.get(i)
-        if dec is None or dec.k == 1:
+        if i in replaced:
+            remap[i] = replaced[i].replace(i, remap)
+        elif dec is None or dec.k == 1:
             remap[i] = add(node)
         else:
             remap[i] = _rewrite(node, add.nodes[node.inputs[0]], node.inputs[0], dec, add)
-    return Graph(
+    out = Graph(
         tuple(add.nodes),
         tuple(remap[i] for i in graph.inputs),
         tuple(remap[o] for o in graph.outputs),
     )
+    return prune(out) if replaced else out
 
 
 def pipeline_policy(cuda: bool) -> SplitPolicy | None:

@@ -1,0 +1,330 @@
+"""Split variances: one pass over ``x`` for a split ``sum((x - mean(x))^2)`` (an IR -> IR step of
+``ir/split.py``).
+
+A variance is captured as two reductions over the same ``x``: ``m = mean(x)`` (the moment mean
+of ``capture/decompositions.py``: ``where(|s| == inf, s * 2^k / n, clamp(s * 2^k / n))`` with
+``s = sum(x * 2^-k)``, or a plain ``mean``), then ``s2 = sum((x - m)^2)`` (``mul(d, d)`` or
+``pow_scalar(d, 2)``). Split as two independent reductions, the second needs the *global* mean,
+so each stage reads all of ``x``: on an H200, ``column_stats`` of a bf16 (65536, 1024) matrix
+took two passes over x (58 + 49 us) where one read is 31.6 us. This step splits the pair as
+chunk statistics combined by the parallel-variance formula (Chan et al.)::
+
+    per chunk j (n_c = R / k elements):  mean_j = mean(x_j)        M2_j = sum((x_j - mean_j)^2)
+    combined:  mean = mean(mean_j)  (equal chunks)
+               M2   = sum(M2_j + n_c * (mean_j - mean)^2)
+
+Both chunk reductions read the same chunk, the second after the first (one kernel, as the
+unsplit variance is one kernel: its second loop re-reads a chunk small enough to stay in cache);
+the combine reads only the ``k`` partials. ``s2`` is replaced by ``M2`` and every node holding
+the mean of the same ``x`` over the same dims (the moment mean, a ``mean`` op such as
+``column_stats``'s own ``x.mean(0)``) by the combined mean, so what follows (the division by n
+or n - 1, sqrt, a normalization) is unchanged. Chan's combine has no cancellation: a large mean
+(``1000 + randn``) costs it nothing, unlike ``E[x^2] - E[x]^2``.
+
+Means are moment means at both levels (finite wherever the true mean is). Everything is
+computed in float32 (float64 for float64 values) from ``x`` with widening casts stripped, and
+cast once to each replaced node's dtype: a 16-bit variance is rounded once, as eager's.
+
+Only exact matches are rewritten (``x`` the sub's full-shaped operand, the mean over the same
+dims of the same ``x`` up to widening casts, broadcast through views that only add or drop unit
+dims, and a sum the policy splits); anything else is split as before.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs, numel
+from autofuse.ir.split import SplitDecision, chunk_layout
+
+__all__ = ["VarianceGroup", "VarianceStats", "annotate", "find_variances", "prune"]
+
+_UNIT_VIEWS = frozenset({"reshape", "squeeze", "unsqueeze"})
+_RANK = {"bfloat16": 0, "float16": 0, "float32": 1, "float64": 2}
+
+
+@dataclass(frozen=True)
+class VarianceGroup:
+    """Variances of one ``x`` over one set of dims, computed from one set of chunk statistics.
+
+    ``source``: ``x`` with widening float casts stripped (the chunks read it); ``sums``: the
+    ``sum((x - mean)^2)`` nodes (replaced by M2); ``means``: the nodes that hold the mean of
+    ``x`` over ``dims`` (replaced by the combined mean); ``dtype``: the statistics' dtype."""
+
+    source: int
+    dims: tuple[int, ...]
+    sums: tuple[int, ...]
+    means: tuple[int, ...]
+    dtype: str
+
+
+def _node(op: str, inputs: tuple[int, ...], out_shape, out_dtype: str, name: str, **attrs) -> Node:
+    out = tuple(int(s) for s in out_shape)
+    strides = contiguous_strides(out)
+    return Node(op, tuple(inputs), out, out_dtype, strides, make_attrs(**attrs), name)
+
+
+def _dims(node: Node, rank: int) -> tuple[int, ...]:
+    return tuple(sorted(d % max(rank, 1) for d in node.attr("dims") or ()))
+
+
+def _const(graph: Graph, i: int) -> float | None:
+    n = graph[i]
+    if n.op != "const" or n.shape != () or n.attr("value") is None:
+        return None
+    return float(n.attr("value"))
+
+
+def _widened(graph: Graph, i: int) -> int:
+    """``i`` with float casts that lose nothing stripped (bf16 -> f32, f32 -> f64, ...)."""
+    while graph[i].op == "cast":
+        src = graph[graph[i].inputs[0]]
+        a, b = _RANK.get(src.dtype), _RANK.get(graph[i].dtype)
+        if a is None or b is None or not (b > a or src.dtype == graph[i].dtype):
+            return i
+        i = graph[i].inputs[0]
+    return i
+
+
+def _moment_sum(graph: Graph, i: int) -> int | None:
+    """The ``sum(x * 2^-k)`` of the moment mean ``where(|s| == inf, m, clamp(m))``, ``m = s *
+    2^k / n``, that node ``i`` is (None if it is not one)."""
+    w = graph[i]
+    if w.op != "where":
+        return None
+    c, a, b = (graph[j] for j in w.inputs)
+    if c.op != "eq" or a.op != "mul" or b.op != "clamp" or b.inputs[0] != w.inputs[1]:
+        return None
+    s = a.inputs[0]
+    absn = graph[c.inputs[0]]
+    if absn.op != "abs" or absn.inputs[0] != s or _const(graph, c.inputs[1]) != math.inf:
+        return None
+    sn, c2 = graph[s], _const(graph, a.inputs[1])
+    if sn.op != "sum" or c2 is None or graph[sn.inputs[0]].op != "mul":
+        return None
+    t = graph[sn.inputs[0]]
+    c1 = _const(graph, t.inputs[1])
+    n = numel(t.shape[d] for d in _dims(sn, len(t.shape)))
+    if c1 is None or graph[t.inputs[0]].shape != t.shape:
+        return None
+    return s if math.isclose(c1 * c2 * n, 1.0, rel_tol=1e-6) else None
+
+
+def _mean_of(graph: Graph, i: int) -> tuple[int, tuple[int, ...]] | None:
+    """(x, dims) when node ``i`` is the mean of x over dims (a mean op or a moment mean)."""
+    n = graph[i]
+    if n.op == "mean" and n.dtype in FLOAT_DTYPES:
+        x = n.inputs[0]
+        return x, _dims(n, len(graph[x].shape))
+    s = _moment_sum(graph, i)
+    if s is None:
+        return None
+    x = graph[graph[s].inputs[0]].inputs[0]
+    return x, _dims(graph[s], len(graph[x].shape))
+
+
+def _non_unit(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(s for s in shape if s != 1)
+
+
+def _mean_core(graph: Graph, b: int, shape: tuple[int, ...], dims: tuple[int, ...]) -> int | None:
+    """The node whose value the sub's operand ``b`` broadcasts over ``shape`` as a mean over
+    ``dims`` (through views that add or drop unit dims, an expand and float casts)."""
+    keep = tuple(1 if j in dims else s for j, s in enumerate(shape))
+
+    def aligned(sh: tuple[int, ...]) -> bool:
+        return len(sh) <= len(shape) and (1,) * (len(shape) - len(sh)) + sh == keep
+
+    if not aligned(graph[b].shape):
+        if graph[b].op != "expand" or not aligned(graph[graph[b].inputs[0]].shape):
+            return None
+        b = graph[b].inputs[0]
+    while True:
+        n = graph[b]
+        src = graph[n.inputs[0]] if n.inputs else None
+        if n.op in _UNIT_VIEWS and _non_unit(src.shape) == _non_unit(n.shape):
+            b = n.inputs[0]
+        elif n.op == "cast" and src.dtype in FLOAT_DTYPES and n.dtype in FLOAT_DTYPES:
+            b = n.inputs[0]
+        else:
+            return b
+
+
+def _square_of(graph: Graph, f: Node) -> int | None:
+    if f.op == "mul" and f.inputs[0] == f.inputs[1]:
+        return f.inputs[0]
+    if f.op == "pow_scalar" and f.attr("exponent") == 2:
+        return f.inputs[0]
+    return None
+
+
+def find_variances(graph: Graph, decisions: dict[int, SplitDecision]) -> tuple[VarianceGroup, ...]:
+    """The variance patterns of ``graph`` whose sum ``decisions`` split, grouped by (x, dims)."""
+    found: dict[tuple[int, tuple[int, ...]], tuple[list[int], set[int], set[str]]] = {}
+    for i, n in enumerate(graph.nodes):
+        dec = decisions.get(i)
+        if n.op != "sum" or dec is None or dec.k < 2:
+            continue
+        d = _square_of(graph, graph[n.inputs[0]])
+        if d is None or graph[d].op != "sub" or graph[d].shape != graph[n.inputs[0]].shape:
+            continue
+        a, b = graph[d].inputs
+        shape = graph[a].shape
+        if shape != graph[d].shape or graph[a].dtype not in FLOAT_DTYPES:
+            continue
+        dims = _dims(n, len(shape))
+        core = _mean_core(graph, b, shape, dims)
+        mean = None if core is None else _mean_of(graph, core)
+        if mean is None or mean[1] != dims or graph[mean[0]].shape != shape:
+            continue
+        source = _widened(graph, a)
+        if _widened(graph, mean[0]) != source or graph[source].dtype not in FLOAT_DTYPES:
+            continue
+        sums, cores, dtypes = found.setdefault((source, dims), ([], set(), set()))
+        sums.append(i)
+        cores.add(core)
+        dtypes.update((graph[a].dtype, graph[source].dtype))
+    if not found:
+        return ()
+    for j in range(len(graph)):  # every other mean of the same x over the same dims
+        mean = _mean_of(graph, j)
+        if mean is not None and (_widened(graph, mean[0]), mean[1]) in found:
+            found[(_widened(graph, mean[0]), mean[1])][1].add(j)
+    return tuple(
+        VarianceGroup(
+            source,
+            dims,
+            tuple(sums),
+            tuple(sorted(cores)),
+            "float64" if "float64" in dtypes else "float32",
+        )
+        for (source, dims), (sums, cores, dtypes) in sorted(found.items())
+    )
+
+
+def annotate(
+    graph: Graph, decisions: dict[int, SplitDecision], groups: tuple[VarianceGroup, ...]
+) -> dict[int, SplitDecision]:
+    """``decisions`` with the variance rewrite's reasons: each replaced sum (role "m2"), each
+    replaced mean reduction and each moment mean's sum (role "mean": dead after the rewrite
+    unless something else reads it)."""
+    out = dict(decisions)
+    for g in groups:
+        dec = decisions[g.sums[0]]
+        first = graph[g.sums[0]].name or f"%{g.sums[0]}"
+        for s in g.sums:
+            out[s] = replace(
+                dec,
+                node=s,
+                role="m2",
+                reason=f"{dec.reason}; variance of %{g.source} over {g.dims}: per-chunk mean "
+                f"and M2 in one pass over x, combined by Chan's formula",
+            )
+        for m in g.means:
+            s = _moment_sum(graph, m)
+            i = m if s is None else s
+            if i in decisions:
+                out[i] = replace(
+                    decisions[i],
+                    role="mean",
+                    reason=f"{decisions[i].reason}; the mean of %{g.source} over {g.dims} "
+                    f"is the combined mean of variance {first}'s chunks",
+                )
+    return out
+
+
+class VarianceStats:
+    """Appends a group's chunk statistics and their combine (once, on first use) and the nodes
+    that replace the group's sums and means. ``add`` appends a node and returns its index;
+    ``remap`` maps the old graph's nodes to the new one's."""
+
+    def __init__(self, graph: Graph, group: VarianceGroup, dec: SplitDecision, add) -> None:
+        self.graph, self.group, self.dec, self.add = graph, group, dec, add
+        self.stats: tuple[int, int] | None = None
+
+    def _c(self, value: float, name: str) -> int:
+        return self.add(_node("const", (), (), self.group.dtype, name, value=value))
+
+    def _moment(self, x: int, shape, dims, n: int, name: str) -> int:
+        """The moment mean of ``x`` (shaped ``shape``) over ``dims`` (kept), as captured."""
+        dt, add = self.group.dtype, self.add
+        keep = tuple(1 if j in dims else s for j, s in enumerate(shape))
+        k = math.ceil(math.log2(n)) + 1
+        t = add(_node("mul", (x, self._c(2.0**-k, f"{name}.c1")), shape, dt, f"{name}.scaled"))
+        s = add(_node("sum", (t,), keep, dt, f"{name}.sum", dims=tuple(dims), keepdim=True))
+        m = add(_node("mul", (s, self._c(2.0**k / n, f"{name}.c2")), keep, dt, f"{name}.mul"))
+        a = add(_node("abs", (s,), keep, dt, f"{name}.abs"))
+        inf = add(_node("const", (), (), "float32", f"{name}.inf", value=math.inf))
+        e = add(_node("eq", (a, inf), keep, "bool", f"{name}.eq"))
+        fi = torch.finfo(getattr(torch, dt))
+        c = add(_node("clamp", (m,), keep, dt, f"{name}.clamp", lo=fi.min, hi=fi.max))
+        return add(_node("where", (e, m, c), keep, dt, name))
+
+    def _emit(self, remap: dict[int, int]) -> tuple[int, int]:
+        g, dec, add, dt = self.group, self.dec, self.add, self.group.dtype
+        name = self.graph[g.sums[0]].name or "var"
+        x = remap[g.source]
+        shape = self.graph[g.source].shape
+        if add.nodes[x].dtype != dt:
+            x = add(_node("cast", (x,), shape, dt, f"{name}.{dt}", dtype=dt))
+        cut, part_dims, q_shape = chunk_layout(shape, g.dims, dec)
+        n_c = numel(cut[j] for j in part_dims)
+        v = add(_node("reshape", (x,), cut, dt, f"{name}.chunks", shape=cut))
+        cut_keep = tuple(1 if j in part_dims else s for j, s in enumerate(cut))
+        mj = self._moment(v, cut, part_dims, n_c, f"{name}.chunk_mean")
+        dj = add(_node("sub", (v, mj), cut, dt, f"{name}.chunk_dev"))
+        sq = add(_node("mul", (dj, dj), cut, dt, f"{name}.chunk_sq"))
+        m2j = add(
+            _node("sum", (sq,), cut_keep, dt, f"{name}.chunk_m2", dims=part_dims, keepdim=True)
+        )
+        mq = add(_node("reshape", (mj,), q_shape, dt, f"{name}.chunk_means", shape=q_shape))
+        m2q = add(_node("reshape", (m2j,), q_shape, dt, f"{name}.chunk_m2s", shape=q_shape))
+        mean = self._moment(mq, q_shape, g.dims, dec.k, f"{name}.mean")
+        dm = add(_node("sub", (mq, mean), q_shape, dt, f"{name}.mean_dev"))
+        dm2 = add(_node("mul", (dm, dm), q_shape, dt, f"{name}.mean_sq"))
+        w = add(_node("mul", (dm2, self._c(float(n_c), f"{name}.n_c")), q_shape, dt, f"{name}.w"))
+        t = add(_node("add", (m2q, w), q_shape, dt, f"{name}.chan"))
+        keep = tuple(1 if j in g.dims else s for j, s in enumerate(shape))
+        m2 = add(_node("sum", (t,), keep, dt, f"{name}.m2", dims=g.dims, keepdim=True))
+        return mean, m2
+
+    def replace(self, i: int, remap: dict[int, int]) -> int:
+        """The node that replaces node ``i`` (one of the group's sums or means)."""
+        if self.stats is None:
+            self.stats = self._emit(remap)
+        node = self.graph[i]
+        v = self.stats[1] if i in self.group.sums else self.stats[0]
+        if node.dtype != self.group.dtype:
+            shape = self.add.nodes[v].shape
+            v = self.add(
+                _node("cast", (v,), shape, node.dtype, f"{node.name}.cast", dtype=node.dtype)
+            )
+        if self.add.nodes[v].shape != node.shape:
+            v = self.add(
+                _node(
+                    "reshape", (v,), node.shape, node.dtype, f"{node.name}.view", shape=node.shape
+                )
+            )
+        return v
+
+
+def prune(graph: Graph) -> Graph:
+    """``graph`` without the nodes no output depends on (its inputs are kept)."""
+    live = set(graph.outputs) | set(graph.inputs)
+    for i in range(len(graph) - 1, -1, -1):
+        if i in live:
+            live.update(graph[i].inputs)
+    if len(live) == len(graph):
+        return graph
+    remap: dict[int, int] = {}
+    nodes: list[Node] = []
+    for i, node in enumerate(graph.nodes):
+        if i in live:
+            remap[i] = len(nodes)
+            nodes.append(replace(node, inputs=tuple(remap[j] for j in node.inputs)))
+    return Graph(
+        tuple(nodes), tuple(remap[i] for i in graph.inputs), tuple(remap[o] for o in graph.outputs)
+    )

@@ -1,0 +1,168 @@
+"""Split variances (``ir/split_variance.py``): a split ``sum((x - mean(x))^2)`` runs as per-chunk
+means and M2s in one pass over x, combined by Chan's formula, and still equals eager.
+
+As in ``test_split_reduction.py`` the split is forced on for the interpreter with a low threshold
+so small shapes split. Inputs have large means (``1000 + randn``): the naive
+``E[x^2] - E[x]^2`` is ~20% off there in float32; the tolerances below are far tighter."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import autofuse
+from autofuse import settings as af_settings
+from autofuse.capture.trace import capture
+from autofuse.ir.split import SplitPolicy, plan_splits, split_reductions
+
+POLICY = SplitPolicy(min_rnumel=1024)
+RTOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture
+def split_on(monkeypatch):
+    monkeypatch.setenv("AUTOFUSE_SPLIT_REDUCTIONS", "1")
+    monkeypatch.setenv("AUTOFUSE_SPLIT_MIN_RNUMEL", "1024")
+    af_settings.reload_settings()
+    yield
+    monkeypatch.undo()
+    af_settings.reload_settings()
+
+
+def column_stats(x):
+    return x.mean(dim=0), x.var(dim=0, unbiased=False)
+
+
+def var_mean0(x):
+    return torch.var_mean(x, dim=0)
+
+
+def std0(x):
+    return x.std(dim=0)
+
+
+def bn_stats(x):  # BatchNorm-style NCHW statistics: over (N, H, W), kept
+    return torch.var_mean(x, dim=(0, 2, 3), keepdim=True, correction=0)
+
+
+def hw_stats(x):  # over the adjacent (H, W): merged before the cut
+    return torch.var_mean(x, dim=(2, 3), keepdim=True)
+
+
+def bn_train(x):
+    return F.batch_norm(x, None, None, training=True)
+
+
+def pow_var(x):  # (x - mean)^2 written as a pow, the mean not kept
+    return ((x - x.mean(0)) ** 2).sum(0)
+
+
+def _large(shape, dtype):
+    torch.manual_seed(0)
+    return (1000.0 + torch.randn(*shape)).to(dtype)
+
+
+def _x_readers(plan):
+    """The kernels of ``plan`` that load the function's input."""
+    x = plan.graph.inputs[0]
+    return [step.kernel for step in plan.steps if x in step.kernel.info.loads]
+
+
+def _close(out, ref, dtype, what):
+    """Each output against float64 eager, relative to its own scale (a variance is not judged
+    on its mean's scale)."""
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        assert o.shape == r.shape and o.dtype == dtype, f"{what} output {k}"
+        err = ((o.double() - r).abs().max() / r.abs().max()).item()
+        assert err <= RTOL[dtype], f"{what} output {k}: relative error {err:.3g}"
+
+
+CASES = [
+    (column_stats, (6000, 7)),
+    (var_mean0, (4096, 5)),
+    (std0, (3000, 3)),
+    (bn_stats, (64, 3, 8, 8)),
+    (hw_stats, (2, 3, 64, 64)),
+    (pow_var, (4096, 3)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fn,shape", CASES, ids=[c[0].__name__ for c in CASES])
+def test_variance_split_equals_eager(split_on, fn, shape, dtype):
+    x = _large(shape, dtype)
+    g = capture(fn, (x,)).graph
+    names = {n.name for n in g.nodes}
+    assert {"chunk_mean", "chunk_m2"} <= {n.rsplit(".", 1)[-1] for n in names}, "not rewritten"
+    opt = autofuse.optimize(fn, (x,))
+    assert len(_x_readers(opt.plan)) == 1  # one pass over x
+    _close(opt(x), fn(x.double()), dtype, fn.__name__)
+
+
+def test_batch_norm_training_bf16(split_on):
+    x = _large((64, 3, 8, 8), torch.bfloat16)
+    g = capture(bn_train, (x,)).graph
+    assert any(n.name.endswith(".chunk_m2") for n in g.nodes)
+    # statistics in one pass, the normalization reads x again (as unsplit)
+    assert len(_x_readers(autofuse.optimize(bn_train, (x,)).plan)) == 2
+    out = autofuse.optimize(bn_train, (x,))(x)
+    ref = bn_train(x.double())
+    assert (out.double() - ref).abs().max().item() < 0.05  # y ~ N(0, 1): bf16 rounding
+
+
+def test_naive_moments_would_fail_these_tolerances():
+    x = _large((6000, 7), torch.float32)
+    naive = (x * x).mean(0) - x.mean(0) ** 2
+    ref = x.double().var(0, unbiased=False)
+    assert ((naive.double() - ref).abs().max() / ref.abs().max()).item() > RTOL[torch.float32]
+
+
+def test_column_stats_reads_x_once(split_on):
+    """The plan the H200 measured at 5 kernels, 2 of them reading x (58 + 49 us): now the chunk
+    means and M2s are one kernel, the only one that reads x; the combine reads the partials."""
+    x = _large((6000, 7), torch.float32)
+    plan = autofuse.optimize(column_stats, (x,)).plan
+    (reader,) = _x_readers(plan)
+    g = plan.graph
+    ops = {g[n].name: n for n in range(len(g))}
+    assert {ops["sum_2.chunk_mean.sum"], ops["sum_2.chunk_m2"]} <= set(reader.info.nodes)
+    assert len(plan.steps) == 2
+    k = g[ops["sum_2.chunk_m2"]].shape[0]
+    assert 2 <= k < 6000 and 6000 % k == 0
+
+
+def test_decisions_explain_the_rewrite():
+    g = capture(column_stats, (torch.randn(6000, 7),)).graph
+    decisions = plan_splits(g, POLICY)
+    roles = {g[i].name: d for i, d in decisions.items()}
+    assert roles["sum_2"].role == "m2" and "Chan" in roles["sum_2"].reason
+    assert roles["sum_2"].k > 1
+    # x.mean(0) and the variance's own (moment) mean both become the combined mean
+    assert roles["mean"].role == "mean" and roles["sum_1"].role == "mean"
+    assert "combined mean" in roles["mean"].reason
+    a, b = split_reductions(g, POLICY), split_reductions(g, POLICY)
+    assert a.key == b.key
+    live = set(a.outputs) | set(a.inputs)  # the replaced statistics are pruned
+    for i in range(len(a) - 1, -1, -1):
+        if i in live:
+            live.update(a[i].inputs)
+    assert len(live) == len(a)
+
+
+def test_other_centres_are_split_as_before():
+    # the mean over other dims, a mean of another tensor: plain two-stage sums
+    def other_dims(x):
+        return ((x - x.mean(1, keepdim=True)) ** 2).sum(0)
+
+    def other_tensor(x, y):
+        return ((x - y.mean(0, keepdim=True)) ** 2).sum(0)
+
+    x, y = torch.randn(6000, 7), torch.randn(6000, 7)
+    for fn, args in ((other_dims, (x,)), (other_tensor, (x, y))):
+        g = capture(fn, args).graph
+        decisions = plan_splits(g, POLICY)
+        assert not any(d.role for d in decisions.values())
+        split = split_reductions(g, POLICY)
+        assert any(n.name.endswith(".part") for n in split.nodes)
+        assert not any("chunk_m2" in n.name for n in split.nodes)
