@@ -44,7 +44,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs, numel
+from autofuse.ir.graph import Graph, Node, numel
+from autofuse.ir.split_chunks import SplitDecision, chunk_layout
+from autofuse.ir.split_chunks import new_node as _node
+from autofuse.ir.split_variance import VarianceStats, annotate, find_variances, prune
 
 __all__ = [
     "SPLITTABLE",
@@ -104,20 +107,6 @@ class SplitPolicy:
         return k, f"{outputs} outputs, reduced extent {rnumel}: ~{k} chunks of {chunk}"
 
 
-@dataclass(frozen=True)
-class SplitDecision:
-    """What the pass does with one reduction: ``k`` chunks (1: left alone) and why."""
-
-    node: int
-    k: int
-    reason: str
-    dim: int = 0  # the dim of the reduction's input that is cut (the first reduced dim)
-    merged: bool = False  # the reduced dims are adjacent and merged into one before the cut
-    # "m2": a sum((x - mean(x))^2) computed as chunk means and M2s combined by Chan's formula
-    # (ir/split_variance.py); "mean": a mean of that x replaced by the combined mean
-    role: str = ""
-
-
 def _divisor_near(n: int, k: int) -> int | None:
     """The divisor of ``n`` closest to ``k`` (by ratio) within a factor of two, at least 2."""
     best = None
@@ -160,35 +149,8 @@ def _plain_splits(graph: Graph, policy: SplitPolicy | None) -> dict[int, SplitDe
 def plan_splits(graph: Graph, policy: SplitPolicy | None = None) -> dict[int, SplitDecision]:
     """The decision for every reduction of ``graph`` (by node index), with the variance
     rewrite's roles and reasons (``ir/split_variance.py``)."""
-    from autofuse.ir.split_variance import annotate, find_variances
-
     decisions = _plain_splits(graph, policy)
     return annotate(graph, decisions, find_variances(graph, decisions))
-
-
-def _node(op, inputs, out_shape, out_dtype, name, **attrs) -> Node:
-    shape = tuple(int(s) for s in out_shape)
-    strides = contiguous_strides(shape)
-    return Node(op, tuple(inputs), shape, out_dtype, strides, make_attrs(**attrs), name)
-
-
-def chunk_layout(
-    shape: tuple[int, ...], dims: tuple[int, ...], dec: SplitDecision
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """How ``dec`` cuts a reduction of ``shape`` over (sorted) ``dims``: the chunked view's
-    shape, the dims of that view a chunk's partial reduces, and the shape of the partials
-    viewed for the second stage (``shape`` with k at ``dec.dim``, 1 at the other reduced dims,
-    reduced over ``dims`` again)."""
-    k, d = dec.k, dec.dim
-    if dec.merged:
-        extent = numel(shape[j] for j in dims)
-        cut = shape[:d] + (k, extent // k) + shape[dims[-1] + 1 :]
-        part_dims: tuple[int, ...] = (d + 1,)
-    else:
-        cut = shape[:d] + (k, shape[d] // k) + shape[d + 1 :]
-        part_dims = (d + 1,) + tuple(j + 1 for j in dims[1:])
-    q_shape = tuple(k if j == d else 1 if j in dims else s for j, s in enumerate(shape))
-    return cut, part_dims, q_shape
 
 
 def _rewrite(node: Node, src: Node, x: int, dec: SplitDecision, add) -> int:
@@ -225,8 +187,6 @@ class _Appender:
 def split_reductions(graph: Graph, policy: SplitPolicy | None = None) -> Graph:
     """``graph`` with every reduction the policy splits cut in two stages (``plan_splits`` says
     why each one is or is not). A graph with nothing to split is returned as is."""
-    from autofuse.ir.split_variance import VarianceStats, find_variances, prune
-
     decisions = _plain_splits(graph, policy)
     if not any(dec.k > 1 for dec in decisions.values()):
         return graph

@@ -37,8 +37,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs, numel
-from autofuse.ir.split import SplitDecision, chunk_layout
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, numel
+from autofuse.ir.split_chunks import SplitDecision, chunk_layout
+from autofuse.ir.split_chunks import new_node as _node
 
 __all__ = ["VarianceGroup", "VarianceStats", "annotate", "find_variances", "prune"]
 
@@ -59,12 +60,6 @@ class VarianceGroup:
     sums: tuple[int, ...]
     means: tuple[int, ...]
     dtype: str
-
-
-def _node(op: str, inputs: tuple[int, ...], out_shape, out_dtype: str, name: str, **attrs) -> Node:
-    out = tuple(int(s) for s in out_shape)
-    strides = contiguous_strides(out)
-    return Node(op, tuple(inputs), out, out_dtype, strides, make_attrs(**attrs), name)
 
 
 def _dims(node: Node, rank: int) -> tuple[int, ...]:
