@@ -220,12 +220,34 @@ def run_variant(variant: str, a, peak: float) -> dict:
         out["tflops"] = {k: fl / (v * 1e-6) / 1e12 for k, v in out["us"].items()}
         out["fraction_of_mm_peak"] = {k: fl / (v * 1e-6) / peak for k, v in out["us"].items()}
         _ratios(out)
+        out["autofuse_plans"] = {
+            name: [[k.info.kind, k.name, k.config.label()] for k in call.plan.kernels]
+            for name, call in calls.items()
+            if name.startswith("autofuse") and hasattr(call, "plan")
+        }  # the configs the tuner chose
         rec["passes"][p] = out
         print(f"{variant:9s} {p:17s} " + "  ".join(f"{k}={v:.0f}" for k, v in out["us"].items()),
               flush=True)  # fmt: skip
         for k, v in out["errors"].items():
             print(f"{variant:9s} {p:17s} {k}: {v}", flush=True)
+    _backward_phase(rec, flops, peak)
     return rec
+
+
+def _backward_phase(rec: dict, flops: float, peak: float) -> None:
+    """The backward alone, per backend timed in both passes: forward+backward minus forward,
+    and its TFLOP/s (2.5 forwards' products) and fraction of the measured matmul peak."""
+    fwd, both = rec["passes"].get("forward"), rec["passes"].get("forward+backward")
+    if not fwd or not both:
+        return
+    f_us = dict(fwd["us"])
+    f_us["autofuse"] = fwd.get("autofuse_best_us", math.nan)
+    bwd = {k: v - f_us[k] for k, v in both["us"].items() if k in f_us and v > f_us[k]}
+    rec["backward_only"] = {
+        "us": bwd,
+        "tflops": {k: 2.5 * flops / (v * 1e-6) / 1e12 for k, v in bwd.items()},
+        "fraction_of_mm_peak": {k: 2.5 * flops / (v * 1e-6) / peak for k, v in bwd.items()},
+    }
 
 
 @contextlib.contextmanager
