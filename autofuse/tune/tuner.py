@@ -289,6 +289,9 @@ def start_search(
     library = space.library_gemms(greedy)  # cuBLAS + fused epilogue: always a candidate
     if library is not None:
         study.enqueue(objective.params_for(library))
+    untuned = space.untuned()  # what runs without a search: measured too
+    if untuned not in (greedy, library):
+        study.enqueue(objective.params_for(untuned))
     for configs in objective.flag_variants(greedy):  # each option measured at least once
         study.enqueue(objective.params_for(greedy, configs))
     return Search(objective, study, memo, greedy, unfused, library, owned, t0)
