@@ -25,7 +25,7 @@ for s in $stages; do
         attention) timeout "$(limit attention 360)" python3 -m experiments.attention_bench \
                        --out "$OUT" --train-variants causal,gqa --trials 4 --time-budget 12 \
                        --max-autotune-passes forward 2>&1 | grep -v Warning | tail -12 ;;
-        model_fns) timeout "$(limit model_fns 300)" python3 -m autofuse tune experiments/model_spec.py \
+        model_fns) timeout "$(limit model_fns 420)" python3 -m autofuse tune experiments/model_spec.py \
                        --trials 6 --time-budget 8 --polish 3 --out "$OUT/model_fns" --no-progress \
                        2>&1 | tail -5 ;;
         suite) timeout "$(limit suite 540)" python3 -m autofuse tune experiments/suite_spec.py \
