@@ -7,7 +7,8 @@ accumulation). The interpreter also ignores ``tl.device_assert`` (it builds with
 the second patch turns it on. A mask ``block_condition & scalar_condition`` (a gather's range
 check on an index read once per program, e.g. of the program's batch) is typed int1 but holds
 int32 data there, which its loads and stores refuse: the third patch reads such masks as bool.
-Nothing changes on a GPU.
+Its float32 -> bf16 cast truncates (999.9 becomes 996) where the GPU and torch round to nearest
+even (1000): the fourth patch rounds. Nothing changes on a GPU.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ def apply_patches() -> None:
     global _APPLIED
     if _APPLIED or not interpreting():
         return
-    import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter as interp
 
     _run_device_asserts(interp)
     _bool_masks(interp)
+    _round_bf16_casts(interp)
     orig = interp.InterpreterBuilder.create_dot
     if getattr(orig, "_autofuse_patched", False):
         _APPLIED = True
@@ -38,8 +39,7 @@ def apply_patches() -> None:
 
     def _up(h):
         if h.dtype.scalar == tl.bfloat16:
-            data = interp._convert_float(h.data, tl.bfloat16, tl.float32, None)
-            return interp.TensorHandle(data.view(np.float32), tl.float32)
+            return interp.TensorHandle(bf16_to_f32(h.data), tl.float32)
         return h
 
     def create_dot(self, a, b, d, *args, **kwargs):
@@ -95,3 +95,38 @@ def _bool_masks(interp) -> None:
     create_masked_load._autofuse_patched = True
     cls.create_masked_load = create_masked_load
     cls.create_masked_store = create_masked_store
+
+
+def bf16_to_f32(bits):
+    """bf16 values held as uint16 -> float32, exactly (subnormals included: the interpreter's
+    own conversion turned the smallest ones into zeros or wrong values)."""
+    import numpy as np
+
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def _round_bf16_casts(interp) -> None:
+    """float32 -> bf16 casts round to nearest even (ties to even; NaN stays a quiet NaN;
+    overflow carries into infinity), as ``x.to(tl.bfloat16)`` does on the GPU; bf16 -> float32
+    is exact."""
+    import numpy as np
+    import triton.language as tl
+
+    orig = interp.InterpreterBuilder.cast_impl
+    if getattr(orig, "_autofuse_patched", False):
+        return
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:
+            return interp.TensorHandle(bf16_to_f32(src.data), tl.float32)
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            u = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+            rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+            nan = np.isnan(src.data)
+            if np.any(nan):
+                rounded[nan] = ((u[nan] >> 16) | 0x0040).astype(np.uint16)
+            return interp.TensorHandle(rounded, tl.bfloat16)
+        return orig(self, src, dst_type)
+
+    cast_impl._autofuse_patched = True
+    interp.InterpreterBuilder.cast_impl = cast_impl

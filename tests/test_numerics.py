@@ -525,3 +525,22 @@ def test_a_reference_beyond_the_output_dtype_is_its_infinity():
     assert torch.isinf(out[0])
     assert compare(out, ref, "bfloat16", 0) is None
     assert compare(torch.tensor([0.0, 1.0], dtype=torch.bfloat16), ref, "bfloat16", 0)
+
+
+def test_interpreter_rounds_bf16_casts_like_the_gpu():
+    """A float32 -> bf16 cast in a generated kernel rounds to nearest even (the interpreter
+    alone truncated: 999.9 -> 996), ties to even, overflow to inf, NaN kept."""
+    from autofuse.interpreter import interpreting
+
+    if not interpreting():
+        pytest.skip("the interpreter's cast; a GPU rounds natively")
+    x = torch.tensor(
+        [999.9, 1001.9, 1.00390625, 1.01171875, 3.999, -1001.9, 0.1, 3.4e38, -3.39e38, 1e-40]
+        + [float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 7.99],
+        dtype=torch.float32,
+    )
+    out, _ = run_plan(lambda t: (t * 1.0).to(torch.bfloat16), (x,))
+    want = x.to(torch.bfloat16)
+    finite = ~x.isnan()
+    assert torch.equal(out[0].view(torch.int16)[finite], want.view(torch.int16)[finite])
+    assert out[0][~finite].isnan().all()
