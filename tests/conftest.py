@@ -36,3 +36,24 @@ def _interpreter_setting_unchanged(request):
         else:
             os.environ["TRITON_INTERPRET"] = _INTERPRET_AT_START
         pytest.fail(f"TRITON_INTERPRET changed from {_INTERPRET_AT_START!r} to {now!r} here")
+
+
+@pytest.fixture
+def split_on(monkeypatch):
+    """Split reductions on for CPU inputs too, from 1024 reduced elements (small shapes)."""
+    from autofuse import settings as af_settings
+
+    monkeypatch.setenv("AUTOFUSE_SPLIT_REDUCTIONS", "1")
+    monkeypatch.setenv("AUTOFUSE_SPLIT_MIN_RNUMEL", "1024")
+    af_settings.reload_settings()
+    yield
+    monkeypatch.undo()
+    af_settings.reload_settings()
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches emptied before and after a test (compiled graphs, guards, counters)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -18,11 +18,7 @@ B, H = 2, 2
 MIN = torch.finfo(torch.float32).min
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
 
 def plain_attention(q, k, v):

@@ -27,11 +27,7 @@ from experiments.models import build, max_rel_err, tolerance  # noqa: E402
 FUSED = ("llama_eager", "gpt2", "bert", "vit")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
 
 def _kinds(plan) -> list[str]:

@@ -16,11 +16,7 @@ B, H, T, D = 2, 2, 37, 16
 MIN = torch.finfo(torch.float32).min
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
 
 def gpt2_attention(q, k, v, amask):

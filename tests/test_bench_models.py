@@ -10,12 +10,7 @@ pytest.importorskip("transformers")
 
 from experiments import bench_models  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
 
 def test_bench_models_tiny_cpu(tmp_path):

@@ -19,16 +19,6 @@ from .helpers import assert_close
 POLICY = SplitPolicy(min_rnumel=1024)
 
 
-@pytest.fixture
-def split_on(monkeypatch):
-    monkeypatch.setenv("AUTOFUSE_SPLIT_REDUCTIONS", "1")
-    monkeypatch.setenv("AUTOFUSE_SPLIT_MIN_RNUMEL", "1024")
-    af_settings.reload_settings()
-    yield
-    monkeypatch.undo()
-    af_settings.reload_settings()
-
-
 def column_stats(x):
     return x.mean(dim=0), x.var(dim=0, unbiased=False)
 

@@ -10,22 +10,11 @@ import torch
 import torch.nn.functional as F
 
 import autofuse
-from autofuse import settings as af_settings
 from autofuse.capture.trace import capture
 from autofuse.ir.split import SplitPolicy, plan_splits, split_reductions
 
 POLICY = SplitPolicy(min_rnumel=1024)
 RTOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
-
-
-@pytest.fixture
-def split_on(monkeypatch):
-    monkeypatch.setenv("AUTOFUSE_SPLIT_REDUCTIONS", "1")
-    monkeypatch.setenv("AUTOFUSE_SPLIT_MIN_RNUMEL", "1024")
-    af_settings.reload_settings()
-    yield
-    monkeypatch.undo()
-    af_settings.reload_settings()
 
 
 def column_stats(x):

@@ -83,12 +83,9 @@ def kind_of(info: GroupInfo) -> KernelKind:
         ) from None
 
 
-def library_first(graph: Graph, group: frozenset[int]) -> bool:
-    """Whether an unmeasured plan runs ``group``'s matmuls in cuBLAS (its kind says so)."""
-    try:
-        return kind_of(analyze_group(graph, group)).library_first
-    except FusionRefused:
-        return False
+def library_first(info: GroupInfo) -> bool:
+    """Whether an unmeasured plan runs the group's matmuls in cuBLAS (its kind says so)."""
+    return kind_of(info).library_first
 
 
 def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:

@@ -30,15 +30,17 @@ from autofuse.kernels.attention_analysis import (
     attention_parts,
     scale_fold,
 )
-from autofuse.kernels.attention_bounds import key_bound
+from autofuse.kernels.attention_bounds import key_bound, live_columns
 from autofuse.kernels.base import (
     FusionRefused,
     GroupInfo,
     Kernel,
     KernelMeta,
+    TileConfig,
     describe,
     kernel_name,
     loaded_nodes,
+    nearest_config,
     next_pow2,
     stored_nodes,
 )
@@ -55,28 +57,8 @@ from autofuse.kernels.views import (
 
 
 @dataclass(frozen=True, order=True)
-class AttentionConfig:
+class AttentionConfig(TileConfig):
     """BLOCK_M query rows per program, BLOCK_N keys per step of the key loop."""
-
-    BLOCK_M: int
-    BLOCK_N: int
-    num_warps: int = 4
-    num_stages: int = 2
-
-    # the loop-kernel emitter's names for the row and column blocks
-    @property
-    def XBLOCK(self) -> int:
-        return self.BLOCK_M
-
-    @property
-    def RBLOCK(self) -> int:
-        return self.BLOCK_N
-
-    def label(self) -> str:
-        return (
-            f"BLOCK_M={self.BLOCK_M} BLOCK_N={self.BLOCK_N} num_warps={self.num_warps} "
-            f"num_stages={self.num_stages}"
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,14 +285,7 @@ class AttentionEmitter(Emitter):
         self.line(f"# {name}: the keys its condition leaves live for these rows")
         self.line("r0 = pid_m * BLOCK_M")
         self.line(f"r1 = tl.minimum(r0 + BLOCK_M - 1, {d.t - 1})")
-        hi = lo = None
-        for lim in self.limits:
-            if lim.upper:
-                cur = f"{lim.render('r0', 'r1')} + 1"
-                hi = cur if hi is None else f"tl.minimum({hi}, {cur})"
-            else:
-                cur = lim.render("r0", "r1")
-                lo = cur if lo is None else f"tl.maximum({lo}, {cur})"
+        hi, lo = live_columns(self.limits, "r0", "r1")
         self.line(f"hi = tl.minimum(tl.maximum({hi or d.tk}, 0), {d.tk})")
         self.line(f"lo = tl.minimum(tl.maximum({lo or 0}, 0), hi)")
         if self.exact:
@@ -575,16 +550,7 @@ def attention_default(graph: Graph, info: GroupInfo) -> AttentionConfig:
     dim 128 (4 below), 3 stages; the nearest config that fits this group."""
     d = attention_dims(graph, info)
     want = (128, 64, 8 if max(d.d, d.dv) >= 128 else 4, 3)
-    return min(
-        attention_configs(graph, info),
-        key=lambda c: (
-            sum(
-                abs(a.bit_length() - b.bit_length())
-                for a, b in zip((c.BLOCK_M, c.BLOCK_N, c.num_warps), want)
-            )
-            + abs(c.num_stages - want[3])
-        ),
-    )
+    return nearest_config(attention_configs(graph, info), want)
 
 
 class AttentionKind:

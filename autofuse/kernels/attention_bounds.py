@@ -142,6 +142,20 @@ class ColumnLimit:
         return f"tl.maximum({lo}, {hi})" if self.upper != inner else f"tl.minimum({lo}, {hi})"
 
 
+def live_columns(limits, first: str, last: str) -> tuple[str | None, str | None]:
+    """The columns some row ``first..last`` keeps live under every limit: (the end past the
+    last one, the first one), each None where no limit bounds that side. Unclamped."""
+    hi = lo = None
+    for lim in limits:
+        if lim.upper:
+            cur = f"{lim.render(first, last)} + 1"
+            hi = cur if hi is None else f"tl.minimum({hi}, {cur})"
+        else:
+            cur = lim.render(first, last)
+            lo = cur if lo is None else f"tl.maximum({lo}, {cur})"
+    return hi, lo
+
+
 _CMP = ("lt", "le", "gt", "ge")
 _NOT = {"lt": "ge", "ge": "lt", "gt": "le", "le": "gt"}
 _AND = ("logical_and", "bitwise_and")

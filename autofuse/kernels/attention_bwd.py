@@ -35,9 +35,11 @@ from autofuse.kernels.base import (
     GroupInfo,
     Kernel,
     KernelMeta,
+    TileConfig,
     describe,
     kernel_name,
     loaded_nodes,
+    nearest_config,
     next_pow2,
     stored_nodes,
 )
@@ -50,28 +52,11 @@ from autofuse.kernels.views import view_source_index
 
 
 @dataclass(frozen=True, order=True)
-class AttentionBwdConfig:
+class AttentionBwdConfig(TileConfig):
     """BLOCK_M query rows and BLOCK_N keys per tile (a key program holds BLOCK_N keys and
     walks the rows; a query program holds BLOCK_M rows and walks the keys)."""
 
-    BLOCK_M: int
-    BLOCK_N: int
-    num_warps: int = 4
     num_stages: int = 1
-
-    @property
-    def XBLOCK(self) -> int:  # the loop emitter's (and the cost model's) row block
-        return self.BLOCK_M
-
-    @property
-    def RBLOCK(self) -> int:
-        return self.BLOCK_N
-
-    def label(self) -> str:
-        return (
-            f"BLOCK_M={self.BLOCK_M} BLOCK_N={self.BLOCK_N} num_warps={self.num_warps} "
-            f"num_stages={self.num_stages}"
-        )
 
 
 def head_block(d: int) -> int:
@@ -494,16 +479,7 @@ def attention_bwd_default(graph: Graph, info: GroupInfo) -> AttentionBwdConfig:
     parts = bwd_parts(graph, frozenset(info.nodes))
     big = max(gm.free_extent(graph) for gm in parts.grads) > 64
     want = (64, 64, 8 if big else 4, 2)
-    return min(
-        attention_bwd_configs(graph, info),
-        key=lambda c: (
-            sum(
-                abs(a.bit_length() - b.bit_length())
-                for a, b in zip((c.BLOCK_M, c.BLOCK_N, c.num_warps), want)
-            )
-            + abs(c.num_stages - want[3])
-        ),
-    )
+    return nearest_config(attention_bwd_configs(graph, info), want)
 
 
 class AttentionBwdKind:

@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.attention_bounds import ColumnLimit, key_bound
+from autofuse.kernels.attention_bounds import ColumnLimit, key_bound, live_columns
 from autofuse.kernels.attention_bwd_analysis import recomputed_softmax
 from autofuse.kernels.base import GroupInfo
 from autofuse.kernels.gemm import ancestors
@@ -54,14 +54,7 @@ class SkipPlan:
         """The keys a block of rows visits (all of them for a row within reach)."""
         em.line("r0 = start_q  # the program's rows")
         em.line(f"r1 = tl.minimum(r0 + BLOCK_M - 1, {self.t - 1})")
-        hi = lo = None
-        for lim in self.limits:
-            if lim.upper:
-                cur = f"{lim.render('r0', 'r1')} + 1"
-                hi = cur if hi is None else f"tl.minimum({hi}, {cur})"
-            else:
-                cur = lim.render("r0", "r1")
-                lo = cur if lo is None else f"tl.maximum({lo}, {cur})"
+        hi, lo = live_columns(self.limits, "r0", "r1")
         em.line(f"hi_q = {_clamp(hi, self.tk)}  # live keys")
         em.line(f"lo_q = {_clamp(lo, 'hi_q')}")
         self.reach(em, "reach")

@@ -26,6 +26,47 @@ def next_pow2(n: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, order=True)
+class TileConfig:
+    """The attention kinds' tiles: BLOCK_M query rows by BLOCK_N keys, warps and pipeline
+    stages. ``XBLOCK`` / ``RBLOCK`` are the loop emitter's (and the cost model's) names for
+    the row and column blocks."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    @property
+    def XBLOCK(self) -> int:
+        return self.BLOCK_M
+
+    @property
+    def RBLOCK(self) -> int:
+        return self.BLOCK_N
+
+    def label(self) -> str:
+        return (
+            f"BLOCK_M={self.BLOCK_M} BLOCK_N={self.BLOCK_N} num_warps={self.num_warps} "
+            f"num_stages={self.num_stages}"
+        )
+
+
+def nearest_config(configs: list[TileConfig], want: tuple[int, int, int, int]) -> TileConfig:
+    """The config of ``configs`` closest to ``want`` (BLOCK_M, BLOCK_N, num_warps,
+    num_stages): powers of two compared by their exponents, stages by their difference."""
+    return min(
+        configs,
+        key=lambda c: (
+            sum(
+                abs(a.bit_length() - b.bit_length())
+                for a, b in zip((c.BLOCK_M, c.BLOCK_N, c.num_warps), want)
+            )
+            + abs(c.num_stages - want[3])
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class GroupInfo:
     """A group that one kernel of kind ``kind`` computes (the name of its plugin)."""

@@ -14,7 +14,7 @@ reduced value read on its own row).
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -305,19 +305,14 @@ class Partitioner:
         """Every legal fusion taken (edges in topological order of their consumer)."""
         return self.from_decisions({n: True for n in self.edge_names.values()})
 
-    def library_gemms(
-        self, partition: Partition, groups: Collection[frozenset[int]] | None = None
-    ) -> Partition | None:
-        """``partition`` with every matmul (of ``groups`` only, if given) split out of its
-        group, to run as torch's own GEMM (cuBLAS) while the rest of the group stays fused (the
-        epilogue as one kernel); None where no such matmul is fused."""
+    def library_gemms(self, partition: Partition) -> Partition | None:
+        """``partition`` with every matmul split out of its group, to run as torch's own GEMM
+        (cuBLAS) while the rest of the group stays fused (the epilogue as one kernel); None
+        where ``partition`` has no fused matmul."""
         mms = {n for n in self.nodes if self.graph[n].kind == "matmul"}
         fused = [g for g in partition.groups if len(g) > 1 and g & mms]
-        if groups is not None:
-            fused = [g for g in fused if g in groups]
         if not fused:
             return None
-        mms &= frozenset().union(*fused)
         fuse = self.decisions_of(partition)
         for e in self.edges:
             if e.a in mms or e.b in mms:
@@ -329,8 +324,9 @@ class Partitioner:
         ``library_first`` (GEMM + epilogue) run their matmul in cuBLAS beside one fused epilogue
         kernel, as torch.compile's default mode does; attention and row-GEMM groups stay."""
         greedy = self.greedy()
-        first = [g for g in greedy.groups if len(g) > 1 and library_first(self.graph, g)]
-        mms = {n for g in first for n in g if self.graph[n].kind == "matmul"}
+        infos = [self.check(g) for g in greedy.groups if len(g) > 1]
+        first = [i for i in infos if isinstance(i, GroupInfo) and library_first(i)]
+        mms = {n for i in first for n in i.nodes if self.graph[n].kind == "matmul"}
         if not mms:
             return greedy
         # greedy again without those matmuls' edges: an epilogue freed from its GEMM fuses on
