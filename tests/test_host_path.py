@@ -93,3 +93,50 @@ def test_cuda_graph_replays_the_plan_on_cuda():
         for g, w in zip(opt(*args), two(*args)):
             torch.testing.assert_close(g, w)
     assert opt.graphs.graph.holds(args)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_copies_only_the_inputs_that_moved():
+    x, w = (torch.randn(64, 128, device="cuda") for _ in range(2))
+    opt = autofuse.optimize(two, (x, w), cuda_graph=True)
+    opt(x, w)
+    for _ in range(2):  # a new batch, the same weight: the weight is read in place
+        xs = torch.randn_like(x)
+        for g, want in zip(opt(xs, w), two(xs, w)):
+            torch.testing.assert_close(g, want)
+    assert opt.graphs.copied.copied == (0,)
+    w2 = torch.randn_like(w)  # the weight moves too: a graph copying both
+    for g, want in zip(opt(torch.randn_like(x), w2), two(opt.graphs.copied.inputs[0], w2)):
+        torch.testing.assert_close(g, want)
+    assert opt.graphs.copied.copied == (0, 1)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.sigmoid(self.lin(x) * 2.0).sum(-1)
+
+
+def test_backend_cuda_graph_option_replays_inference_graphs():
+    torch._dynamo.reset()
+    m = _Block().to(DEVICE)
+    x = torch.randn(8, 16, device=DEVICE)
+    fast = torch.compile(m, backend="autofuse", options={"cuda_graph": True})
+    with warnings.catch_warnings(record=True) as rec, torch.no_grad():
+        warnings.simplefilter("always")
+        outs = [fast(x + k) for k in range(3)]
+        wants = [m(x + k) for k in range(3)]
+    for got, want in zip(outs, wants):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    from autofuse.frontend import compiled_graphs
+
+    replay = compiled_graphs()[-1].replay
+    assert replay is not None
+    notes = [r for r in rec if issubclass(r.category, CudaGraphNote)]
+    if DEVICE == "cpu":  # no CUDA graphs under the interpreter: one note, kernel by kernel
+        assert len(notes) == 1 and replay.off
+    else:
+        assert not notes and replay.copied is not None

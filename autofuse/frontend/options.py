@@ -16,7 +16,7 @@ from autofuse.cache.keys import TUNING_OPTIONS
 # search, less the ones only a cache key reads
 TUNING = TUNING_OPTIONS - {"strict", "seed"}
 OPTIMIZE = TUNING | {"example_kwargs", "cuda_graph"}
-BACKEND = TUNING
+BACKEND = TUNING | {"cuda_graph"}
 
 
 def _base() -> type:

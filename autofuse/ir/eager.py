@@ -6,7 +6,7 @@ generated kernel is checked against, and as the unfused baseline.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +36,30 @@ def eval_node(node: Node, args: Sequence[Any], device: torch.device | str = "cpu
         raise ValueError(f"eager evaluation of IR op {op!r} is not implemented")
     out = d.eager(node, *args)
     return out.to(_dtype(node.dtype)) if d.kind == "pointwise" else out
+
+
+def bind_node(node: Node) -> Callable[..., Any]:
+    """``eval_node`` for one node with its op resolved once: ``f(device, *args)``."""
+    op = node.op
+    if op in ("const", "iota"):
+        return lambda device, *args: eval_node(node, args, device)
+    if op == "opaque":
+        fn = resolve_target(node.attr("target"))
+        pos, kwargs = node.attr("args"), node.attr("kwargs")
+        return lambda device, *args: fn(
+            *_decode(pos, args, device), **{k: _decode(v, args, device) for k, v in kwargs}
+        )
+    if op == "getitem":
+        index = node.attr("index")
+        return lambda device, x: x[index]
+    d = op_def(op)
+    if d.eager is None:
+        raise ValueError(f"eager evaluation of IR op {op!r} is not implemented")
+    eager = d.eager
+    if d.kind == "pointwise":
+        dtype = _dtype(node.dtype)
+        return lambda device, *args: eager(node, *args).to(dtype)
+    return lambda device, *args: eager(node, *args)
 
 
 def resolve_target(target: str) -> Any:

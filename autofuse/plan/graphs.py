@@ -5,8 +5,9 @@ tensors (after warm-up runs on a side stream, which compile the kernels), into a
 ``torch.cuda.CUDAGraph`` over the first call's own input tensors (kept alive here, so their
 memory cannot be handed to another tensor). A later call with those same tensors (the same
 buffers, their contents may have changed: a training or serving loop that refills its inputs in
-place) replays the graph with no copy at all; a call with other tensors copies them into buffers
-of a second graph, captured on first need, in one multi-tensor copy. The outputs are returned as
+place) replays the graph with no copy at all; a call with other tensors copies those that are
+not the first call's (a new batch; the weights stay where they are) into buffers of a second
+graph, captured on first need, in one multi-tensor copy. The outputs are returned as
 copies of the graph's static outputs, so a result stays valid after the next call. Inputs must
 match the plan exactly (shapes, dtypes, strides; the runner checks that before it gets here).
 
@@ -32,13 +33,19 @@ class CudaGraphNote(UserWarning):
 
 
 class _Captured:
-    """One CUDA graph over fixed input buffers, with its static outputs."""
+    """One CUDA graph over fixed input buffers, with its static outputs. ``copied``: the inputs
+    a call copies into the graph's own buffers; the others are read where the capture found
+    them (a call must pass those same tensors: ``holds``)."""
 
-    def __init__(self, plan: Any, inputs: Sequence[torch.Tensor], warmup: int) -> None:
+    def __init__(
+        self, plan: Any, inputs: Sequence[torch.Tensor], warmup: int, copied: Sequence[int] = ()
+    ) -> None:
         from autofuse.plan.runtime import execute
 
         self.inputs = list(inputs)
         self.ptrs = [x.data_ptr() for x in inputs]
+        self.copied = tuple(copied)
+        self.fixed = tuple(k for k in range(len(self.inputs)) if k not in set(self.copied))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -50,9 +57,14 @@ class _Captured:
             self.outputs = execute(plan, self.inputs)
 
     def holds(self, inputs: Sequence[torch.Tensor]) -> bool:
-        return all(x.data_ptr() == p for x, p in zip(inputs, self.ptrs))
+        ptrs = self.ptrs
+        return all(inputs[k].data_ptr() == ptrs[k] for k in self.fixed)
 
-    def replay(self) -> list[torch.Tensor]:
+    def replay(self, inputs: Sequence[torch.Tensor] = ()) -> list[torch.Tensor]:
+        if self.copied:
+            torch._foreach_copy_(
+                [self.inputs[k] for k in self.copied], [inputs[k] for k in self.copied]
+            )
         self.graph.replay()
         if len(self.outputs) == 1:
             return [self.outputs[0].clone()]
@@ -61,11 +73,23 @@ class _Captured:
         return outs
 
 
+def _buffers_for(inputs: Sequence[torch.Tensor], moved: Sequence[int]) -> list[torch.Tensor]:
+    """The inputs, with those at ``moved`` replaced by new buffers of the same layout."""
+    out = list(inputs)
+    for k in moved:
+        x = inputs[k]
+        out[k] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    return out
+
+
 class GraphReplay:
+    MAX_CAPTURES = 4  # graphs over other inputs; past that, every input is copied
+
     def __init__(self, plan: Any, warmup: int = 2) -> None:
         self.plan, self.warmup = plan, warmup
         self.graph: Any = None  # over the first call's own inputs
-        self.copied: Any = None  # over buffers other inputs are copied into
+        self.copied: Any = None  # over buffers the inputs that moved are copied into
+        self.captures = 0
         self.off: str | None = None  # why replay is off (the plan then runs step by step)
 
     def _note(self, why: str) -> None:
@@ -80,6 +104,8 @@ class GraphReplay:
         """The plan's outputs by replay, or None when replay is off (run it as usual)."""
         if self.graph is not None and self.graph.holds(inputs):
             return self.graph.replay()
+        if self.copied is not None and self.copied.holds(inputs):
+            return self.copied.replay(inputs)
         if self.off is not None:
             return None
         try:
@@ -94,14 +120,25 @@ class GraphReplay:
                     return None
                 self.graph = _Captured(self.plan, inputs, self.warmup)
                 return self.graph.replay()
-            if self.copied is None:
-                buffers = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
-                                               device=x.device) for x in inputs]  # fmt: skip
-                torch._foreach_copy_(buffers, list(inputs))
-                self.copied = _Captured(self.plan, buffers, self.warmup)
+            self.copied = self._capture_moved(inputs)
         except Exception as e:  # noqa: BLE001 - not capturable: run step by step
             self.graph = self.copied = None
             self._note(f"capture failed ({type(e).__name__}: {str(e)[:200]})")
             return None
-        torch._foreach_copy_(self.copied.inputs, list(inputs))
-        return self.copied.replay()
+        return self.copied.replay(inputs)
+
+    def _capture_moved(self, inputs: Sequence[torch.Tensor]) -> _Captured:
+        """A graph whose buffers take the inputs that are not the first call's tensors (a new
+        batch) while those that are (weights) are read in place; once the set of moved inputs
+        has changed ``MAX_CAPTURES`` times, one that copies every input."""
+        self.captures += 1
+        first = self.graph.ptrs
+        moved = {k for k, x in enumerate(inputs) if x.data_ptr() != first[k]}
+        if self.copied is not None:
+            moved |= set(self.copied.copied)
+        if self.captures > self.MAX_CAPTURES:
+            moved = set(range(len(inputs)))
+        moved_k = sorted(moved)
+        buffers = _buffers_for(inputs, moved_k)
+        torch._foreach_copy_([buffers[k] for k in moved_k], [inputs[k] for k in moved_k])
+        return _Captured(self.plan, buffers, self.warmup, moved_k)

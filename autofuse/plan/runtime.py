@@ -32,6 +32,7 @@ from autofuse.kernels import (
 )
 from autofuse.kernels.loader import load_kernel
 from autofuse.plan.launcher import Launcher
+from autofuse.plan.program import program
 from autofuse.settings import settings
 
 # ---------------------------------------------------------------------------------------------
@@ -399,13 +400,16 @@ def check_inputs(graph: Graph, inputs: Sequence[Any], device_kind: str | None = 
             raise InputError(f"{label}: expected a {device_kind} tensor, got one on {x.device}")
 
 
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})  # not a subclass with its own dispatch
+
+
 def _inputs_match(plan: Plan, inputs: Sequence[Any]) -> bool:
     """The common case, cheaply: every input has exactly the captured shape, dtype, strides."""
     specs = plan.input_specs
     if len(inputs) != len(specs):
         return False
     for x, (shape, dtype, strides) in zip(inputs, specs):
-        if type(x) is not torch.Tensor or x.dtype is not dtype or x.shape != shape:
+        if type(x) not in _PLAIN or x.dtype is not dtype or x.shape != shape:
             return False
         if x.stride() != strides:
             return False
@@ -420,17 +424,9 @@ def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def run_plan(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """``execute`` without the input check (the caller has made it)."""
-    graph = plan.graph
-    device = inputs[0].device if inputs else torch.device("cpu")
-    run = _Run(plan, device)
-    for idx, x in zip(graph.inputs, inputs):
+    """``execute`` without the input check (the caller has made it): the plan's program
+    (``program.py``: its steps with every lookup made once) on these inputs."""
+    run = _Run(plan, inputs[0].device if inputs else torch.device("cpu"))
+    for idx, x in zip(plan.graph.inputs, inputs):
         run.env[idx] = x
-    for step in plan.steps:
-        if isinstance(step, KernelStep):
-            run_kernel_step(run, step)
-        else:
-            node = graph[step.node]
-            value = eval_node(node, [run.get(j) for j in node.inputs], device)
-            run.env[step.node] = value
-    return [run.get(o) for o in graph.outputs]
+    return program(plan, run_kernel_step, _BROKEN)(run)

@@ -1,0 +1,149 @@
+"""A plan lowered for the host: the per-call work of ``run_plan`` with every lookup made once.
+
+Walking a plan's steps resolves, on each call, which values a step reads (views evaluated on
+their first use, through the op table), how each eager op is called, each output's shape and
+dtype. None of that changes between calls, so :func:`program` resolves it once per plan into a
+flat list of bound operations: evaluate a view, make a loaded intermediate contiguous, call an
+eager op, launch a kernel with its argument template. A call then does only the tensor work.
+
+A kernel whose source cannot be loaded or built still runs its group's ops in eager with one
+warning: the runtime hands the program its slow path for a kernel step (``slow``: the first
+launch, a TMA kernel's alignment check and any broken kernel go through it) and the record of
+broken kernels (``broken``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from autofuse.ir.eager import bind_node
+from autofuse.ir.ops import op_def
+from autofuse.kernels import INLINE_OPS
+
+Op = Callable[[Any], None]  # one bound operation on a ``runtime._Run``
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+class Program:
+    """The operations of one plan on one device kind, in order (see the module docstring)."""
+
+    def __init__(self, plan: Any, slow: Callable[[Any, Any], None], broken: Mapping) -> None:
+        self.plan, self.graph = plan, plan.graph
+        self.slow, self.broken = slow, broken
+        self.ops: list[Op] = []
+        self.have: set[int] = set(self.graph.inputs)
+        for step in plan.steps:
+            if hasattr(step, "kernel"):
+                self._kernel(step)
+            else:
+                self._eager(step.node)
+        for o in self.graph.outputs:
+            self._need(o)
+        self.outputs = tuple(self.graph.outputs)
+        del self.have
+
+    # -- building ------------------------------------------------------------------------------
+    def _need(self, i: int) -> None:
+        """Make node ``i`` available: a view or an inline constant is evaluated where it is
+        first read (as ``_Run.get`` does); anything else must come from an earlier step."""
+        if i in self.have:
+            return
+        node = self.graph[i]
+        if node.kind != "view" and node.op not in INLINE_OPS:
+            raise RuntimeError(f"node %{i} ({node.op}) is read before any step computed it")
+        for j in node.inputs:
+            self._need(j)
+        self.ops.append(_evaluate(i, node.inputs, bind_node(node)))
+        self.have.add(i)
+
+    def _eager(self, i: int) -> None:
+        node = self.graph[i]
+        for j in node.inputs:
+            self._need(j)
+        self.ops.append(_evaluate(i, node.inputs, bind_node(node)))
+        self.have.add(i)
+
+    def _kernel(self, step: Any) -> None:
+        g = self.graph
+        loads = step.load_kinds(g)
+        for i, given in loads:
+            self._need(i)
+            if not given:
+                self.ops.append(_contiguous(i))
+        stored = step.kernel.info.stored
+        specs = tuple((g[s].shape, _dtype(g[s].dtype), op_def(g[s].op).scatter) for s in stored)
+        loaded = tuple(i for i, _ in loads)
+        self.ops.append(_launch(step, loaded, stored, specs, self.slow, self.broken))
+        self.have.update(step.kernel.info.nodes)
+
+    # -- running -------------------------------------------------------------------------------
+    def __call__(self, run: Any) -> list[Any]:
+        for op in self.ops:
+            op(run)
+        env = run.env
+        return [env[o] for o in self.outputs]
+
+
+def _evaluate(i: int, inputs: tuple[int, ...], fn: Callable[..., Any]) -> Op:
+    def op(run: Any) -> None:
+        env = run.env
+        env[i] = fn(run.device, *[env[j] for j in inputs])
+
+    return op
+
+
+def _contiguous(i: int) -> Op:
+    def op(run: Any) -> None:
+        t = run.env[i]
+        if not t.is_contiguous():
+            run.env[i] = t.contiguous()
+
+    return op
+
+
+def _launch(step, loads, stored, specs, slow, broken) -> Op:
+    """A kernel step: its buffers gathered and its outputs allocated by the prebuilt templates,
+    straight to its launcher once the slow path has built it (and while the kernel needs no
+    per-call check)."""
+    kernel = step.kernel
+    key = (kernel.source, kernel.name)
+    arg_spec = step.arg_spec
+    empty, zeros = torch.empty, torch.zeros
+
+    def op(run: Any) -> None:
+        launcher = step.__dict__.get("launcher")
+        if launcher is None or launcher.scratch or key in broken:
+            return slow(run, step)  # first use, TMA alignment checks, broken
+        env, device = run.env, run.device
+        bufs = [env[i] for i in loads]
+        outs = [
+            (zeros if scatter else empty)(shape, dtype=dtype, device=device)
+            for shape, dtype, scatter in specs
+        ]
+        bufs += outs
+        try:
+            launcher([bufs[v] if buf else v for buf, v in arg_spec])
+        except Exception:  # noqa: BLE001 - the slow path decides (eager fallback, or raise)
+            return slow(run, step)
+        for s, t in zip(stored, outs):
+            env[s] = t
+
+    return op
+
+
+def program(plan: Any, slow: Callable[[Any, Any], None], broken: Mapping) -> Program:
+    """The plan's program, built on its first call and kept with the plan."""
+    prog = plan.__dict__.get("_program")
+    if prog is None:
+        prog = Program(plan, slow, broken)
+        plan.__dict__["_program"] = prog  # frozen: cached like a cached_property
+    return prog
+
+
+__all__ = ["Program", "program"]
