@@ -168,6 +168,11 @@ def _build(variant: str, a, fn, args, sdpa, train: bool) -> dict:
         )
     if train:
         calls["autofuse"] = torch.compile(own_code(fn, "af-train"), backend="autofuse")
+        if a.trials:  # forward and backward graphs tuned
+            opts = {"trials": a.trials, "time_budget": a.time_budget, "progress": False}
+            calls["autofuse tuned"] = torch.compile(
+                own_code(fn, "af-train-tuned"), backend="autofuse", options=opts
+            )
     else:
         calls["autofuse greedy"] = autofuse.optimize(fn, args)
         if a.trials:
@@ -255,7 +260,7 @@ def _plans(out: dict, name: str):
     """For the torch.compile backend's call: every graph it compiled (forward, backward) with
     its kernels' kinds and names and its eager steps, and the warnings raised meanwhile (a
     kernel that failed to build and ran in eager says so here)."""
-    if name != "autofuse":
+    if not name.startswith("autofuse"):
         yield
         return
     from autofuse.frontend import compiled_graphs
@@ -264,12 +269,17 @@ def _plans(out: dict, name: str):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         yield
-    out["autofuse_graphs"] = [
-        {"kind": g.kind, "kernels": [[k.info.kind, k.name] for k in g.plan.kernels],
+    graphs = [
+        {"kind": g.kind,
+         "kernels": [[k.info.kind, k.name, k.config.label()] for k in g.plan.kernels],
          "eager_ops": {str(op): n for op, n in g.fallback_ops().items()}}
         for g in compiled_graphs() if id(g) not in before
     ]  # fmt: skip
-    out["autofuse_warnings"] = sorted({f"{w.category.__name__}: {w.message}"[:300] for w in seen})
+    if graphs:  # a torch.compile call (optimize's calls compile no backend graph)
+        key = "autofuse_graphs" if name == "autofuse" else f"{name.replace(' ', '_')}_graphs"
+        out[key] = graphs
+    warned = out.setdefault("autofuse_warnings", [])
+    warned += sorted({f"{name}: {w.category.__name__}: {w.message}"[:300] for w in seen})
 
 
 def _ratios(out: dict) -> None:

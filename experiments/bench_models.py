@@ -42,7 +42,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-BACKENDS = ("eager", "autofuse", "compile_default", "compile_max_autotune")
+BACKENDS = ("eager", "autofuse", "autofuse_cuda_graph", "compile_default", "compile_max_autotune")
+# autofuse_cuda_graph: the backend's option cuda_graph (inference graphs replayed as CUDA graphs;
+# inference cases only)
 _COMPILE_MODE = {"compile_default": None, "compile_max_autotune": "max-autotune-no-cudagraphs"}
 _SHORT = {"eager": "eager", "autofuse": "autofuse", "compile_default": "default",
           "compile_max_autotune": "max-autotune"}  # fmt: skip
@@ -314,17 +316,19 @@ def _time_rounds(recs: dict, steps: dict, a, device: str, rep_ms: float) -> int:
 
 
 def _profile(recs: dict, steps: dict, device: str) -> None:
-    """autofuse's and torch.compile default's kernels by device time (what holds a case back)."""
+    """autofuse's and torch.compile default's kernels by device time, and their host time
+    per step with the Python functions that take it (what holds a case back)."""
     if device != "cuda":
         return
-    from experiments.kernel_profile import kernel_times
+    from experiments.kernel_profile import host_times, kernel_times
 
     for n in ("autofuse", "compile_default"):
         if n in steps:
-            try:
-                recs[n]["kernel_profile"] = kernel_times(steps[n])
-            except Exception as e:  # noqa: BLE001 - a profile is extra: the timings stand
-                recs[n]["kernel_profile"] = _err(e)
+            for key, measure in (("kernel_profile", kernel_times), ("host_profile", host_times)):
+                try:
+                    recs[n][key] = measure(steps[n])
+                except Exception as e:  # noqa: BLE001 - a profile is extra: the timings stand
+                    recs[n][key] = _err(e)
 
 
 def _summarize(rec: dict) -> None:
@@ -343,6 +347,14 @@ def _summarize(rec: dict) -> None:
         if a_t and comp:
             rec[f"speedup_autofuse_vs_best_compile{suffix}"] = min(comp) / a_t
     rec["autofuse_correct"] = af.get("correct")
+    if "autofuse_cuda_graph" in b:
+        rec["autofuse_cuda_graph_correct"] = b["autofuse_cuda_graph"].get("correct")
+    cg, comp = (
+        t("autofuse_cuda_graph"),
+        [x for x in (t("compile_default"), t("compile_max_autotune")) if x],
+    )
+    if cg and comp:
+        rec["speedup_autofuse_cuda_graph_vs_best_compile"] = min(comp) / cg
 
 
 def run_case(rec: dict, case, mode: str, a, device: str, rep_ms: float, deadline: float,
@@ -380,6 +392,8 @@ def run_case(rec: dict, case, mode: str, a, device: str, rep_ms: float, deadline
                 fn = case.model
             elif name == "autofuse":
                 fn = torch.compile(case.model, backend="autofuse")
+            elif name == "autofuse_cuda_graph":
+                fn = torch.compile(case.model, backend="autofuse", options={"cuda_graph": True})
             else:
                 fn = torch.compile(case.model, mode=_COMPILE_MODE[name])
             before = {id(g) for g in compiled_graphs()}
@@ -390,7 +404,7 @@ def run_case(rec: dict, case, mode: str, a, device: str, rep_ms: float, deadline
                 out, loss, grads = call(fn)
                 _sync(device)
                 br["compile_s"] = time.perf_counter() - t0
-            if name == "autofuse":
+            if name.startswith("autofuse"):
                 new = [g for g in compiled_graphs() if id(g) not in before]
                 br["graphs"] = _autofuse_graphs(new)
                 br["kernels"] = sum(g["kernels"] for g in br["graphs"])
@@ -435,6 +449,8 @@ def run_case(rec: dict, case, mode: str, a, device: str, rep_ms: float, deadline
             save()
 
     quick = [b for b in a.backends if b != "compile_max_autotune"]
+    if mode == "train":  # CUDA graphs replay inference graphs only
+        quick = [b for b in quick if b != "autofuse_cuda_graph"]
     if "eager" not in quick:
         quick.insert(0, "eager")  # the reference of the correctness checks
     for name in quick:
@@ -478,7 +494,7 @@ def run_case(rec: dict, case, mode: str, a, device: str, rep_ms: float, deadline
 
 def table(cases: list[dict]) -> str:
     cols = ["model", "mode", "eager us", "default us", "max-autotune us", "autofuse us",
-            "af vs best compile", "correct"]  # fmt: skip
+            "af vs best compile", "af+graphs us", "vs best", "correct"]  # fmt: skip
     rows = [cols]
 
     def us(r: dict, name: str) -> str:
@@ -491,10 +507,12 @@ def table(cases: list[dict]) -> str:
 
     for r in cases:
         sp = r.get("speedup_autofuse_vs_best_compile")
+        cg = r.get("speedup_autofuse_cuda_graph_vs_best_compile")
         corr = r.get("autofuse_correct")
         rows.append([r["model"], r["mode"], us(r, "eager"), us(r, "compile_default"),
                      us(r, "compile_max_autotune"), us(r, "autofuse"),
-                     f"{sp:.2f}x" if sp else "-", "-" if corr is None else str(corr)])  # fmt: skip
+                     f"{sp:.2f}x" if sp else "-", us(r, "autofuse_cuda_graph"),
+                     f"{cg:.2f}x" if cg else "-", "-" if corr is None else str(corr)])  # fmt: skip
     widths = [max(len(row[k]) for row in rows) for k in range(len(cols))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
 

@@ -46,3 +46,50 @@ def kernel_times(
             for name, (us, n) in ranked
         ],
     }
+
+
+def host_times(step: Callable[[], Any], runs: int = 5, top: int = 25, device: str = "cuda") -> dict:
+    """The host's side of a step: the time until the call returns with its work enqueued
+    (``enqueue_us``; the queue drained before each call) against the time until the device has
+    done it (``wall_us``), best of ``runs``; and the Python functions that take the host's
+    time (``cProfile``, per step, by own time). Where ``enqueue_us`` is close to ``wall_us``
+    the step is bound by the host (or waits on the device inside the call)."""
+    import cProfile
+    import pstats
+    import time
+
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    step()
+    sync()
+    enq, wall = [], []
+    for _ in range(runs):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        sync()
+        enq.append(t1 - t0)
+        wall.append(time.perf_counter() - t0)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(3):
+        step()
+    prof.disable()
+    sync()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    ranked = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    return {
+        "enqueue_us": min(enq) * 1e6,
+        "wall_us": min(wall) * 1e6,
+        "functions": [
+            [
+                f"{f.rsplit('/', 2)[-1] if '/' in f else f}:{line}({name})",
+                nc / 3,
+                tt / 3 * 1e6,
+                ct / 3 * 1e6,
+            ]
+            for (f, line, name), (_, nc, tt, ct, _) in ranked
+        ],  # fmt: skip
+    }

@@ -154,7 +154,8 @@ def _backward_graph(fn, args) -> Graph:
 
 
 def test_every_config_computes_the_same_gradients():
-    """Tiles larger and smaller than T, one and several programs per role."""
+    """Tiles larger and smaller than T, one and several programs per role, the query
+    programs' tiles turned over (``swap``); causal, so the live-tile bounds are in use."""
     torch.manual_seed(1)
     q, k, v = _qkv(21, 16)
     graph = _backward_graph(eager_attention, [q, k, v])
@@ -165,7 +166,13 @@ def test_every_config_computes_the_same_gradients():
 
     ins = [torch.empty_strided(graph[i].shape, graph[i].strides).normal_() for i in graph.inputs]
     ref = execute(build_plan(graph, Partitioner(graph).unfused().groups), ins)
-    for cfg in (AttentionBwdConfig(16, 16), AttentionBwdConfig(16, 32), AttentionBwdConfig(32, 16)):
+    configs = (
+        AttentionBwdConfig(16, 16),
+        AttentionBwdConfig(16, 32),
+        AttentionBwdConfig(32, 16),
+        AttentionBwdConfig(16, 32, swap=True),  # query programs hold 32 rows, step 16 keys
+    )
+    for cfg in configs:
         generate(graph, info, cfg)  # renders
         configs = [cfg if grp == group else None for grp in part.groups]
         out = execute(build_plan(graph, part.groups, configs), ins)
@@ -221,3 +228,19 @@ def test_sliding_window_bounds_both_loops():
     causal = _run(eager_attention, _qkv(200, 8), torch.float32)
     (att_c,) = [k for k in causal.plan.kernels if k.info.kind == "attention_bwd"]
     assert att.meta.work < att_c.meta.work < 1.0, (att.meta.work, att_c.meta.work)
+
+
+def test_swap_configs_are_in_the_space_and_labelled():
+    torch.manual_seed(3)
+    graph = _backward_graph(eager_attention, list(_qkv(200, 8)))
+    part = Partitioner(graph).greedy()
+    (group,) = [grp for grp in part.groups if sum(graph[m].kind == "matmul" for m in grp) > 2]
+    info = analyze_group(graph, group)
+    from autofuse.kernels import config_space
+
+    space = config_space(info, graph)
+    swapped = [c for c in space if c.swap]
+    assert swapped and all(c.BLOCK_M < c.BLOCK_N for c in swapped)
+    assert swapped[0].label().endswith(" swap")
+    k = generate(graph, info, AttentionBwdConfig(32, 64, swap=True))
+    assert k.grid[0] == 2 * -(-200 // 64)  # both kinds of programs hold 64

@@ -53,10 +53,23 @@ from autofuse.kernels.views import view_source_index
 
 @dataclass(frozen=True, order=True)
 class AttentionBwdConfig(TileConfig):
-    """BLOCK_M query rows and BLOCK_N keys per tile (a key program holds BLOCK_N keys and
-    walks the rows; a query program holds BLOCK_M rows and walks the keys)."""
+    """BLOCK_M query rows and BLOCK_N keys per tile: a key program holds BLOCK_N keys and
+    walks the rows BLOCK_M at a time; a query program holds BLOCK_M rows and walks the keys
+    BLOCK_N at a time, or, with ``swap``, holds BLOCK_N rows and walks BLOCK_M keys (both
+    kinds then hold the same block and walk the other: a large held block, a small step)."""
 
     num_stages: int = 1
+    swap: bool = False
+
+    def label(self) -> str:
+        return super().label() + (" swap" if self.swap else "")
+
+
+def role_blocks(config: AttentionBwdConfig, role: str) -> tuple[int, int]:
+    """(rows, keys) of a tile of the ``role`` programs ("kv" or "q") under ``config``."""
+    if role == "q" and config.swap:
+        return config.BLOCK_N, config.BLOCK_M
+    return config.BLOCK_M, config.BLOCK_N
 
 
 def head_block(d: int) -> int:
@@ -171,16 +184,26 @@ class BwdEmitter(Emitter):
     def head_var(self, d: int) -> str:
         return f"offs_h{d}"
 
+    def blocks(self) -> tuple[str, str]:
+        """The constexprs that size the rows and the keys of the current role's tiles."""
+        if self.role == "q" and self.cfg.swap:
+            return "BLOCK_N", "BLOCK_M"
+        return "BLOCK_M", "BLOCK_N"
+
+    def sizes(self) -> tuple[int, int]:
+        return role_blocks(self.cfg, self.role)
+
     def mask(
         self, rows: str = "", keys: str = "", head: tuple[int, str] | None = None
     ) -> str | None:
         """The bounds mask of a tile load or store: rows and keys (``rows`` / ``keys``: the
         broadcast of ``offs_m`` / ``offs_n`` used) where they may run past their extent, a
         head dim past its own."""
-        p, cfg, parts = self.parts, self.cfg, []
-        if rows and p.t % cfg.BLOCK_M:
+        p, parts = self.parts, []
+        bm, bn = self.sizes()
+        if rows and p.t % bm:
             parts.append(f"(offs_m{rows} < {p.t})")
-        if keys and p.tk % cfg.BLOCK_N:
+        if keys and p.tk % bn:
             parts.append(f"(offs_n{keys} < {p.tk})")
         if head is not None and head[0] != head_block(head[0]):
             parts.append(f"({self.head_var(head[0])}{head[1]} < {head[0]})")
@@ -270,14 +293,15 @@ class BwdEmitter(Emitter):
             self.line("rindex = offs_n[None, :]")
             self.line(f"rmask = rindex < {p.tk}")
         else:
-            self.line(f"start_q = ({pid}) * BLOCK_M")
-            self.line("offs_m = start_q + tl.arange(0, BLOCK_M)")
+            bm = self.blocks()[0]
+            self.line(f"start_q = ({pid}) * {bm}")
+            self.line(f"offs_m = start_q + tl.arange(0, {bm})")
             self.line("xindex = offs_m[:, None]")
             self.line(f"xmask = xindex < {p.t}")
         accs = []
         for k, gm in enumerate(grads):
             blk = head_block(gm.free_extent(self.g))
-            fixed = "BLOCK_N" if role == "kv" else "BLOCK_M"
+            fixed = "BLOCK_N" if role == "kv" else self.blocks()[0]
             shape = f"[{fixed}, {blk}]" if gm.tile_pos == 0 else f"[{blk}, {fixed}]"
             acc = f"acc_{role}{k}"  # names differ between the roles' branches (Triton types
             accs.append(acc)  # a name both branches define alike)
@@ -302,7 +326,8 @@ class BwdEmitter(Emitter):
 
     def _loop(self, role: str, lo: str, hi: str, body, note: str, guard: bool = False) -> None:
         p = self.parts
-        step, var = ("BLOCK_M", "start_m") if role == "kv" else ("BLOCK_N", "start_n")
+        bm, bn = self.blocks()
+        step, var = (bm, "start_m") if role == "kv" else (bn, "start_n")
         self.lines.append("")
         self.loops.append(Loop(len(self.lines), self.depth))
         self.line(f"for {var} in range({lo}, {hi}, {step}):  # {note}")
@@ -311,11 +336,11 @@ class BwdEmitter(Emitter):
         self.regions.append(set())
         outer, self.region = self.region, len(self.regions) - 1
         if role == "kv":
-            self.line("offs_m = start_m + tl.arange(0, BLOCK_M)")
+            self.line(f"offs_m = start_m + tl.arange(0, {bm})")
             self.line("xindex = offs_m[:, None]")
             self.line(f"xmask = xindex < {p.t}")
         else:
-            self.line("offs_n = start_n + tl.arange(0, BLOCK_N)")
+            self.line(f"offs_n = start_n + tl.arange(0, {bn})")
             self.line("rindex = offs_n[None, :]")
             self.line(f"rmask = rindex < {p.tk}")
         if guard:
@@ -336,14 +361,12 @@ class BwdEmitter(Emitter):
         index = tile_index(p.domain, p.heads, len(g[gm.tile].shape), self.rows, self.keys)
         v = self.value(gm.tile, index)
         code = cast(v, "float32")
+        bm, bn = self.blocks()
         if v.cls < 2:
-            code = (f"tl.full([BLOCK_M, BLOCK_N], {code}, tl.float32)" if v.literal
-                    else f"tl.broadcast_to({code}, [BLOCK_M, BLOCK_N])")  # fmt: skip
-        edge = [
-            m
-            for m, ok in (("xmask", p.t % self.cfg.BLOCK_M), ("rmask", p.tk % self.cfg.BLOCK_N))
-            if ok
-        ]
+            code = (f"tl.full([{bm}, {bn}], {code}, tl.float32)" if v.literal
+                    else f"tl.broadcast_to({code}, [{bm}, {bn}])")  # fmt: skip
+        sm, sn = self.sizes()
+        edge = [m for m, ok in (("xmask", p.t % sm), ("rmask", p.tk % sn)) if ok]
         if edge:
             code = f"tl.where({' & '.join(edge)}, {code}, 0.0)"
         dt = g[g[gm.node].inputs[gm.tile_pos]].dtype
@@ -422,12 +445,13 @@ def generate_attention_bwd(
     layout += [("out", k) for k in range(len(info.stored))]
     kv = any(gm.over_rows for gm in parts.grads)
     q = any(not gm.over_rows for gm in parts.grads)
-    programs = kv * -(-parts.tk // config.BLOCK_N) + q * -(-parts.t // config.BLOCK_M)
+    programs = kv * -(-parts.tk // config.BLOCK_N) + q * -(-parts.t // role_blocks(config, "q")[0])
     kw = (
         ("BLOCK_M", config.BLOCK_M), ("BLOCK_N", config.BLOCK_N),
         ("num_warps", config.num_warps), ("num_stages", config.num_stages),
     )  # fmt: skip
-    work = em.skip.work(config.BLOCK_M, config.BLOCK_N, kv, q) if em.skip else 1.0
+    tiles = [role_blocks(config, r) for r, on in (("kv", kv), ("q", q)) if on]
+    work = em.skip.work(*tiles) if em.skip else 1.0
     return Kernel(
         name=name,
         source=src + "\n" + "\n".join(body) + "\n",
@@ -448,7 +472,9 @@ def generate_attention_bwd(
 def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdConfig]:
     """BLOCK_M / BLOCK_N 16..128 (16 and 32 only for short sequences), 4 or 8 warps, 1..3
     stages, within about 160 fp32 registers per thread for the tiles (P, dP, dS) and the
-    accumulators, and within shared memory for the operand tiles."""
+    accumulators, and within shared memory for the operand tiles; where BLOCK_M < BLOCK_N,
+    also with ``swap`` (every program holds BLOCK_N and steps by BLOCK_M, as the Triton
+    tutorial's backward does: 128 held, 32 a step)."""
     parts = bwd_parts(graph, frozenset(info.nodes))
     item = max(ITEM.get(graph[graph[m].inputs[0]].dtype, 2) for m in info.matmuls)
     heads = [head_block(gm.free_extent(graph)) for gm in parts.grads]
@@ -468,8 +494,11 @@ def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdCon
                     continue
                 for st in (1, 2, 3):
                     smem = st * (bm + bn) * dh * 2 * item + bm * bn * (item + 4)
-                    if smem <= HOPPER_SMEM_BYTES:
-                        out.append(AttentionBwdConfig(bm, bn, w, st))
+                    if smem > HOPPER_SMEM_BYTES:
+                        continue
+                    out.append(AttentionBwdConfig(bm, bn, w, st))
+                    if bm < bn <= cap_m and bm <= cap_n:  # the query programs hold bn rows too
+                        out.append(AttentionBwdConfig(bm, bn, w, st, swap=True))
     return out or [AttentionBwdConfig(16, 16, 1, 1)]
 
 

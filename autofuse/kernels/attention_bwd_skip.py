@@ -52,13 +52,14 @@ class SkipPlan:
 
     def q_bounds(self, em) -> tuple[str, str]:
         """The keys a block of rows visits (all of them for a row within reach)."""
+        bm, bn = em.blocks()
         em.line("r0 = start_q  # the program's rows")
-        em.line(f"r1 = tl.minimum(r0 + BLOCK_M - 1, {self.t - 1})")
+        em.line(f"r1 = tl.minimum(r0 + {bm} - 1, {self.t - 1})")
         hi, lo = live_columns(self.limits, "r0", "r1")
         em.line(f"hi_q = {_clamp(hi, self.tk)}  # live keys")
         em.line(f"lo_q = {_clamp(lo, 'hi_q')}")
         self.reach(em, "reach")
-        em.line("lo_q = tl.where(reach, 0, (lo_q // BLOCK_N) * BLOCK_N)")
+        em.line(f"lo_q = tl.where(reach, 0, (lo_q // {bn}) * {bn})")
         em.line(f"hi_q = tl.where(reach, {self.tk}, hi_q)")
         return "lo_q", "hi_q"
 
@@ -88,8 +89,17 @@ class SkipPlan:
         )
         return "lo_k", "hi_k"
 
-    def work(self, bm: int, bn: int, kv: bool, q: bool) -> float:
-        """The fraction of the tiles the live loops visit, over both kinds of programs."""
+    def work(self, *tiles: tuple[int, int]) -> float:
+        """The fraction of the tiles the live loops visit, over the kinds of programs whose
+        (rows, keys) tiles are given."""
+        visited = total = 0
+        for bm, bn in tiles:
+            v, t = self._live(bm, bn)
+            visited, total = visited + v, total + t
+        return visited / max(total, 1)
+
+    def _live(self, bm: int, bn: int) -> tuple[int, int]:
+        """(live tiles, tiles) of the (rows, keys) grid in bm x bn tiles."""
         nm, nn = -(-self.t // bm), -(-self.tk // bn)
         visited = total = 0
         for pm in range(nm):
@@ -102,9 +112,9 @@ class SkipPlan:
                     else (c1 >= min(lim.a * r0 + lim.b, lim.a * r1 + lim.b))
                     for lim in self.limits
                 )
-                visited += live * (kv + q)
-                total += kv + q
-        return visited / max(total, 1)
+                visited += live
+                total += 1
+        return visited, total
 
 
 def _clamp(expr: str | None, top: int | str) -> str:
