@@ -46,7 +46,8 @@ BACKENDS = ("eager", "autofuse", "autofuse_cuda_graph", "compile_default", "comp
 # autofuse_cuda_graph: the backend's option cuda_graph (inference graphs replayed as CUDA graphs;
 # inference cases only)
 _COMPILE_MODE = {"compile_default": None, "compile_max_autotune": "max-autotune-no-cudagraphs"}
-_SHORT = {"eager": "eager", "autofuse": "autofuse", "compile_default": "default",
+_SHORT = {"eager": "eager", "autofuse": "autofuse", "autofuse_cuda_graph": "autofuse+graphs",
+          "compile_default": "default",
           "compile_max_autotune": "max-autotune"}  # fmt: skip
 DEFAULT_BATCH = {"realistic": 4}  # ~2 ms inference / ~6 ms training step per model on an H200
 
