@@ -93,7 +93,7 @@ def test_two_layers_share_the_mask_and_both_fuse(monkeypatch):
     assert _kinds(backend.records[0].plan).count("attention") == 2
 
 
-@pytest.mark.parametrize("name", ["llama_eager", "gpt2"])
+@pytest.mark.parametrize("name", ["llama_eager", "gpt2", "bert"])
 def test_training_forward_fuses_and_gradients_match(name):
     case = build(name, "tiny")
     g = torch.Generator().manual_seed(3)  # 12 tokens: the scores' T x T is no head's T x D
@@ -113,6 +113,12 @@ def test_training_forward_fuses_and_gradients_match(name):
     t = case.inputs["input_ids"].shape[-1]
     saved = [g[o].shape for o in g.outputs if g[g.base_of(o)].kind != "input"]
     assert not any(s[-2:] == (t, t) for s in saved), saved  # no T x T tensor is saved
+    # the backward is one attention_bwd kernel per layer, no bmm in eager: a clone of dO that
+    # rowsum(dO * O) also reads stays out of the group (GPT-2, BERT), and the tiles' domain
+    # comes from the ops on the scores, not from a K/V expand copy (Llama's grouped heads)
+    bw = next(r for r in backend.records if r.kind == "backward")
+    assert _kinds(bw.plan).count("attention_bwd") == 1, (_kinds(bw.plan), bw.fallback_ops())
+    assert "bmm" not in bw.fallback_ops(), bw.fallback_ops()
 
 
 def test_a_non_identity_op_before_p_at_v_is_still_refused():

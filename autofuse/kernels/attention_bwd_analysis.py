@@ -96,7 +96,7 @@ def bwd_parts(graph: Graph, members: frozenset[int]) -> BwdParts:
             "no softmax recomputed from its saved row max (exp(x - max), the max loaded) among "
             "the ops between the matmuls: not an attention backward"
         )
-    domain = _domain(graph, members, shape)
+    domain = _domain(graph, members, shape, tiles)
     grads = tuple(_grad(graph, members, m, pos, domain, heads, t, tk) for m, pos in grads_raw)
     _check_members(graph, members, set(tiles), grads, copies, domain)
     return BwdParts(tuple(tiles), grads, frozenset(copies), domain, heads, t, tk)
@@ -113,13 +113,27 @@ def recomputed_softmax(graph: Graph, members, e: int) -> bool:
     return x in members and m not in members and graph[m].shape[-1:] == (1,)
 
 
-def _domain(graph: Graph, members, shape) -> tuple[int, ...]:
-    """The shape of the tile's pointwise ops: the highest-rank member shape with the tiles'
-    element count and last two dims (the 4-D (batch, heads, T, Tk) of eager code)."""
+def _downstream(graph: Graph, members, tiles) -> set[int]:
+    """The members that read a tile matmul's product (directly or through other members)."""
+    out, stack = set(), list(tiles)
+    while stack:
+        for u in graph.compute_users[stack.pop()]:
+            if u in members and u not in out:
+                out.add(u)
+                stack.append(u)
+    return out
+
+
+def _domain(graph: Graph, members, shape, tiles=()) -> tuple[int, ...]:
+    """The shape of the tile's pointwise ops: the highest-rank shape, among the members that
+    compute on the tiles, with the tiles' element count and last two dims (the 4-D (batch,
+    heads, T, Tk) of eager code; not an operand's copy that happens to match)."""
     n = 1
     for s in shape:
         n *= s
     best = tuple(shape)
+    if tiles:
+        members = _downstream(graph, members, tiles)
     for m in members:
         s = graph[m].shape
         size = 1

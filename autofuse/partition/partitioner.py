@@ -261,7 +261,7 @@ class Partitioner:
         for n in core:
             inner |= 1 << n
         mms = srcs | sinks
-        seed = core | mms | self._operand_clones(members, tuple(mms))
+        seed = core | mms | self._operand_clones(members, tuple(mms), core)
         operands = {g.base_of(j) for b in sinks for j in g[b].inputs} - core
         feeders = {
             n
@@ -290,13 +290,20 @@ class Partitioner:
                 return feeders
             feeders -= drop
 
-    def _operand_clones(self, members: frozenset[int], mms: tuple[int, ...]) -> set[int]:
-        """Clones (an expand + reshape of shared K / V heads) in front of the matmuls' operands."""
+    def _operand_clones(
+        self, members: frozenset[int], mms: tuple[int, ...], core: set[int] = frozenset()
+    ) -> set[int]:
+        """Clones (an expand + reshape of shared K / V heads) in front of the matmuls' operands,
+        those read inside the chain alone (by the matmuls or the ops of ``core``: a clone of
+        dO that the backward's ``rowsum(dO * O)`` also reads stays out, else that path would
+        leave the group and come back)."""
         g, out = self.graph, set()
         for mm in mms:
             for j in g[mm].inputs:
                 i = g.base_of(j)
                 while i in members and g[i].op == "copy":
+                    if not set(g.compute_users[i]) <= set(mms) | core | out:
+                        break
                     out.add(i)
                     i = g.base_of(g[i].inputs[0])
         return out
