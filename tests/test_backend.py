@@ -124,6 +124,23 @@ def test_training_matches_eager_gradients():
     assert fw.fallback_ops()["mm"] >= 0  # matmuls run as torch.mm or in GEMM kernels
 
 
+def test_plans_are_built_outside_aot_autograds_fake_mode(monkeypatch):
+    """AOTAutograd compiles the forward graph inside its FakeTensorMode: the tuner's timing
+    runs there failed every candidate ("Cannot access data pointer of Tensor"). Plans (tuned
+    or not) are built with the fake mode unset."""
+    seen = []
+    plan_for = dynamo.AutofuseBackend.plan_for
+
+    def spy(self, graph, kind, metas):
+        seen.append((kind, type(torch.empty(1)) is torch.Tensor))
+        return plan_for(self, graph, kind, metas)
+
+    monkeypatch.setattr(dynamo.AutofuseBackend, "plan_for", spy)
+    mod = _mlp()
+    torch.compile(mod, backend=dynamo.make_backend())(torch.randn(4, 16)).sum().backward()
+    assert seen == [("forward", True), ("backward", True)], seen
+
+
 def test_input_gradients_and_none_outputs():
     """Gradients w.r.t. inputs; an integer input gets no gradient (None in the backward graph);
     a constant tensor created in forward becomes a lifted constant."""

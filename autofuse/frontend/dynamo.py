@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
 from autofuse.ir import Graph
@@ -242,7 +243,8 @@ class AutofuseBackend:
         graph = to_ir(prepared, cuda)
         metas = [prepared.gm.graph.find_nodes(op="placeholder")[k].meta["val"]
                  for k in range(len(graph.inputs))]  # fmt: skip
-        plan, tuning = self.plan_for(graph, kind, metas)
+        with unset_fake_temporarily():  # AOTAutograd compiles the forward in its fake mode:
+            plan, tuning = self.plan_for(graph, kind, metas)  # the tuner's tensors are real
         compiled = CompiledGraph(kind, f"{kind}_{graph.key[:8]}", prepared, plan, tuning)
         if kind == "inference" and self.options.get("cuda_graph"):
             compiled.replay = GraphReplay(plan)
