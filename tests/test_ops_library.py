@@ -28,3 +28,26 @@ def test_topk_and_sort_are_library_steps_between_fused_kernels(dtype):
     outs = execute(plan, [x])
     for k, (o, r) in enumerate(zip(outs, reference(top3, (x,), dtype), strict=True)):
         assert_close(o, r, dtype, f"out {k}")
+
+
+def test_convolution_runs_on_channels_last_operands_and_returns_contiguous():
+    """A convolution's library call takes NHWC operands (cuDNN's fast 16-bit kernels; on CUDA
+    only, here forced) and hands the plan contiguous results, forward and backward."""
+    from autofuse.ir.eager import channels_last_call, resolve_target
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, generator=g).bfloat16()
+    w = torch.randn(8, 3, 4, 4, generator=g).bfloat16()
+    b = torch.randn(8, generator=g).bfloat16()
+    conv = resolve_target("aten.convolution.default")
+    args = (x, w, b, [4, 4], [0, 0], [1, 1], False, [0, 0], 1)
+    want = conv(*args)
+    got = channels_last_call(conv, only_cuda=False)(*args)
+    assert got.is_contiguous() and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    bwd = resolve_target("aten.convolution_backward.default")
+    gy = torch.randn(want.shape, generator=g).bfloat16()
+    bargs = (gy, x, w, [8], [4, 4], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
+    for a, r in zip(channels_last_call(bwd, only_cuda=False)(*bargs), bwd(*bargs)):
+        assert a.is_contiguous()
+        torch.testing.assert_close(a.float(), r.float(), atol=5e-2, rtol=2e-2)

@@ -44,7 +44,7 @@ def bind_node(node: Node) -> Callable[..., Any]:
     if op in ("const", "iota"):
         return lambda device, *args: eval_node(node, args, device)
     if op == "opaque":
-        fn = resolve_target(node.attr("target"))
+        fn = library_call(node.attr("target"))
         pos, kwargs = node.attr("args"), node.attr("kwargs")
         return lambda device, *args: fn(
             *_decode(pos, args, device), **{k: _decode(v, args, device) for k, v in kwargs}
@@ -91,10 +91,51 @@ def _decode(a: Any, tensors: Sequence[Any], device: Any) -> Any:
 
 
 def call_opaque(node: Node, args: Sequence[Any], device: Any = "cpu") -> Any:
-    fn = resolve_target(node.attr("target"))
+    fn = library_call(node.attr("target"))
     pos = _decode(node.attr("args"), args, device)
     kw = {k: _decode(v, args, device) for k, v in node.attr("kwargs")}
     return fn(*pos, **kw)
+
+
+# Convolutions run as library calls (cuDNN), in the layout its fast kernels take: 16-bit
+# tensor-core convolutions are NHWC (channels_last), as Inductor's layout pass gives them. The
+# plan's other kernels read the result in the captured (contiguous) layout, so it is copied
+# back; that copy is small beside the convolution (ViT's patch embedding on the H200:
+# cuDNN's NCHW kernel 715 us, the NHWC one torch.compile reaches 393 us,
+# results/h200/models_a4559d9.json).
+_CHANNELS_LAST = ("aten.convolution.default", "aten.convolution_backward.default")
+
+
+def library_call(target: str) -> Any:
+    """The callable an opaque op runs: its ATen overload, or for a convolution on CUDA in 16
+    bits, the same overload on channels_last operands (:func:`channels_last_call`)."""
+    fn = resolve_target(target)
+    return channels_last_call(fn) if target in _CHANNELS_LAST else fn
+
+
+def channels_last_call(fn: Any, only_cuda: bool = True) -> Any:
+    """``fn`` with its 4-D 16-bit tensor arguments made channels_last (when on CUDA, unless
+    ``only_cuda`` is False) and its 4-D tensor results made contiguous again."""
+
+    def nhwc(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim() == 4 and x.dtype in _HALF:
+            if x.is_cuda or not only_cuda:
+                return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def back(y: Any) -> Any:
+        if isinstance(y, torch.Tensor) and y.dim() == 4:
+            return y.contiguous()
+        return y
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*[nhwc(a) for a in args], **{k: nhwc(v) for k, v in kwargs.items()})
+        return tuple(back(y) for y in out) if isinstance(out, (tuple, list)) else back(out)
+
+    return call
+
+
+_HALF = (torch.bfloat16, torch.float16)
 
 
 def run_graph(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
