@@ -18,6 +18,7 @@ import torch
 
 from autofuse.capture.trace import capture
 from autofuse.partition.partitioner import Partitioner
+from autofuse.plan.graph_choice import choose_replay, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.runtime import build_plan
 from autofuse.report import Explanation, summarize
@@ -53,8 +54,9 @@ def optimize(
     options: ``cache_dir``, ``storage``, ``sampler`` ("tpe" | "random" | "exhaustive"),
     ``verify``, ``isolate``, ``progress``, ``retune``, ``polish`` (configs timed per kernel of
     the best plan by hill climbing after the search, default 16; 0 turns it off),
-    ``cuda_graph`` (replay the plan as one CUDA graph over static input buffers; off under the
-    interpreter, see ``autofuse/plan/graphs.py``). The winner
+    ``cuda_graph`` (True: replay the plan as one CUDA graph over static input buffers, off under
+    the interpreter, see ``autofuse/plan/graphs.py``; "auto": only where the replay times faster
+    end to end on the example inputs, the decision in ``.graph_choice``). The winner
     is cached under ``cache_dir`` and reused by later calls (and by ``autofuse.load`` in
     production). Unknown option names raise ``TypeError``.
 
@@ -71,7 +73,7 @@ def optimize(
 
     check_options(options, OPTIMIZE, "autofuse.optimize")
     example_kwargs = dict(options.pop("example_kwargs", None) or {})
-    cuda_graph = bool(options.pop("cuda_graph", False))
+    cuda_graph = parse_cuda_graph(options.pop("cuda_graph", False), "autofuse.optimize")
     try:
         captured = None if example_kwargs else capture(fn, example_inputs)
     except CaptureError:
@@ -89,10 +91,32 @@ def optimize(
     else:
         plan = build_plan(graph, space.untuned().groups, label="greedy")
         opt = OptimizedFunction(captured, plan, fn)
-    if cuda_graph:
+    if cuda_graph is True:
         opt.graphs = GraphReplay(opt.plan)
+    elif cuda_graph == "auto":
+        _choose_graphs(opt, tuple(example_inputs))
     attach(opt, fn, example_inputs, {k: v for k, v in options.items() if k != "study_name"})
     return opt
+
+
+def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> None:
+    """``cuda_graph="auto"``: replay only where it times faster end to end (a fresh replay
+    is kept: the timing one was captured over the example inputs' buffers)."""
+    probe = GraphReplay(opt.plan)
+
+    def plain() -> Any:
+        opt.graphs = None
+        return opt(*args)
+
+    def replayed() -> Any:
+        opt.graphs = probe
+        return opt(*args)
+
+    kw = {} if timer is None else {"timer": timer}
+    with torch.no_grad():
+        choice = choose_replay(plain, replayed, opt._flat_call and cuda_inputs(args), **kw)
+    opt.graphs = GraphReplay(opt.plan) if choice.replay and probe.off is None else None
+    opt.graph_choice = choice
 
 
 def _tuned(fn, captured, example_inputs, space, **options: Any) -> OptimizedFunction:

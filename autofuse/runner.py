@@ -59,6 +59,7 @@ class OptimizedFunction:
         self._tuple_out = spec == pytree.tree_flatten(tuple(range(spec.num_leaves)))[1]
         # cuda_graph=True: replay the whole plan as one CUDA graph (plan/graphs.py)
         self.graphs = GraphReplay(plan) if cuda_graph and plan is not None else None
+        self.graph_choice = None  # cuda_graph="auto": what the measurement chose (graph_choice.py)
 
     def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
         c = self.captured

@@ -140,3 +140,56 @@ def test_backend_cuda_graph_option_replays_inference_graphs():
         assert len(notes) == 1 and replay.off
     else:
         assert not notes and replay.copied is not None
+
+
+def test_choose_replay_keeps_the_graph_only_when_it_times_faster():
+    from autofuse.plan.graph_choice import choose_replay
+
+    def timer_of(times):
+        return lambda call: times[call()]
+
+    plain, replayed = (lambda: "plain"), (lambda: "graph")
+    c = choose_replay(plain, replayed, True, timer_of({"plain": 40e-6, "graph": 10e-6}))
+    assert c.replay and c.plain_s == 40e-6 and c.graph_s == 10e-6 and "replay" in c.why
+    c = choose_replay(plain, replayed, True, timer_of({"plain": 40e-6, "graph": 39.5e-6}))
+    assert not c.replay  # within the margin: kernel by kernel (no copies to pay for nothing)
+
+    def broken():
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    c = choose_replay(plain, broken, True, timer_of({"plain": 40e-6}))
+    assert not c.replay and "replay failed" in c.why and c.graph_s is None
+    c = choose_replay(plain, replayed, False, timer_of({}))
+    assert not c.replay and c.plain_s is None  # off CUDA nothing is timed
+
+
+def test_cuda_graph_auto_and_bad_values():
+    args = _args()
+    with pytest.raises(ValueError, match="cuda_graph must be True, False or 'auto', got 'yes'"):
+        autofuse.optimize(two, args, cuda_graph="yes")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CudaGraphNote)  # auto decides quietly
+        opt = autofuse.optimize(two, args, cuda_graph="auto")
+        got = opt(*args)
+    for g, w in zip(got, two(*args)):
+        assert torch.allclose(g, w, atol=1e-5)
+    if DEVICE == "cpu":
+        assert opt.graph_choice.replay is False and opt.graphs is None
+    else:  # both timed on CUDA; whichever won, the result is eager's
+        assert opt.graph_choice.plain_s and opt.graph_choice.graph_s
+
+
+def test_backend_cuda_graph_auto_times_inference_graphs():
+    torch._dynamo.reset()
+    m = _Block().to(DEVICE)
+    x = torch.randn(8, 16, device=DEVICE)
+    fast = torch.compile(m, backend="autofuse", options={"cuda_graph": "auto"})
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), m(x), atol=1e-5, rtol=1e-5)
+    from autofuse.frontend import compiled_graphs
+
+    g = compiled_graphs()[-1]
+    assert g.graph_choice is not None
+    assert (g.replay is not None) == g.graph_choice.replay
+    if DEVICE == "cpu":
+        assert not g.graph_choice.replay and g.graph_choice.plain_s is None

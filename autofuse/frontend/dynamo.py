@@ -28,8 +28,9 @@ Options (``options={...}`` of ``torch.compile``, or keywords of :func:`make_back
 ``sampler``, ``verify``, ``isolate``, ``progress``, ``retune``, ``polish``, ...). Unknown names
 raise ``TypeError`` naming them (at the first call, when Dynamo calls the backend).
 ``cuda_graph=True`` replays each inference graph's plan as a CUDA graph (``plan/graphs.py``:
-the weights are read in place, a new batch is copied into the graph's buffers); forward and
-backward graphs of training run kernel by kernel. Without a
+the weights are read in place, a new batch is copied into the graph's buffers), ``"auto"`` only
+where the replay times faster end to end (``plan/graph_choice.py``); forward and backward
+graphs of training run kernel by kernel. Without a
 GPU the options are accepted and the greedy plan is used (the kernels run in Triton's
 interpreter).
 """
@@ -52,6 +53,7 @@ from autofuse import logs
 from autofuse.ir import Graph
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan, build_plan, execute
+from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.runtime import _inputs_match
 
@@ -101,6 +103,7 @@ class CompiledGraph:
     tuning: Any = field(default=None, repr=False)
     restrided: int = 0  # outputs copied to the traced strides so far
     replay: Any = field(default=None, repr=False)  # GraphReplay (option cuda_graph), inference
+    graph_choice: Any = field(default=None, repr=False)  # cuda_graph="auto": what was measured
     _out_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
     _in_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
 
@@ -246,8 +249,13 @@ class AutofuseBackend:
         with unset_fake_temporarily():  # AOTAutograd compiles the forward in its fake mode:
             plan, tuning = self.plan_for(graph, kind, metas)  # the tuner's tensors are real
         compiled = CompiledGraph(kind, f"{kind}_{graph.key[:8]}", prepared, plan, tuning)
-        if kind == "inference" and self.options.get("cuda_graph"):
+        mode = parse_cuda_graph(self.options.get("cuda_graph", False), "autofuse backend")
+        if kind == "inference" and mode is True:
             compiled.replay = GraphReplay(plan)
+        elif kind == "inference" and mode == "auto":
+            with unset_fake_temporarily():
+                compiled.graph_choice = _choose_replay(plan, metas)
+            compiled.replay = GraphReplay(plan) if compiled.graph_choice.replay else None
         self.records.append(compiled)
         _COMPILED.append(compiled)
         logs.log.info(
@@ -292,6 +300,19 @@ class AutofuseBackend:
         options = {k: v for k, v in self.options.items() if k != "cuda_graph"}
         options.setdefault("progress", False)
         return tune_and_cache(captured, inputs, Partitioner(graph), example_flat=inputs, **options)
+
+
+def _choose_replay(plan: Plan, metas: Sequence[Any]) -> GraphChoice:
+    """``cuda_graph="auto"``: the plan timed kernel by kernel and replayed, on random inputs
+    of the graph's shapes (a throwaway replay: the kept one captures the real inputs)."""
+    ins = [_realize(m) for m in metas]
+    probe = GraphReplay(plan)
+    with torch.no_grad():
+        return choose_replay(
+            lambda: execute(plan, ins),
+            lambda: probe(ins) or execute(plan, ins),
+            cuda_inputs(ins),
+        )
 
 
 class _Specializer:
