@@ -51,3 +51,38 @@ def test_convolution_runs_on_channels_last_operands_and_returns_contiguous():
     for a, r in zip(channels_last_call(bwd, only_cuda=False)(*bargs), bwd(*bargs)):
         assert a.is_contiguous()
         torch.testing.assert_close(a.float(), r.float(), atol=5e-2, rtol=2e-2)
+
+
+def test_a_kernel_reads_an_eager_ops_dense_output_in_its_own_layout(monkeypatch):
+    """An op the plan runs in eager keeps the layout it comes out in when that is dense (a
+    convolution of a channels_last input is NHWC; cuDNN attention's output is (B, T, H, D) in
+    memory): the kernel after it reads those strides, no copy to contiguous in between."""
+    import autofuse
+    from autofuse.ir import eager
+
+    def f(x, w):
+        return torch.sigmoid(torch.nn.functional.conv2d(x, w)) * 2.0
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 9, 9, generator=g).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(5, 3, 3, 3, generator=g).contiguous(memory_format=torch.channels_last)
+    opt = autofuse.optimize(f, (x, w))
+    conv = [i for i, n in enumerate(opt.plan.graph.nodes) if n.op == "opaque"]
+    assert conv and not opt.plan.graph[conv[0]].strides == (245, 49, 7, 1)  # traced NHWC
+    copies = []
+    real = eager.conform
+
+    def spy(t, shape, strides):
+        out = real(t, shape, strides)
+        copies.append(out is not t)
+        return out
+
+    monkeypatch.setattr("autofuse.plan.program.conform", spy)
+    monkeypatch.setattr("autofuse.plan.runtime.conform", spy)
+    for _ in range(2):  # the first call (the slow path) and the program's
+        assert_close(opt(x, w), f(x, w), torch.float32, "conv + sigmoid")
+    assert copies and not any(copies), copies
+    # a layout the trace did not foresee (the op came out contiguous): copied, still correct
+    wc = w.contiguous()
+    opt2 = autofuse.optimize(f, (x, wc))
+    assert_close(opt2(x, wc), f(x, wc), torch.float32, "conv + sigmoid, relaid")

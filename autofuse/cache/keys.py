@@ -14,7 +14,7 @@ import torch
 
 from autofuse.capture.trace import Captured
 
-CACHE_FORMAT = 2  # 2: kernels carry their metadata
+CACHE_FORMAT = 3  # 2: kernels carry their metadata; 3: eager outputs read in their traced layout
 PLANS = "plans"
 PLAN_FILE = "plan.json"
 

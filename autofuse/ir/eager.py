@@ -38,6 +38,16 @@ def eval_node(node: Node, args: Sequence[Any], device: torch.device | str = "cpu
     return out.to(_dtype(node.dtype)) if d.kind == "pointwise" else out
 
 
+def conform(t: torch.Tensor, shape: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
+    """``t`` in the layout a kernel reads it with (``buffer_strides``): as it is when its
+    strides match on every dim longer than one, else copied into that layout."""
+    if all(a == b for a, b, n in zip(t.stride(), strides, shape) if n > 1):
+        return t
+    out = torch.empty_strided(shape, strides, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
 def bind_node(node: Node) -> Callable[..., Any]:
     """``eval_node`` for one node with its op resolved once: ``f(device, *args)``."""
     op = node.op
@@ -115,7 +125,8 @@ def library_call(target: str) -> Any:
 
 def channels_last_call(fn: Any, only_cuda: bool = True) -> Any:
     """``fn`` with its 4-D 16-bit tensor arguments made channels_last (when on CUDA, unless
-    ``only_cuda`` is False) and its 4-D tensor results made contiguous again."""
+    ``only_cuda`` is False) and then its 4-D tensor results made contiguous (the layout eager
+    gives on contiguous operands); a call that converts nothing is ``fn``'s own."""
 
     def nhwc(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.dim() == 4 and x.dtype in _HALF:
@@ -129,7 +140,10 @@ def channels_last_call(fn: Any, only_cuda: bool = True) -> Any:
         return y
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        out = fn(*[nhwc(a) for a in args], **{k: nhwc(v) for k, v in kwargs.items()})
+        new = [nhwc(a) for a in args]
+        if all(a is b for a, b in zip(new, args)):  # nothing converted: eager's own call
+            return fn(*args, **kwargs)
+        out = fn(*new, **{k: nhwc(v) for k, v in kwargs.items()})
         return tuple(back(y) for y in out) if isinstance(out, (tuple, list)) else back(out)
 
     return call

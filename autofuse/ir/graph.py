@@ -9,14 +9,23 @@ ops, shapes, dtypes, strides and attributes have the same key whatever their deb
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from autofuse.ir.ops import FLOAT_DTYPES, op_def
 
-__all__ = ["FLOAT_DTYPES", "Graph", "Node", "contiguous_strides", "dedupe", "make_attrs", "numel"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "Graph",
+    "Node",
+    "buffer_strides",
+    "contiguous_strides",
+    "dedupe",
+    "make_attrs",
+    "numel",
+]
 
 
 def op_class(op: str) -> str:
@@ -74,6 +83,34 @@ class Node:
 
     def signature(self) -> str:
         return f"{self.op}{self.inputs}{self.shape}{self.dtype}{self.strides}{self.attrs!r}"
+
+
+EAGER_LAYOUT_OPS = ("opaque", "getitem")  # ops a plan runs in eager, kept as they come out
+
+
+def dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether ``strides`` lay ``shape`` out densely (a permutation of a contiguous layout;
+    size-1 dims aside): no gaps, no overlaps."""
+    dims = sorted((st, n) for n, st in zip(shape, strides) if n > 1)
+    acc = 1
+    for st, n in dims:
+        if st != acc:
+            return False
+        acc *= n
+    return True
+
+
+def buffer_strides(node: Node) -> tuple[int, ...]:
+    """The strides a kernel reads node's buffer with: an input's own (checked per call); an
+    op the plan runs in eager (an opaque ATen op, a multi-output op's item) as traced when that
+    layout is dense (cuDNN attention's output is (B, T, H, D) in memory for a (B, H, T, D)
+    tensor: no copy to read it); anything else contiguous (kernels write contiguous buffers,
+    and the runtime makes any other buffer so before a kernel reads it)."""
+    if node.kind == "input":
+        return node.strides
+    if node.op in EAGER_LAYOUT_OPS and node.strides and dense(node.shape, node.strides):
+        return node.strides
+    return contiguous_strides(node.shape)
 
 
 def make_attrs(**kwargs: Any) -> tuple[tuple[str, Any], ...]:

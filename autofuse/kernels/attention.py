@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofuse.ir.graph import Graph, contiguous_strides, numel
+from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.attention_analysis import (
     AttentionParts,
@@ -181,7 +181,7 @@ class AttentionEmitter(Emitter):
         if self.guards:
             return super().load(i, index)
         node = self.g[i]
-        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        strides = buffer_strides(node)
         off = linearize(index, strides, node.shape)
         mask = self._mask(off.vars)
         cd = compute_dtype(node.dtype)
@@ -231,7 +231,7 @@ class AttentionEmitter(Emitter):
             else:
                 break
         node = g[j]
-        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        strides = buffer_strides(node)
         return j, linearize(index, strides, node.shape)
 
     def _operand_load(self, which: str, index, mask: str | None, var: str) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofuse.ir.graph import Graph, contiguous_strides, numel
+from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.attention_bwd_analysis import BwdParts, GradMatmul, bwd_parts, tile_index
 from autofuse.kernels.attention_bwd_skip import SkipPlan, skip_plan
@@ -250,7 +250,7 @@ class BwdEmitter(Emitter):
             else:
                 break
         node = g[j]
-        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        strides = buffer_strides(node)
         return j, linearize(index, strides, node.shape)
 
     # -- kernel ------------------------------------------------------------------------------

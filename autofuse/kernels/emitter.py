@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofuse.ir.graph import FLOAT_DTYPES, Graph, contiguous_strides, numel
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.ir.ops import Helper, op_def
 from autofuse.kernels import rowops
@@ -233,7 +233,7 @@ class Emitter:
 
     def load(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]
-        strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+        strides = buffer_strides(node)
         off = linearize(index, strides, node.shape)
         cls = self.cls_of(off)
         mask = self.active_mask(cls)

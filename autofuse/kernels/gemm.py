@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autofuse.ir.graph import Graph, contiguous_strides
+from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.base import (
     FusionRefused,
@@ -89,7 +89,7 @@ def memory_offset(graph: Graph, i: int, idx) -> Expr:
         idx = view_source_index(graph, i, idx)
         i = graph[i].inputs[0]
     node = graph[i]
-    strides = node.strides if node.kind == "input" else contiguous_strides(node.shape)
+    strides = buffer_strides(node)
     return linearize(idx, strides, node.shape)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
-from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs
+from autofuse.ir.graph import Graph, Node, buffer_strides, make_attrs
 from autofuse.kernels import INLINE_OPS, GroupInfo
 
 # ---------------------------------------------------------------------------------------------
@@ -48,8 +48,8 @@ def _extract(
     remap: dict[int, int] = {}
     for k, j in enumerate(loads):
         n = graph[j]
-        # the runtime materializes every non-input buffer contiguously before a kernel reads it
-        strides = n.strides if n.kind == "input" else contiguous_strides(n.shape)
+        # the runtime gives every non-input buffer the layout the kernel reads it with
+        strides = buffer_strides(n)
         nodes.append(Node("input", (), n.shape, n.dtype, strides, make_attrs(index=k), n.name))
         remap[j] = k
     for j in sorted(keep | member_set):

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from autofuse.interpreter import interpreting
-from autofuse.ir.eager import eval_node
-from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node
+from autofuse.ir.eager import conform, eval_node
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, buffer_strides
 from autofuse.ir.ops import OPS, op_def
 from autofuse.kernels import GroupInfo, Kernel, generate
 from autofuse.measure.candidate import (
@@ -237,8 +237,14 @@ def node_values(graph: Graph, inputs: Sequence[torch.Tensor]) -> dict[int, Any]:
 
 def group_inputs(graph: Graph, info: GroupInfo, values: dict[int, Any]) -> list[torch.Tensor]:
     """The buffers ``info``'s kernel loads, from every node's value (:func:`node_values`): graph
-    inputs as they are, other nodes contiguous, as the runtime materializes them."""
-    return [values[j] if graph[j].kind == "input" else values[j].contiguous() for j in info.loads]
+    inputs as they are, other nodes in the layout kernels read them with, as the runtime
+    gives it them (``ir/eager.py``'s ``conform``)."""
+    return [
+        values[j]
+        if graph[j].kind == "input"
+        else conform(values[j], graph[j].shape, buffer_strides(graph[j]))
+        for j in info.loads
+    ]
 
 
 def verify_candidate(

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from autofuse.ir.eager import bind_node
+from autofuse.ir.eager import bind_node, conform
+from autofuse.ir.graph import buffer_strides, contiguous_strides
 from autofuse.ir.ops import op_def
 from autofuse.kernels import INLINE_OPS
 
@@ -74,8 +75,13 @@ class Program:
         loads = step.load_kinds(g)
         for i, given in loads:
             self._need(i)
-            if not given:
+            if given:
+                continue
+            node, strides = g[i], buffer_strides(g[i])
+            if strides == contiguous_strides(node.shape):
                 self.ops.append(_contiguous(i))
+            else:  # an eager op's output, read as it comes out (when its strides say so)
+                self.ops.append(_laid_out(i, node.shape, strides))
         stored = step.kernel.info.stored
         specs = tuple((g[s].shape, _dtype(g[s].dtype), op_def(g[s].op).scatter) for s in stored)
         loaded = tuple(i for i, _ in loads)
@@ -103,6 +109,13 @@ def _contiguous(i: int) -> Op:
         t = run.env[i]
         if not t.is_contiguous():
             run.env[i] = t.contiguous()
+
+    return op
+
+
+def _laid_out(i: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> Op:
+    def op(run: Any) -> None:
+        run.env[i] = conform(run.env[i], shape, strides)
 
     return op
 

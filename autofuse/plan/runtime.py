@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from autofuse import logs
-from autofuse.ir.eager import eval_node
-from autofuse.ir.graph import Graph
+from autofuse.ir.eager import conform, eval_node
+from autofuse.ir.graph import Graph, buffer_strides
 from autofuse.ir.ops import op_def
 from autofuse.kernels import (
     INLINE_OPS,
@@ -253,11 +253,11 @@ class _Run:
         return value
 
     def contiguous(self, i: int) -> torch.Tensor:
+        """Node ``i``'s buffer in the layout kernels read it with (``buffer_strides``)."""
         node = self.plan.graph[i]
         t = self.get(i)
-        if node.kind != "input" and not t.is_contiguous():
-            t = t.contiguous()
-            self.env[i] = t
+        if node.kind != "input":
+            t = self.env[i] = conform(t, node.shape, buffer_strides(node))
         return t
 
 
