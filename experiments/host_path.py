@@ -1,7 +1,9 @@
 """CPU host time per call of a plan, the kernel launch stubbed out: what ``OptimizedFunction``
-and ``execute`` cost in Python around the launches (no GPU needed).
+and ``execute`` cost in Python around the launches (no GPU needed). ``--models`` does the same
+for each graph the torch.compile backend compiles for the suite's models (tiny configs: the
+eager steps' own work, torch.mm on tiny tensors, is in the figure).
 
-    TRITON_INTERPRET=1 python -m experiments.host_path [--profile]
+    TRITON_INTERPRET=1 python -m experiments.host_path [--profile] [--models llama_eager,gpt2]
 """
 
 from __future__ import annotations
@@ -46,11 +48,48 @@ def per_call_us(fn, args, n=20000) -> float:
     return best
 
 
+def model_graphs_us(name: str, mode: str = "inference") -> dict[str, float]:
+    """Host us per call of each graph the backend compiles for model ``name`` (tiny), its
+    kernel launches stubbed, called with the arguments Dynamo gave it."""
+    import autofuse.frontend.dynamo as dyn
+    from experiments.models import build
+
+    torch._dynamo.reset()
+    case = build(name, "tiny")
+    fast = torch.compile(case.model, backend="autofuse")
+    seen: dict[int, tuple] = {}
+    call = dyn.CompiledGraph.__call__
+
+    def spy(self, *args):
+        flat = list(args[0]) if len(args) == 1 and type(args[0]) is list else list(args)
+        seen.setdefault(id(self), (self, flat))
+        return call(self, *args)
+
+    dyn.CompiledGraph.__call__ = spy
+    try:
+        case.inference(fast) if mode == "inference" else case.train_step(fast)
+    finally:
+        dyn.CompiledGraph.__call__ = call
+    out = {}
+    for g, flat in seen.values():
+        for s in g.plan.steps:
+            if isinstance(s, KernelStep):
+                s.__dict__["launcher"] = _Stub()
+        with torch.no_grad():
+            us = per_call_us(lambda g=g, flat=flat: g(list(flat)), (), n=300)
+        out[f"{name} {g.kind} ({len(g.plan.steps)} steps)"] = us
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--models", default="", help="e.g. llama_eager,gpt2 (needs transformers)")
     a = p.parse_args()
     rows = {}
+    for m in filter(None, a.models.split(",")):
+        for mode in ("inference", "train"):
+            rows.update(model_graphs_us(m, mode))
     for fn, shape in ((tiny, (64,)), (two_kernels, (8, 64))):
         args = (torch.randn(shape), torch.randn(shape))
         opt = autofuse.optimize(fn, args)

@@ -131,6 +131,13 @@ class CompiledGraph:
             str(g[s.node].attr("target", g[s.node].op)) for s in self.plan.fallbacks
         )
 
+    def _run(self, ins: list[Any]) -> list[Any]:
+        if self.replay is not None and _inputs_match(self.plan, ins):
+            outs = self.replay(ins)
+            if outs is not None:
+                return outs
+        return execute(self.plan, ins)
+
     def __call__(self, *args: Any) -> list[Any]:
         if len(args) == 1 and type(args[0]) is list:  # boxed (graph inputs are never lists)
             args = args[0]
@@ -147,12 +154,11 @@ class CompiledGraph:
         for k, (x, strides) in enumerate(zip(ins, self._in_strides)):
             if x.stride() != strides and not same_layout(x, g[g.inputs[k]].shape, strides):
                 ins[k] = restride(x, strides) if x.shape == g[g.inputs[k]].shape else x
-        with torch.no_grad():
-            outs = None
-            if self.replay is not None and _inputs_match(self.plan, ins):
-                outs = self.replay(ins)
-            if outs is None:
-                outs = execute(self.plan, ins)
+        if torch.is_grad_enabled():  # AOTAutograd runs forward graphs with grad off already
+            with torch.no_grad():
+                outs = self._run(ins)
+        else:
+            outs = self._run(ins)
         for k, (t, strides) in enumerate(zip(outs, self._out_strides)):
             if (
                 t.stride() != strides

@@ -6,6 +6,7 @@ generated kernel is checked against, and as the unfused baseline.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -66,6 +67,10 @@ def bind_node(node: Node) -> Callable[..., Any]:
     if d.eager is None:
         raise ValueError(f"eager evaluation of IR op {op!r} is not implemented")
     eager = d.eager
+    view = getattr(eager, "view", None)
+    if view is not None:  # x.<method>(<the node's argument>), resolved now
+        call = operator.methodcaller(view[0], node.attr(view[1]))
+        return lambda device, x: call(x)
     if d.kind == "pointwise":
         dtype = _dtype(node.dtype)
         return lambda device, *args: eager(node, *args).to(dtype)

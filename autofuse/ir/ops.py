@@ -297,6 +297,7 @@ def _view(method: str, attr: str) -> Callable[..., torch.Tensor]:
     def run(node: Any, x: torch.Tensor) -> torch.Tensor:
         return getattr(x, method)(node.attr(attr))
 
+    run.view = (method, attr)  # type: ignore[attr-defined]  # eager.bind_node binds it once
     return run
 
 

@@ -39,6 +39,9 @@ class Program:
         self.slow, self.broken = slow, broken
         self.ops: list[Op] = []
         self.have: set[int] = set(self.graph.inputs)
+        # nodes kernel steps store: contiguous buffers the program allocates (a broken kernel's
+        # eager fallback makes its results so too), read by later kernels with no check
+        self.kernel_made: set[int] = set()
         for step in plan.steps:
             if hasattr(step, "kernel"):
                 self._kernel(step)
@@ -47,7 +50,7 @@ class Program:
         for o in self.graph.outputs:
             self._need(o)
         self.outputs = tuple(self.graph.outputs)
-        del self.have
+        del self.have, self.kernel_made
 
     # -- building ------------------------------------------------------------------------------
     def _need(self, i: int) -> None:
@@ -75,7 +78,7 @@ class Program:
         loads = step.load_kinds(g)
         for i, given in loads:
             self._need(i)
-            if given:
+            if given or i in self.kernel_made:
                 continue
             node, strides = g[i], buffer_strides(g[i])
             if strides == contiguous_strides(node.shape):
@@ -83,13 +86,23 @@ class Program:
             else:  # an eager op's output, read as it comes out (when its strides say so)
                 self.ops.append(_laid_out(i, node.shape, strides))
         stored = step.kernel.info.stored
-        specs = tuple((g[s].shape, _dtype(g[s].dtype), op_def(g[s].op).scatter) for s in stored)
+        specs = tuple(
+            (
+                g[s].shape,
+                contiguous_strides(g[s].shape),
+                _dtype(g[s].dtype),
+                op_def(g[s].op).scatter,
+            )
+            for s in stored
+        )
         loaded = tuple(i for i, _ in loads)
         self.ops.append(_launch(step, loaded, stored, specs, self.slow, self.broken))
         self.have.update(step.kernel.info.nodes)
+        self.kernel_made.update(stored)
 
     # -- running -------------------------------------------------------------------------------
     def __call__(self, run: Any) -> list[Any]:
+        run.alloc = allocator(run.device)
         for op in self.ops:
             op(run)
         env = run.env
@@ -127,17 +140,16 @@ def _launch(step, loads, stored, specs, slow, broken) -> Op:
     kernel = step.kernel
     key = (kernel.source, kernel.name)
     arg_spec = step.arg_spec
-    empty, zeros = torch.empty, torch.zeros
 
     def op(run: Any) -> None:
         launcher = step.__dict__.get("launcher")
         if launcher is None or launcher.scratch or key in broken:
             return slow(run, step)  # first use, TMA alignment checks, broken
-        env, device = run.env, run.device
+        env, alloc = run.env, run.alloc
         bufs = [env[i] for i in loads]
         outs = [
-            (zeros if scatter else empty)(shape, dtype=dtype, device=device)
-            for shape, dtype, scatter in specs
+            alloc(shape, strides, dtype).zero_() if scatter else alloc(shape, strides, dtype)
+            for shape, strides, dtype, scatter in specs
         ]
         bufs += outs
         try:
@@ -148,6 +160,22 @@ def _launch(step, loads, stored, specs, slow, broken) -> Op:
             env[s] = t
 
     return op
+
+
+def allocator(device: torch.device) -> Callable[..., torch.Tensor]:
+    """``alloc(shape, strides, dtype)`` on ``device``: the C-level allocators Inductor's own
+    generated code calls (no argument parsing) where the device is the current one, else
+    ``torch.empty_strided``."""
+    guards = getattr(torch._C, "_dynamo", None)
+    guards = getattr(guards, "guards", None)
+    if device.type == "cuda" and hasattr(guards, "_empty_strided_cuda"):
+        if device.index is None or device.index == torch.cuda.current_device():
+            return guards._empty_strided_cuda
+    elif device.type == "cpu" and hasattr(guards, "_empty_strided_cpu"):
+        return guards._empty_strided_cpu
+    return lambda shape, strides, dtype: torch.empty_strided(
+        shape, strides, dtype=dtype, device=device
+    )
 
 
 def program(plan: Any, slow: Callable[[Any, Any], None], broken: Mapping) -> Program:

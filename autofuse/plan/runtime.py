@@ -240,6 +240,7 @@ class _Run:
     plan: Plan
     device: torch.device
     env: dict[int, torch.Tensor] = field(default_factory=dict)
+    alloc: Any = None  # the program's allocator for this call (program.allocator)
 
     def get(self, i: int) -> torch.Tensor:
         if i in self.env:
@@ -376,6 +377,8 @@ def run_group_eagerly(run: _Run, info: GroupInfo) -> None:
     for n in info.nodes:
         node = graph[n]
         run.env[n] = eval_node(node, [run.get(j) for j in node.inputs], run.device)
+    for s in info.stored:  # contiguous, as the kernel would have written them (later kernels
+        run.env[s] = run.env[s].contiguous()  # read them with no check)
 
 
 def check_inputs(graph: Graph, inputs: Sequence[Any], device_kind: str | None = None) -> None:
