@@ -171,6 +171,9 @@ def test_every_config_computes_the_same_gradients():
         AttentionBwdConfig(16, 32),
         AttentionBwdConfig(32, 16),
         AttentionBwdConfig(16, 32, swap=True),  # query programs hold 32 rows, step 16 keys
+        AttentionBwdConfig(16, 16, flip=True),  # key programs' tiles keys by rows
+        AttentionBwdConfig(16, 32, flip=True),
+        AttentionBwdConfig(32, 16, swap=True, flip=True),
     )
     for cfg in configs:
         generate(graph, info, cfg)  # renders

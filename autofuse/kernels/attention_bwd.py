@@ -60,9 +60,12 @@ class AttentionBwdConfig(TileConfig):
 
     num_stages: int = 1
     swap: bool = False
+    # the key programs compute their tiles turned over (keys by rows, as the Triton tutorial's
+    # backward does): P^T and dS^T feed dV and dK with no transpose of a computed tile
+    flip: bool = False
 
     def label(self) -> str:
-        return super().label() + (" swap" if self.swap else "")
+        return super().label() + (" swap" if self.swap else "") + (" flip" if self.flip else "")
 
 
 def role_blocks(config: AttentionBwdConfig, role: str) -> tuple[int, int]:
@@ -163,19 +166,18 @@ class BwdEmitter(Emitter):
         d = g[a].shape[-1]
         dh = self.head_var(d)
         fixed_a, fixed_b = self.role == "q", self.role == "kv"
-        rows = Expr.dim("offs_m[:, None]", 1, p.t, True)
-        keys = Expr.dim("offs_n[None, :]", 1, p.tk, True)
-        ha = Expr.dim(f"{dh}[None, :]", 1, d, True)
-        hb = Expr.dim(f"{dh}[:, None]", 1, d, True)
-        va = self.operand(
-            a, (rows, ha), self.mask(rows="[:, None]", head=(d, "[None, :]")), fixed_a
-        )
-        vb = self.operand(
-            b, (hb, keys), self.mask(keys="[None, :]", head=(d, "[:, None]")), fixed_b
-        )
+        rs, ks = self._ax("rows"), self._ax("keys")
+        hs_a, hs_b = _swap(rs), _swap(ks)  # the head dim along the other axis
+        rows = Expr.dim(f"offs_m{rs}", 1, p.t, True)
+        keys = Expr.dim(f"offs_n{ks}", 1, p.tk, True)
+        ha = Expr.dim(f"{dh}{hs_a}", 1, d, True)
+        hb = Expr.dim(f"{dh}{hs_b}", 1, d, True)
+        va = self.operand(a, (rows, ha), self.mask(rows=rs, head=(d, hs_a)), fixed_a)
+        vb = self.operand(b, (hb, keys), self.mask(keys=ks, head=(d, hs_b)), fixed_b)
         self.dots += 1
         k = p.tiles.index(i)
-        self.line(f"mm{k} = tl.dot({va}, {vb}{self.prec(g[a].dtype)})  # {g[i].name}")
+        pair = f"{vb}, {va}" if self.flipped else f"{va}, {vb}"  # (Q K^T)^T = K Q^T
+        self.line(f"mm{k} = tl.dot({pair}{self.prec(g[a].dtype)})  # {g[i].name}")
         return Val(f"mm{k}", 2, "float32")
 
     def prec(self, dtype: str) -> str:
@@ -183,6 +185,16 @@ class BwdEmitter(Emitter):
 
     def head_var(self, d: int) -> str:
         return f"offs_h{d}"
+
+    @property
+    def flipped(self) -> bool:
+        """Whether the current role's tiles are keys by rows (``AttentionBwdConfig.flip``)."""
+        return self.role == "kv" and self.cfg.flip
+
+    def _ax(self, along: str) -> str:
+        """The broadcast suffix of a tile's rows (``along="rows"``) or keys in this role."""
+        first = (along == "rows") != self.flipped
+        return "[:, None]" if first else "[None, :]"
 
     def blocks(self) -> tuple[str, str]:
         """The constexprs that size the rows and the keys of the current role's tiles."""
@@ -290,7 +302,7 @@ class BwdEmitter(Emitter):
         if role == "kv":
             self.line(f"start_k = ({pid}) * BLOCK_N")
             self.line("offs_n = start_k + tl.arange(0, BLOCK_N)")
-            self.line("rindex = offs_n[None, :]")
+            self.line(f"rindex = offs_n{self._ax('keys')}")
             self.line(f"rmask = rindex < {p.tk}")
         else:
             bm = self.blocks()[0]
@@ -302,7 +314,8 @@ class BwdEmitter(Emitter):
         for k, gm in enumerate(grads):
             blk = head_block(gm.free_extent(self.g))
             fixed = "BLOCK_N" if role == "kv" else self.blocks()[0]
-            shape = f"[{fixed}, {blk}]" if gm.tile_pos == 0 else f"[{blk}, {fixed}]"
+            first = gm.tile_pos == 0 or self.flipped  # flipped: every acc is (keys, head)
+            shape = f"[{fixed}, {blk}]" if first else f"[{blk}, {fixed}]"
             acc = f"acc_{role}{k}"  # names differ between the roles' branches (Triton types
             accs.append(acc)  # a name both branches define alike)
             self.line(f"{acc} = tl.zeros({shape}, dtype=tl.float32)  # {self.g[gm.node].name}")
@@ -337,7 +350,7 @@ class BwdEmitter(Emitter):
         outer, self.region = self.region, len(self.regions) - 1
         if role == "kv":
             self.line(f"offs_m = start_m + tl.arange(0, {bm})")
-            self.line("xindex = offs_m[:, None]")
+            self.line(f"xindex = offs_m{self._ax('rows')}")
             self.line(f"xmask = xindex < {p.t}")
         else:
             self.line(f"offs_n = start_n + tl.arange(0, {bn})")
@@ -362,6 +375,8 @@ class BwdEmitter(Emitter):
         v = self.value(gm.tile, index)
         code = cast(v, "float32")
         bm, bn = self.blocks()
+        if self.flipped:
+            bm, bn = bn, bm
         if v.cls < 2:
             code = (f"tl.full([{bm}, {bn}], {code}, tl.float32)" if v.literal
                     else f"tl.broadcast_to({code}, [{bm}, {bn}])")  # fmt: skip
@@ -382,7 +397,17 @@ class BwdEmitter(Emitter):
         var, ext = ("offs_m", p.t) if gm.over_rows else ("offs_n", p.tk)
         side = "rows" if gm.over_rows else "keys"
         t = f"tl.trans(t{k})" if gm.transposed else f"t{k}"
-        if gm.tile_pos == 0:  # out = tile' @ L, L[c, j]
+        if self.flipped:  # the tile is tile^T: acc (keys, head) += tile'^T-or-tile' @ L-or-L^T
+            trans = gm.transposed != (gm.tile_pos == 0)
+            c = Expr.dim(f"{var}[:, None]", 1, ext, True)
+            hh = Expr.dim(f"{h}[None, :]", 1, e, True)
+            pair = (c, hh) if gm.tile_pos == 0 else (hh, c)  # L[c, j], or L[i, c] read as L^T
+            lv = self.operand(
+                L, pair, self.mask(**{side: "[:, None]"}, head=(e, "[None, :]")), False
+            )
+            t = f"tl.trans(t{k})" if trans else f"t{k}"
+            self.line(f"{acc} = tl.dot({t}, {lv}, {acc}{self.prec(g[L].dtype)})")
+        elif gm.tile_pos == 0:  # out = tile' @ L, L[c, j]
             pair = (
                 Expr.dim(f"{var}[:, None]", 1, ext, True),
                 Expr.dim(f"{h}[None, :]", 1, e, True),
@@ -409,11 +434,10 @@ class BwdEmitter(Emitter):
         h = self.head_var(e)
         var, ext = ("offs_n", p.tk) if gm.over_rows else ("offs_m", p.t)
         side = "keys" if gm.over_rows else "rows"
-        if gm.tile_pos == 0:  # acc[held, head]
-            pair = (
-                Expr.dim(f"{var}[:, None]", 1, ext, True),
-                Expr.dim(f"{h}[None, :]", 1, e, True),
-            )
+        if gm.tile_pos == 0 or self.flipped:  # acc[held, head] (flipped: out or out^T)
+            held = Expr.dim(f"{var}[:, None]", 1, ext, True)
+            head = Expr.dim(f"{h}[None, :]", 1, e, True)
+            pair = (held, head) if gm.tile_pos == 0 else (head, held)
             mask = self.mask(**{side: "[:, None]"}, head=(e, "[None, :]"))
         else:  # acc[head, held]
             pair = (
@@ -474,7 +498,7 @@ def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdCon
     stages, within about 160 fp32 registers per thread for the tiles (P, dP, dS) and the
     accumulators, and within shared memory for the operand tiles; where BLOCK_M < BLOCK_N,
     also with ``swap`` (every program holds BLOCK_N and steps by BLOCK_M, as the Triton
-    tutorial's backward does: 128 held, 32 a step)."""
+    tutorial's backward does: 128 held, 32 a step); each also with ``flip``."""
     parts = bwd_parts(graph, frozenset(info.nodes))
     item = max(ITEM.get(graph[graph[m].inputs[0]].dtype, 2) for m in info.matmuls)
     heads = [head_block(gm.free_extent(graph)) for gm in parts.grads]
@@ -496,9 +520,10 @@ def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdCon
                     smem = st * (bm + bn) * dh * 2 * item + bm * bn * (item + 4)
                     if smem > HOPPER_SMEM_BYTES:
                         continue
-                    out.append(AttentionBwdConfig(bm, bn, w, st))
-                    if bm < bn <= cap_m and bm <= cap_n:  # the query programs hold bn rows too
-                        out.append(AttentionBwdConfig(bm, bn, w, st, swap=True))
+                    for flip in (False, True):
+                        out.append(AttentionBwdConfig(bm, bn, w, st, flip=flip))
+                        if bm < bn <= cap_m and bm <= cap_n:  # query programs hold bn rows
+                            out.append(AttentionBwdConfig(bm, bn, w, st, swap=True, flip=flip))
     return out or [AttentionBwdConfig(16, 16, 1, 1)]
 
 
