@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rep-ms", type=float, default=None,
                    help="timing per backend per round (default 150 on CUDA, one call on CPU)")  # fmt: skip
     p.add_argument("--tag", default="models")
+    p.add_argument("--dump-code", action="store_true",
+                   help="write each autofuse graph's generated kernels under OUT/kernels")  # fmt: skip
     p.add_argument("--budget-s", type=float, default=480.0,
                    help="no new case starts after this many seconds")  # fmt: skip
     p.add_argument("--max-autotune-min-s", type=float, default=60.0,
@@ -105,6 +107,8 @@ def _argv_for(a: argparse.Namespace, models: list[str], budget_s: float) -> list
         argv += ["--batch", str(a.batch)]
     if a.rep_ms is not None:
         argv += ["--rep-ms", str(a.rep_ms)]
+    if a.dump_code:
+        argv += ["--dump-code"]
     return argv
 
 
@@ -291,6 +295,16 @@ def _autofuse_graphs(new: list) -> list[dict]:
     return out
 
 
+def _dump_code(graphs: list, folder: Path, stem: str) -> None:
+    """Every kernel of the graphs' plans, as generated (``--dump-code``), one file a graph."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for g in graphs:
+        text = "\n\n".join(
+            f"# {k.info.kind}: {k.config.label()}\n{k.source}" for k in g.plan.kernels
+        )
+        (folder / f"{stem}_{g.kind}.py.txt").write_text(text)
+
+
 def _time_rounds(recs: dict, steps: dict, a, device: str, rep_ms: float) -> int:
     """Interleaved rounds over ``steps`` (order reversed every other round); fills ``times_us``
     and returns the number of Dynamo graphs compiled meanwhile."""
@@ -408,6 +422,8 @@ def run_case(rec: dict, case, mode: str, a, device: str, rep_ms: float, deadline
             if name.startswith("autofuse"):
                 new = [g for g in compiled_graphs() if id(g) not in before]
                 br["graphs"] = _autofuse_graphs(new)
+                if a.dump_code:
+                    _dump_code(new, Path(a.out) / "kernels", f"{case.name}_{mode}_{name}")
                 br["kernels"] = sum(g["kernels"] for g in br["graphs"])
                 total: dict[str, int] = {}
                 for g in br["graphs"]:

@@ -39,7 +39,7 @@ for s in $stages; do
               mv "$OUT/host_overhead.json" "$OUT/host_overhead_$C.json" 2>/dev/null ;;
         models) timeout "$(limit models 540)" python3 -m experiments.bench_models --out "$OUT" \
                     --size realistic --models gpt2,llama_eager,llama_sdpa,bert,vit --modes inference,train \
-                    --skip-max-autotune --tag "models_$C" --budget-s "$(( $(limit models 540) - 30 ))" \
+                    --skip-max-autotune --dump-code --tag "models_$C" --budget-s "$(( $(limit models 540) - 30 ))" \
                     2>&1 | tail -14 ;;
         bwd_sweep) timeout "$(limit bwd_sweep 150)" python3 -m experiments.attn_bwd_sweep --out "$OUT" \
                        --variants "${BWD_VARIANTS:-causal}" --max-configs "${BWD_CONFIGS:-28}" 2>&1 | tail -16 ;;
