@@ -3,8 +3,9 @@
 Walking a plan's steps resolves, on each call, which values a step reads (views evaluated on
 their first use, through the op table), how each eager op is called, each output's shape and
 dtype. None of that changes between calls, so :func:`program` resolves it once per plan into a
-flat list of bound operations: evaluate a view, make a loaded intermediate contiguous, call an
-eager op, launch a kernel with its argument template. A call then does only the tensor work.
+flat list of bound operations: evaluate a view, give a loaded intermediate the layout the
+kernel reads it with (``buffer_strides``; buffers kernels wrote need nothing), call an eager op,
+launch a kernel with its argument template. A call then does only the tensor work.
 
 A kernel whose source cannot be loaded or built still runs its group's ops in eager with one
 warning: the runtime hands the program its slow path for a kernel step (``slow``: the first
