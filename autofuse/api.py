@@ -18,7 +18,12 @@ import torch
 
 from autofuse.capture.trace import capture
 from autofuse.partition.partitioner import Partitioner
-from autofuse.plan.graph_choice import choose_replay, cuda_inputs, parse_cuda_graph
+from autofuse.plan.graph_choice import (
+    GraphChoice,
+    choose_replay,
+    cuda_inputs,
+    parse_cuda_graph,
+)
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.runtime import build_plan
 from autofuse.report import Explanation, summarize
@@ -112,9 +117,12 @@ def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> No
         opt.graphs = probe
         return opt(*args)
 
+    if not opt._flat_call:  # a module's (or nested inputs') call takes the checked path
+        opt.graph_choice = GraphChoice(False, None, None, "only plain tensor calls replay")
+        return
     kw = {} if timer is None else {"timer": timer}
     with torch.no_grad():
-        choice = choose_replay(plain, replayed, opt._flat_call and cuda_inputs(args), **kw)
+        choice = choose_replay(plain, replayed, cuda_inputs(args), **kw)
     opt.graphs = GraphReplay(opt.plan) if choice.replay and probe.off is None else None
     opt.graph_choice = choice
 
