@@ -107,6 +107,9 @@ def optimize(
 def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> None:
     """``cuda_graph="auto"``: replay only where it times faster end to end (a fresh replay
     is kept: the timing one was captured over the example inputs' buffers)."""
+    if not opt._flat_call:  # a module's (or nested inputs') call takes the checked path
+        opt.graph_choice = GraphChoice(False, None, None, "only plain tensor calls replay")
+        return
     probe = GraphReplay(opt.plan)
 
     def plain() -> Any:
@@ -117,9 +120,6 @@ def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> No
         opt.graphs = probe
         return opt(*args)
 
-    if not opt._flat_call:  # a module's (or nested inputs') call takes the checked path
-        opt.graph_choice = GraphChoice(False, None, None, "only plain tensor calls replay")
-        return
     kw = {} if timer is None else {"timer": timer}
     with torch.no_grad():
         choice = choose_replay(plain, replayed, cuda_inputs(args), **kw)

@@ -51,13 +51,14 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
 from autofuse.ir import Graph
+from autofuse.ir.eager import restride, same_layout
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan, build_plan, execute
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.runtime import _inputs_match
 
-from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, restride, same_layout, to_ir
+from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
 from .options import BACKEND, check_options, wants_tuning
 
 __all__ = [

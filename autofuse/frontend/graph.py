@@ -174,21 +174,3 @@ def to_ir(prepared: Prepared, cuda: bool = False) -> Graph:
     """The prepared graph in the IR, its long reductions split (``ir/split.py``) where the
     settings split them (by default: ``cuda`` inputs)."""
     return dedupe(split_for_pipeline(dedupe(fx_to_ir(prepared.gm)), cuda))
-
-
-# ---------------------------------------------------------------------------------------------
-# Layout checks
-# ---------------------------------------------------------------------------------------------
-
-
-def same_layout(t: torch.Tensor, shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """Same shape, and the same strides on every dimension longer than one."""
-    if tuple(t.shape) != tuple(shape):
-        return False
-    return all(a == b for a, b, n in zip(t.stride(), strides, shape) if n > 1)
-
-
-def restride(t: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
-    out = torch.empty_strided(tuple(t.shape), tuple(strides), dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out

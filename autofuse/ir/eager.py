@@ -22,38 +22,39 @@ def _dtype(name: str) -> torch.dtype:
 
 def eval_node(node: Node, args: Sequence[Any], device: torch.device | str = "cpu") -> Any:
     """Evaluate one node on tensors ``args`` (its inputs in order), by its op table entry."""
-    op = node.op
-    if op == "const":
-        return torch.full(node.shape, node.attr("value"), dtype=_dtype(node.dtype), device=device)
-    if op == "iota":
-        n, start, step = node.shape[0], node.attr("start"), node.attr("step")
-        return torch.arange(start, start + step * n, step, dtype=_dtype(node.dtype), device=device)
-    if op == "opaque":
-        return call_opaque(node, args, device)
-    if op == "getitem":
-        return args[0][node.attr("index")]
-    d = op_def(op)
-    if d.eager is None:
-        raise ValueError(f"eager evaluation of IR op {op!r} is not implemented")
-    out = d.eager(node, *args)
-    return out.to(_dtype(node.dtype)) if d.kind == "pointwise" else out
+    return bind_node(node)(device, *args)
+
+
+def same_layout(t: torch.Tensor, shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Same shape, and the same strides on every dimension longer than one."""
+    if tuple(t.shape) != tuple(shape):
+        return False
+    return all(a == b for a, b, n in zip(t.stride(), strides, shape) if n > 1)
+
+
+def restride(t: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
+    """A copy of ``t`` laid out with ``strides``."""
+    out = torch.empty_strided(tuple(t.shape), tuple(strides), dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
 
 
 def conform(t: torch.Tensor, shape: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
-    """``t`` in the layout a kernel reads it with (``buffer_strides``): as it is when its
-    strides match on every dim longer than one, else copied into that layout."""
-    if all(a == b for a, b, n in zip(t.stride(), strides, shape) if n > 1):
-        return t
-    out = torch.empty_strided(shape, strides, dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
+    """``t`` in the layout a kernel reads it with (``buffer_strides``): as it is when it has it,
+    else copied into it."""
+    return t if same_layout(t, shape, strides) else restride(t, strides)
 
 
 def bind_node(node: Node) -> Callable[..., Any]:
     """``eval_node`` for one node with its op resolved once: ``f(device, *args)``."""
     op = node.op
-    if op in ("const", "iota"):
-        return lambda device, *args: eval_node(node, args, device)
+    if op == "const":
+        value, dtype = node.attr("value"), _dtype(node.dtype)
+        return lambda device: torch.full(node.shape, value, dtype=dtype, device=device)
+    if op == "iota":
+        n, start, step = node.shape[0], node.attr("start"), node.attr("step")
+        end, dtype = start + step * n, _dtype(node.dtype)
+        return lambda device: torch.arange(start, end, step, dtype=dtype, device=device)
     if op == "opaque":
         fn = library_call(node.attr("target"))
         pos, kwargs = node.attr("args"), node.attr("kwargs")
@@ -103,13 +104,6 @@ def _decode(a: Any, tensors: Sequence[Any], device: Any) -> Any:
         if tag == "__memory_format__":
             return getattr(torch, a[1].removeprefix("torch."))
     return a
-
-
-def call_opaque(node: Node, args: Sequence[Any], device: Any = "cpu") -> Any:
-    fn = library_call(node.attr("target"))
-    pos = _decode(node.attr("args"), args, device)
-    kw = {k: _decode(v, args, device) for k, v in node.attr("kwargs")}
-    return fn(*pos, **kw)
 
 
 # Convolutions run as library calls (cuDNN), in the layout its fast kernels take: 16-bit

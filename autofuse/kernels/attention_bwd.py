@@ -68,11 +68,18 @@ class AttentionBwdConfig(TileConfig):
         return super().label() + (" swap" if self.swap else "") + (" flip" if self.flip else "")
 
 
-def role_blocks(config: AttentionBwdConfig, role: str) -> tuple[int, int]:
-    """(rows, keys) of a tile of the ``role`` programs ("kv" or "q") under ``config``."""
+def role_block_names(config: AttentionBwdConfig, role: str) -> tuple[str, str]:
+    """The constexprs that size the rows and the keys of a tile of the ``role`` programs
+    ("kv" or "q") under ``config``."""
     if role == "q" and config.swap:
-        return config.BLOCK_N, config.BLOCK_M
-    return config.BLOCK_M, config.BLOCK_N
+        return "BLOCK_N", "BLOCK_M"
+    return "BLOCK_M", "BLOCK_N"
+
+
+def role_blocks(config: AttentionBwdConfig, role: str) -> tuple[int, int]:
+    """(rows, keys) of a tile of the ``role`` programs under ``config``."""
+    rows, keys = role_block_names(config, role)
+    return getattr(config, rows), getattr(config, keys)
 
 
 def head_block(d: int) -> int:
@@ -198,9 +205,7 @@ class BwdEmitter(Emitter):
 
     def blocks(self) -> tuple[str, str]:
         """The constexprs that size the rows and the keys of the current role's tiles."""
-        if self.role == "q" and self.cfg.swap:
-            return "BLOCK_N", "BLOCK_M"
-        return "BLOCK_M", "BLOCK_N"
+        return role_block_names(self.cfg, self.role)
 
     def sizes(self) -> tuple[int, int]:
         return role_blocks(self.cfg, self.role)

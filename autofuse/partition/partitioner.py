@@ -291,7 +291,7 @@ class Partitioner:
             feeders -= drop
 
     def _operand_clones(
-        self, members: frozenset[int], mms: tuple[int, ...], core: set[int] = frozenset()
+        self, members: frozenset[int], mms: tuple[int, ...], core: set[int]
     ) -> set[int]:
         """Clones (an expand + reshape of shared K / V heads) in front of the matmuls' operands,
         those read inside the chain alone (by the matmuls or the ops of ``core``: a clone of

@@ -253,7 +253,7 @@ class _Run:
         self.env[i] = value
         return value
 
-    def contiguous(self, i: int) -> torch.Tensor:
+    def laid_out(self, i: int) -> torch.Tensor:
         """Node ``i``'s buffer in the layout kernels read it with (``buffer_strides``)."""
         node = self.plan.graph[i]
         t = self.get(i)
@@ -322,7 +322,7 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
             raise
         return _give_up(run, kernel, e, "loaded")
     env = run.env
-    ins = [env[i] if given else run.contiguous(i) for i, given in step.load_kinds(run.plan.graph)]
+    ins = [env[i] if given else run.laid_out(i) for i, given in step.load_kinds(run.plan.graph)]
     if launcher.scratch and any(t.data_ptr() % 16 for t in ins):
         if kernel.name not in _MISALIGNED:  # a sliced input: TMA needs 16-byte aligned bases
             _MISALIGNED.add(kernel.name)
