@@ -12,6 +12,7 @@ Python part of a call on any machine (launch stubbed).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -19,7 +20,8 @@ from pathlib import Path
 import torch
 
 import autofuse
-from autofuse.plan.runtime import KernelStep, kernel_args
+from autofuse.partition import Partitioner
+from autofuse.plan.runtime import KernelStep, build_plan, kernel_args
 from experiments.bench import stamp
 
 
@@ -30,6 +32,14 @@ def tiny(x, w):
 def two_kernels(x, w):
     y = torch.sigmoid(x * w + 1.0)
     return y.sum(), y * 2.0
+
+
+def chain(x, w, k: int):
+    """k pointwise ops in a row: one kernel each in the unfused plan, one op each in eager."""
+    y = x
+    for _ in range(k):
+        y = y * w
+    return y
 
 
 def per_call_us(fn, args, n: int = 3000) -> float:
@@ -70,6 +80,38 @@ def _floor_rows(opt, step, x, w) -> dict:
             "triton launch + output allocation": per_call_us(alloc, (x, w))}  # fmt: skip
 
 
+def _slope(points: dict[int, float]) -> tuple[float, float]:
+    """Least-squares line through (kernels, us per call): (us per kernel, us per call at 0)."""
+    ks, ts = list(points), list(points.values())
+    mk, mt = sum(ks) / len(ks), sum(ts) / len(ts)
+    b = sum((k - mk) * (t - mt) for k, t in zip(ks, ts)) / sum((k - mk) ** 2 for k in ks)
+    return b, mt - b * mk
+
+
+def per_kernel_rows(x, w, counts=(1, 2, 4, 8, 16)) -> dict:
+    """Host cost per launched kernel: plans of k kernels (the unfused plan of a k-op chain,
+    checked against eager), each called back to back on tiny tensors; the slope of the time per
+    call over k is what one more kernel costs the host, the intercept what a call costs."""
+    plans, eager = {}, {}
+    for k in counts:
+        fn = functools.partial(chain, k=k)
+        fn.__name__ = f"chain{k}"
+        captured = autofuse.capture(fn, (x, w))
+        graph = captured.graph
+        plan = build_plan(graph, Partitioner(graph).unfused().groups, label=f"unfused chain {k}")
+        launches = sum(isinstance(s, KernelStep) for s in plan.steps)
+        assert launches == k, f"the unfused {k}-op chain has {launches} kernels"
+        opt = autofuse.OptimizedFunction(captured, plan, fn)
+        torch.testing.assert_close(opt(x, w), fn(x, w))
+        plans[k] = per_call_us(opt, (x, w))
+        eager[k] = per_call_us(fn, (x, w))
+    per_kernel, per_call = _slope(plans)
+    per_op, per_eager_call = _slope(eager)
+    return {"autofuse us per call by kernels": plans, "eager us per call by ops": eager,
+            "autofuse us per kernel (slope)": per_kernel, "autofuse us per call at 0 kernels": per_call,
+            "eager us per op (slope)": per_op, "eager us per call at 0 ops": per_eager_call}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="results")
@@ -102,10 +144,13 @@ def main() -> None:
     rows["autofuse 2 kernels cuda_graph=True"] = per_call_us(two_graphed, (x, w))
     for k, v in rows.items():
         print(f"{k:28s} {v:7.2f} us per call", flush=True)
+    per_kernel = per_kernel_rows(x, w)
+    for k, v in per_kernel.items():
+        print(f"{k:34s} {v}", flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "host_overhead.json").write_text(
-        json.dumps({"stamp": stamp(), "us_per_call": rows}, indent=2)
+        json.dumps({"stamp": stamp(), "us_per_call": rows, "per_kernel": per_kernel}, indent=2)
     )
 
 
