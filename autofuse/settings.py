@@ -12,6 +12,9 @@ them again, for tests and for programs that change the environment on purpose):
   ``<cache home>/kernels``.
 - ``AUTOFUSE_STRICT``: a kernel that fails to build raises instead of running its ops in eager.
 - ``AUTOFUSE_LEAN_LAUNCH``: after a kernel's first call, launch its binary directly (default on).
+- ``AUTOFUSE_DIRECT_LAUNCH``: on the lean path, launch the binary with torch's static CUDA
+  launcher (one C++ call) instead of Triton's Python launch (default on;
+  ``autofuse/plan/direct_launch.py``).
 - ``AUTOFUSE_SPLIT_REDUCTIONS``: ``auto`` (default: split long reductions with few outputs in two
   stages, ``ir/split.py``, when the captured inputs are CUDA tensors), ``1`` (always, the
   interpreter too), ``0`` (never). ``AUTOFUSE_SPLIT_MIN_RNUMEL``: the shortest reduced extent
@@ -68,6 +71,7 @@ class Settings:
     strict: bool
     lean_launch: bool
     logs: frozenset[str]
+    direct_launch: bool = True
     split_reductions: str = "auto"  # "auto" (CUDA inputs), "on", "off"
     split_min_rnumel: int = 4096
 
@@ -88,6 +92,7 @@ def settings() -> Settings:
         kernel_dir=Path(kernels).expanduser() if kernels else cache / "kernels",
         strict=_flag("AUTOFUSE_STRICT", False),
         lean_launch=_flag("AUTOFUSE_LEAN_LAUNCH", True),
+        direct_launch=_flag("AUTOFUSE_DIRECT_LAUNCH", True),
         logs=parse_logs(os.environ.get("AUTOFUSE_LOGS", "")),
         split_reductions=_split_mode(),
         split_min_rnumel=int(os.environ.get("AUTOFUSE_SPLIT_MIN_RNUMEL", "4096")),

@@ -21,6 +21,7 @@ import torch
 
 import autofuse
 from autofuse.partition import Partitioner
+from autofuse.plan.launcher import stats as launcher_stats
 from autofuse.plan.runtime import KernelStep, build_plan, kernel_args
 from experiments.bench import stamp
 
@@ -57,27 +58,36 @@ def per_call_us(fn, args, n: int = 3000) -> float:
 
 
 def _floor_rows(opt, step, x, w) -> dict:
-    """What Triton's own launch of the plan's compiled binary costs (the floor under any plan
-    that launches through Triton), and with the output allocation a plan makes per call; the
+    """What one launch of the plan's compiled binary costs, the floor under any plan: through
+    the lean path's bound launch (torch's static launcher where it applies), through Triton's
+    own launch of the same binary, and with the output allocation a plan makes per call; the
     arguments are the plan's own (``kernel_args``), checked against eager once."""
-    (run,) = step.launcher.binaries.values()  # the lean path's binary, launched once already
-    consts = step.launcher.consts
+    (run,) = step.launcher.binaries.values()  # the lean path's launch, used once already
+    (compiled,) = step.launcher.compiled.values()
+    runner, consts = compiled[step.launcher.grid3], step.launcher.consts
     given = dict(zip(opt.plan.graph.inputs, (x, w)))
     ins = [given[i] for i in step.kernel.info.loads]
     out = torch.empty_like(x)
-    args = [*kernel_args(step.kernel, [*ins, out]), *consts]
+    args = kernel_args(step.kernel, [*ins, out])
 
-    def bare(x, w):
-        run(*args)
+    def bound(x, w):
+        run(args)
+
+    def triton(x, w):
+        runner(*args, *consts)
 
     def alloc(x, w):
-        run(*kernel_args(step.kernel, [*ins, torch.empty_like(x)]), *consts)
+        run(kernel_args(step.kernel, [*ins, torch.empty_like(x)]))
 
-    bare(x, w)
-    torch.cuda.synchronize()
-    assert torch.allclose(out, tiny(x, w), atol=1e-5), "the bare launch does not compute tiny"
-    return {"triton launch alone": per_call_us(bare, (x, w)),
-            "triton launch + output allocation": per_call_us(alloc, (x, w))}  # fmt: skip
+    for launch in (bound, triton):
+        out.zero_()
+        launch(x, w)
+        torch.cuda.synchronize()
+        assert torch.allclose(out, tiny(x, w), atol=1e-5), f"{launch.__name__} launch is wrong"
+    return {"bound launch alone": per_call_us(bound, (x, w)),
+            "triton launch alone": per_call_us(triton, (x, w)),
+            "bound launch + output allocation": per_call_us(alloc, (x, w)),
+            "kernels bound to torch's static launcher": launcher_stats()["direct"]}  # fmt: skip
 
 
 def _slope(points: dict[int, float]) -> tuple[float, float]:

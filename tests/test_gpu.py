@@ -73,6 +73,37 @@ def test_lean_launch_reuses_the_binary_and_respects_alignment():
     assert_close(opt(x, w), f(x, w), torch.float32)
 
 
+def test_direct_launch_binds_torch_static_launcher_and_matches_triton(monkeypatch):
+    """The lean path's binaries go through torch's static launcher (one C++ call per kernel)
+    and compute what Triton's own launch computes, on fresh and on misaligned buffers, for a
+    plan of several kernels (a reduction, a pointwise epilogue)."""
+    from autofuse.plan import launcher
+
+    def f(x, w):
+        y = torch.softmax(x * w, dim=-1)
+        return y.sum(0), y * 2.0
+
+    x, w = torch.randn(333, 257, device="cuda"), torch.randn(257, device="cuda")
+    before = launcher.stats()["direct"]
+    opt = autofuse.optimize(f, (x, w))
+    opt(x, w)
+    assert launcher.stats()["direct"] > before, launcher.stats()
+    for xi in (x, torch.randn(333 * 257 + 1, device="cuda")[1:].view(333, 257)):
+        for got, want in zip(opt(xi, w), f(xi, w)):
+            assert_close(got, want, torch.float32)
+    monkeypatch.setenv("AUTOFUSE_DIRECT_LAUNCH", "0")
+    from autofuse.settings import reload_settings
+
+    reload_settings()
+    try:
+        triton_path = autofuse.optimize(f, (x, w))
+        for got, want in zip(opt(x, w), triton_path(x, w)):
+            assert torch.equal(got, want)
+    finally:
+        monkeypatch.delenv("AUTOFUSE_DIRECT_LAUNCH")
+        reload_settings()
+
+
 @pytest.mark.parametrize("name", ["masked", "causal"])
 def test_gemm_row_configs_on_gpu(name):
     """Every kind of row-GEMM config (row loop or whole row, one K step or a K loop) compiles

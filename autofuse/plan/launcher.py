@@ -4,11 +4,12 @@
 specialization key and looks the binary up on each call. A plan's kernels are launched with the
 same shapes, dtypes and meta-parameters every time; only the buffers change. So the first call
 goes through Triton (which compiles and specializes), and later calls reuse the compiled binary
-straight through its own launcher (``CompiledKernel[grid](*args)``), as long as what Triton
-specialized on still holds. Triton specializes tensor arguments on 16-byte alignment; the lean
-path keys its binaries on that, so a misaligned buffer gets (and keeps) its own binary. On the
-H200 host a one-kernel plan took 31.0 us per call this way and 35.2 us through ``JITFunction``
-(results/h200/host_overhead_5af5d14.json).
+as long as what Triton specialized on still holds: through torch's static CUDA launcher, one C++
+call (``direct_launch.py``), or Triton's own launch of the binary (``CompiledKernel[grid]``)
+where that one cannot. Tensors are read once per launch, for their pointers, which are passed
+as plain integers. Triton specializes tensor arguments on 16-byte alignment; the lean path keys
+its binaries on that, so a misaligned buffer gets (and keeps) its own binary.
+``experiments/host_overhead.py`` measures each layer's cost per launch.
 
 A plan decoded from a cache entry carries the entry's binaries (``store``): the first launch
 for a given alignment uses the verified stored binary when there is one (no compile), and a
@@ -21,15 +22,16 @@ versions): those take the regular path every time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from autofuse.interpreter import interpreting
+from autofuse.plan.direct_launch import bind
 from autofuse.settings import settings
 
-_STATS = {"lean": 0, "regular": 0, "restored": 0}
+_STATS = {"lean": 0, "regular": 0, "restored": 0, "direct": 0}
 
 
 def lean_enabled() -> bool:
@@ -58,6 +60,8 @@ class Launcher:
         self.binaries: dict[tuple[bool, ...], Any] = {}
         self.compiled: dict[tuple[bool, ...], Any] = {}  # Triton's CompiledKernel per key
         self.lean = lean_enabled() and bool(names)
+        self.slots: list[int] | None = None  # positions of tensor arguments, once known
+        self.aligned: tuple[bool, ...] = ()
         # a cache entry's binaries (cache/binaries.py): restore(fn, key) -> CompiledKernel|None
         # and save(key, compiled) after a first compile
         self.store = store
@@ -65,23 +69,41 @@ class Launcher:
     def __call__(self, args: Sequence[Any]) -> None:
         if self.scratch:
             ensure_allocator()
+        slots = self.slots
+        # the lean path, once a first launch has seen where the tensors go (CPU tensors take
+        # Triton's launch, which says clearly that it cannot use them)
+        if slots is not None and _on_cuda(args):
+            vals, acc = list(args), 0
+            for i in slots:
+                vals[i] = p = args[i].data_ptr()  # launched as plain pointers: read once here
+                acc |= p
+            key = self.aligned if acc % 16 == 0 else tuple(vals[i] % 16 == 0 for i in slots)
+            run = self.binaries.get(key)
+            if run is not None:
+                _STATS["lean"] += 1
+                run(vals)
+                return
+        self._first(args)
+
+    def _first(self, args: Sequence[Any]) -> None:
+        """A launch the lean path has no binary for: through Triton (which compiles and
+        specializes) or a stored binary, kept for the next launches with these alignments."""
         if not self.lean or not args or not _on_cuda(args):
             _STATS["regular"] += 1
             self.fn[self.grid](*args, **self.meta)
             return
-        key = tuple(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor))
-        run = self.binaries.get(key)
-        if run is not None:
-            _STATS["lean"] += 1
-            run(*args, *self.consts)
-            return
+        slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        key = tuple(args[i].data_ptr() % 16 == 0 for i in slots)
         if self.store is not None and self._restore(key, args):
+            self.slots, self.aligned = slots, (True,) * len(slots)
             return
         _STATS["regular"] += 1
         compiled = self.fn[self.grid](*args, **self.meta)
-        self._keep(key, compiled, len(args))
-        if self.store is not None and key in self.binaries:
-            self.store.save(key, compiled)
+        self._keep(key, compiled, args)
+        if key in self.binaries:
+            self.slots, self.aligned = slots, (True,) * len(slots)
+            if self.store is not None:
+                self.store.save(key, compiled)
 
     def _restore(self, key: tuple[bool, ...], args: Sequence[Any]) -> bool:
         """Launch a stored, verified binary instead of compiling (True when it ran)."""
@@ -91,15 +113,27 @@ class Launcher:
         if compiled is None:
             return False
         try:
-            run = compiled[self.grid3]  # loads the binary on the device
+            run = self._bind(compiled, args)  # loads the binary on the device
         except Exception:  # noqa: BLE001 - e.g. a binary the driver refuses: compile instead
             if settings().strict:
                 raise
             return False
-        run(*args, *self.consts)
+        run(args)
         self.binaries[key] = run
         _STATS["restored"] += 1
         return True
+
+    def _bind(self, compiled: Any, args: Sequence[Any]) -> Callable[[Sequence[Any]], None]:
+        """The launch kept for this binary: torch's static launcher where it can launch it
+        (``direct_launch.py``), else Triton's own launch of the compiled kernel."""
+        runner = compiled[self.grid3]  # Triton loads the binary on the device here
+        device = next(a for a in args if isinstance(a, torch.Tensor)).device.index or 0
+        direct = bind(compiled, self.grid3, len(args), device) if settings().direct_launch else None
+        if direct is not None:
+            _STATS["direct"] += 1
+            return direct
+        consts = self.consts
+        return lambda a: runner(*a, *consts)
 
     def attach(self, store: Any) -> None:
         """A cache entry's binary store, for a launcher that may have compiled already (during
@@ -109,12 +143,12 @@ class Launcher:
             if key not in store.records:
                 store.save(key, compiled)
 
-    def _keep(self, key: tuple[bool, ...], compiled: Any, n_args: int) -> None:
-        if n_args + len(self.const_names) != self.n_params or not hasattr(compiled, "function"):
+    def _keep(self, key: tuple[bool, ...], compiled: Any, args: Sequence[Any]) -> None:
+        if len(args) + len(self.const_names) != self.n_params or not hasattr(compiled, "function"):
             self.lean = False  # not a shape of Triton this path knows: stay on the regular one
             return
         try:
-            self.binaries[key] = compiled[self.grid3]
+            self.binaries[key] = self._bind(compiled, args)
             self.compiled[key] = compiled
         except Exception:  # noqa: BLE001 - an unknown CompiledKernel API: regular path
             self.lean = False

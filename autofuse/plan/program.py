@@ -64,7 +64,10 @@ class Program:
             raise RuntimeError(f"node %{i} ({node.op}) is read before any step computed it")
         for j in node.inputs:
             self._need(j)
-        self.ops.append(_evaluate(i, node.inputs, bind_node(node)))
+        if node.kind == "view" and len(node.inputs) == 1:
+            self.ops.append(_view(i, node.inputs[0], bind_node(node)))
+        else:
+            self.ops.append(_evaluate(i, node.inputs, bind_node(node)))
         self.have.add(i)
 
     def _eager(self, i: int) -> None:
@@ -114,6 +117,39 @@ def _evaluate(i: int, inputs: tuple[int, ...], fn: Callable[..., Any]) -> Op:
     def op(run: Any) -> None:
         env = run.env
         env[i] = fn(run.device, *[env[j] for j in inputs])
+
+    return op
+
+
+_REINTERPRET = getattr(
+    getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_reinterpret_tensor", None
+)
+
+
+def _view(i: int, j: int, fn: Callable[..., Any]) -> Op:
+    """A view (permute, reshape, expand, slice...): its result is a function of the input's
+    strides alone, so after one evaluation per input layout it is rebuilt with the C-level
+    ``_reinterpret_tensor`` Inductor's generated code uses (no dispatch); a reshape that had
+    to copy keeps calling the op."""
+    memo: dict[tuple[int, ...], tuple | None] = {}
+
+    def op(run: Any) -> None:
+        env = run.env
+        x = env[j]
+        key = x.stride()
+        hit = memo.get(key)
+        if hit is not None:
+            env[i] = _REINTERPRET(x, *hit)
+            return
+        env[i] = y = fn(run.device, x)
+        if key not in memo:
+            same = (
+                _REINTERPRET is not None
+                and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+            )
+            memo[key] = (
+                (y.shape, y.stride(), y.storage_offset() - x.storage_offset()) if same else None
+            )
 
     return op
 
