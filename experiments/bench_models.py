@@ -288,10 +288,12 @@ def _step(case, fn, mode: str):
 def _autofuse_graphs(new: list) -> list[dict]:
     out = []
     for g in new:
-        ops = g.fallback_ops()
+        ops, choice = g.fallback_ops(), getattr(g, "plan_choice", None)
         out.append({"kind": g.kind, "name": g.name, "kernels": len(g.plan.kernels),
                     "eager_steps": sum(ops.values()),
-                    "eager_ops": {str(k).removeprefix("aten."): v for k, v in sorted(ops.items())}})  # fmt: skip
+                    "eager_ops": {str(k).removeprefix("aten."): v for k, v in sorted(ops.items())},
+                    "plan_choice": None if choice is None else {"chosen": choice.chosen,
+                                                                "why": choice.why}})  # fmt: skip
     return out
 
 

@@ -50,12 +50,14 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
+from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan, build_plan, execute
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
+from autofuse.plan.plan_choice import choose_plan
 from autofuse.plan.runtime import _inputs_match
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
@@ -105,6 +107,7 @@ class CompiledGraph:
     restrided: int = 0  # outputs copied to the traced strides so far
     replay: Any = field(default=None, repr=False)  # GraphReplay (option cuda_graph), inference
     graph_choice: Any = field(default=None, repr=False)  # cuda_graph="auto": what was measured
+    plan_choice: Any = field(default=None, repr=False)  # untuned: fused vs cuBLAS matmuls timed
     _out_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
     _in_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
 
@@ -171,7 +174,8 @@ class CompiledGraph:
         return [outs[v] if tag == "node" else v for tag, v in p.outputs]
 
 
-_PLANS: dict[tuple, tuple[Plan, Any]] = {}  # (graph key, device, tuned) -> (plan, tuning)
+# (graph key, device, tuned) -> (plan, tuning, the untuned plan's measured choice)
+_PLANS: dict[tuple, tuple[Plan, Any, Any]] = {}
 _PLANS_LOCK = threading.Lock()
 _COMPILED: collections.deque[CompiledGraph] = collections.deque(maxlen=512)
 
@@ -181,10 +185,23 @@ def compiled_graphs() -> list[CompiledGraph]:
     return list(_COMPILED)
 
 
-def _untuned_plan(graph: Graph, kind: str, metas: Sequence[Any]) -> Plan:
+def _untuned_plan(graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
     """Without a search: every legal fusion at default configs, GEMMs with an epilogue in
-    cuBLAS (``Partitioner.untuned``)."""
-    return build_plan(graph, Partitioner(graph).untuned().groups, label=f"greedy {kind}")
+    cuBLAS (``Partitioner.untuned``); where that still fuses a matmul (attention, row GEMMs)
+    and the graph runs on CUDA, the plan with every matmul in cuBLAS is timed against it and
+    the faster one kept (``plan/plan_choice.py``; the choice is the second value)."""
+    space = Partitioner(graph)
+    base = space.untuned()
+    plan = build_plan(graph, base.groups, label=f"greedy {kind}")
+    alt = space.library_gemms(base)
+    on_cuda = _device_of(metas).startswith("cuda") and not interpreting()
+    if alt is None or not on_cuda:
+        return plan, None
+    other = build_plan(graph, alt.groups, label=f"greedy {kind}, matmuls in cuBLAS")
+    ins = [_realize(m) for m in metas]
+    chosen, choice = choose_plan([plan, other], lambda p: execute(p, ins), on_cuda)
+    logs.emit("search", f"{kind} graph: {choice.why} -> {choice.chosen}")
+    return chosen, choice
 
 
 def _realize(meta: torch.Tensor) -> torch.Tensor:
@@ -254,8 +271,9 @@ class AutofuseBackend:
         metas = [prepared.gm.graph.find_nodes(op="placeholder")[k].meta["val"]
                  for k in range(len(graph.inputs))]  # fmt: skip
         with unset_fake_temporarily():  # AOTAutograd compiles the forward in its fake mode:
-            plan, tuning = self.plan_for(graph, kind, metas)  # the tuner's tensors are real
+            plan, tuning, choice = self.plan_for(graph, kind, metas)  # the tuner's are real
         compiled = CompiledGraph(kind, f"{kind}_{graph.key[:8]}", prepared, plan, tuning)
+        compiled.plan_choice = choice
         mode = parse_cuda_graph(self.options.get("cuda_graph", False), "autofuse backend")
         if kind == "inference" and mode is True:
             compiled.replay = GraphReplay(plan)
@@ -274,7 +292,7 @@ class AutofuseBackend:
         )
         return compiled
 
-    def plan_for(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
+    def plan_for(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any, Any]:
         tuned = wants_tuning(self.options) and torch.cuda.is_available()
         key = (graph.key, _device_of(metas), tuned)
         with _PLANS_LOCK:
@@ -282,12 +300,12 @@ class AutofuseBackend:
         if hit is not None and not self.options.get("retune"):
             return hit
         if tuned:
-            plan, tuning = self._tuned(graph, kind, metas)
+            (plan, tuning), choice = self._tuned(graph, kind, metas), None
         else:
-            plan, tuning = _untuned_plan(graph, kind, metas), None
+            (plan, choice), tuning = _untuned_plan(graph, kind, metas), None
         with _PLANS_LOCK:
-            _PLANS[key] = (plan, tuning)
-        return plan, tuning
+            _PLANS[key] = (plan, tuning, choice)
+        return plan, tuning, choice
 
     def _tuned(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
         from autofuse.capture import Captured

@@ -1,0 +1,64 @@
+"""The plan to run without a search, chosen by one measurement where two are in doubt.
+
+A fused matmul kind (attention forward and backward, matmul + row softmax) removes the round
+trips of the score matrix through memory, but its kernel is not always faster than cuBLAS with
+the rest of its group fused around it: on the H200 the fused attention backward of a Llama
+layer (T = 1024, d = 128) took 616 us where cuBLAS plus fused softmax-backward kernels take
+about half that, while ViT's (T = 1025) was the faster one (results/h200/models_*.json). So
+where the untuned plan fuses a matmul, the backend also builds the plan with every matmul in
+cuBLAS and times both end to end on inputs of the graph's shapes (:func:`choose_plan`, the timer
+injected); off CUDA, or under the interpreter, the fused plan is kept without timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autofuse.plan.graph_choice import Timer, end_to_end_seconds
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """Which of the untuned plans ran, each one's seconds per call (None: not timed), why."""
+
+    chosen: str
+    times: tuple[tuple[str, float | None], ...]
+    why: str
+
+
+def choose_plan(
+    plans: Sequence[Any],
+    run: Callable[[Any], Any],
+    on_cuda: bool,
+    timer: Timer = end_to_end_seconds,
+    margin: float = 0.02,
+) -> tuple[Any, PlanChoice]:
+    """The first of ``plans`` unless another times faster by more than ``margin`` (``run(plan)``
+    is one call of it); a plan that fails when run is skipped, with its error in ``why``."""
+    first = plans[0]
+    if not on_cuda or len(plans) == 1:
+        why = (
+            "not timed: not on CUDA (or under the interpreter)" if on_cuda is False else "one plan"
+        )
+        return first, PlanChoice(first.label, ((first.label, None),), why)
+    times: list[tuple[str, float | None]] = []
+    best, best_s, notes = None, float("inf"), []
+    for k, plan in enumerate(plans):
+        try:
+            with torch.no_grad():
+                s = timer(lambda plan=plan: run(plan))
+        except Exception as e:  # noqa: BLE001 - a plan that cannot run here is not chosen
+            times.append((plan.label, None))
+            notes.append(f"{plan.label}: {type(e).__name__}: {e}"[:200])
+            continue
+        times.append((plan.label, s))
+        if best is None or s < best_s * (1.0 - margin if k else 1.0):
+            best, best_s = plan, s
+    best = best if best is not None else first
+    timed = ", ".join(f"{lb} {s * 1e6:.1f} us" for lb, s in times if s is not None)
+    why = "; ".join([f"timed end to end: {timed}", *notes])
+    return best, PlanChoice(best.label, tuple(times), why)

@@ -1,0 +1,61 @@
+"""The untuned plan's measured choice between fused matmul kinds and cuBLAS (timer injected)."""
+
+from types import SimpleNamespace
+
+import torch
+
+from autofuse.frontend import dynamo
+from autofuse.plan.plan_choice import choose_plan
+
+
+def _plans(*labels):
+    return [SimpleNamespace(label=lb) for lb in labels]
+
+
+def test_the_faster_plan_wins_and_both_times_are_kept():
+    fused, cublas = _plans("fused", "cublas")
+    times = {"fused": 616e-6, "cublas": 300e-6}
+    ran = []
+    plan, choice = choose_plan(
+        [fused, cublas], ran.append, True, timer=lambda call: call() or times[ran[-1].label]
+    )
+    assert plan is cublas and choice.chosen == "cublas"
+    assert dict(choice.times) == times
+    assert "616.0 us" in choice.why and "300.0 us" in choice.why
+
+
+def test_the_first_plan_stays_within_the_margin_and_off_cuda():
+    fused, cublas = _plans("fused", "cublas")
+    times = {"fused": 100e-6, "cublas": 99e-6}  # 1 % faster: inside the 2 % margin
+    ran = []
+    plan, _ = choose_plan(
+        [fused, cublas], ran.append, True, timer=lambda call: call() or times[ran[-1].label]
+    )
+    assert plan is fused
+    plan, choice = choose_plan([fused, cublas], ran.append, False)
+    assert plan is fused and choice.times == (("fused", None),) and "not timed" in choice.why
+
+
+def test_a_plan_that_fails_is_not_chosen_and_says_why():
+    fused, cublas = _plans("fused", "cublas")
+
+    def run(plan):
+        if plan is cublas:
+            raise RuntimeError("no cuBLAS here")
+
+    plan, choice = choose_plan([fused, cublas], run, True, timer=lambda call: call() or 1e-3)
+    assert plan is fused and dict(choice.times)["cublas"] is None
+    assert "no cuBLAS here" in choice.why
+
+
+def test_the_backend_keeps_the_fused_attention_on_cpu_without_timing():
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+
+    q, k, v = (torch.randn(2, 12, 16) for _ in range(3))
+    backend = dynamo.make_backend()
+    out = torch.compile(attention, backend=backend)(q, k, v)
+    torch.testing.assert_close(out, attention(q, k, v), rtol=1e-4, atol=1e-4)
+    (rec,) = backend.records
+    assert rec.plan_choice is None  # not on CUDA: the fused plan, nothing timed
+    assert "attention" in [kk.info.kind for kk in rec.plan.kernels]
