@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="timing per backend per round (default 150 on CUDA, one call on CPU)")  # fmt: skip
     p.add_argument("--tag", default="models")
     p.add_argument("--dump-code", action="store_true",
-                   help="write each autofuse graph's generated kernels under OUT/kernels")  # fmt: skip
+                   help="append every autofuse graph's generated kernels to OUT/kernels_<tag>.py.txt")  # fmt: skip
     p.add_argument("--budget-s", type=float, default=480.0,
                    help="no new case starts after this many seconds")  # fmt: skip
     p.add_argument("--max-autotune-min-s", type=float, default=60.0,
@@ -297,14 +297,15 @@ def _autofuse_graphs(new: list) -> list[dict]:
     return out
 
 
-def _dump_code(graphs: list, folder: Path, stem: str) -> None:
-    """Every kernel of the graphs' plans, as generated (``--dump-code``), one file a graph."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for g in graphs:
-        text = "\n\n".join(
-            f"# {k.info.kind}: {k.config.label()}\n{k.source}" for k in g.plan.kernels
-        )
-        (folder / f"{stem}_{g.kind}.py.txt").write_text(text)
+def _dump_code(graphs: list, path: Path, stem: str) -> None:
+    """Every kernel of the graphs' plans, as generated (``--dump-code``), appended to one file
+    for the whole run (each graph under a header naming the model, mode and graph)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for g in graphs:
+            f.write(f"\n\n######## {stem} {g.kind} graph: {len(g.plan.kernels)} kernels\n")
+            for k in g.plan.kernels:
+                f.write(f"\n# {k.info.kind}: {k.config.label()}\n{k.source}\n")
 
 
 def _time_rounds(recs: dict, steps: dict, a, device: str, rep_ms: float) -> int:
@@ -425,7 +426,8 @@ def run_case(rec: dict, case, mode: str, a, device: str, rep_ms: float, deadline
                 new = [g for g in compiled_graphs() if id(g) not in before]
                 br["graphs"] = _autofuse_graphs(new)
                 if a.dump_code:
-                    _dump_code(new, Path(a.out) / "kernels", f"{case.name}_{mode}_{name}")
+                    code = Path(a.out) / f"kernels_{a.tag}.py.txt"
+                    _dump_code(new, code, f"{case.name}_{mode}_{name}")
                 br["kernels"] = sum(g["kernels"] for g in br["graphs"])
                 total: dict[str, int] = {}
                 for g in br["graphs"]:

@@ -49,3 +49,9 @@ for s in $stages; do
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done
+# at most 8 files come back from a run: each folder a stage wrote travels as one archive
+for d in "$OUT"/*/; do
+    [ -d "$d" ] || continue
+    n=$(basename "$d")
+    tar czf "$OUT/${n}_$C.tgz" -C "$OUT" "$n" && rm -rf "$d"
+done
