@@ -4,7 +4,8 @@ The pipeline, as a short list of named steps::
 
     captured  = capture(fn, example_inputs)          # PyTorch -> IR
     space     = Partitioner(captured.graph)          # legal fusion decisions, with reasons
-    partition = space.untuned()  (or the search)     # which nodes share a kernel
+    partition = space.untuned()  (or the search)     # which nodes share a kernel (untuned: fused
+                                                     # matmuls timed against cuBLAS on CUDA)
     plan      = build_plan(graph, groups, configs)   # Triton source per group, eager fallbacks
     runner    = OptimizedFunction(captured, plan)    # call it like fn
 """
@@ -94,8 +95,13 @@ def optimize(
     if options.get("trials") or options.get("time_budget"):
         opt = _tuned(fn, captured, example_inputs, space, **options)
     else:
-        plan = build_plan(graph, space.untuned().groups, label="greedy")
+        from autofuse.tune.untuned import untuned_plan
+
+        ins = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
+        on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in ins)
+        plan, choice = untuned_plan(graph, "greedy", on_cuda, lambda: ins, space)
         opt = OptimizedFunction(captured, plan, fn)
+        opt.plan_choice = choice
     if cuda_graph is True:
         opt.graphs = GraphReplay(opt.plan)
     elif cuda_graph == "auto":

@@ -59,3 +59,39 @@ def test_the_backend_keeps_the_fused_attention_on_cpu_without_timing():
     (rec,) = backend.records
     assert rec.plan_choice is None  # not on CUDA: the fused plan, nothing timed
     assert "attention" in [kk.info.kind for kk in rec.plan.kernels]
+
+
+def test_untuned_plan_times_both_and_runs_the_faster(monkeypatch):
+    """With the inputs on CUDA (here: said to be), the fused attention plan and the cuBLAS
+    plan are both run and timed; the faster (by the injected timer: the cuBLAS one) is kept
+    and computes what eager computes."""
+    import autofuse
+    from autofuse.plan import execute
+    from autofuse.tune import untuned
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+
+    args = tuple(torch.randn(2, 12, 16) for _ in range(3))
+    graph = autofuse.capture(attention, args).graph
+    runs = []
+
+    def timer(call):
+        call()
+        return 1e-3 if "cuBLAS" in runs[-1] else 2e-3
+
+    def run(plan):
+        runs.append(plan.label)
+        return execute(plan, list(args))
+
+    real = untuned.choose_plan
+    monkeypatch.setattr(untuned, "interpreting", lambda: False)
+    monkeypatch.setattr(
+        untuned, "choose_plan", lambda plans, _run, on_cuda: real(plans, run, on_cuda, timer)
+    )
+    plan, choice = untuned.untuned_plan(graph, "greedy", True, lambda: args)
+    assert choice is not None and choice.chosen == "greedy, matmuls in cuBLAS"
+    assert runs == ["greedy", "greedy, matmuls in cuBLAS"]
+    assert "attention" not in [k.info.kind for k in plan.kernels]
+    (out,) = execute(plan, list(args))
+    torch.testing.assert_close(out, attention(*args), rtol=1e-4, atol=1e-4)

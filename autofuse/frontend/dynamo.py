@@ -50,14 +50,12 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
-from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.partition import Partitioner
-from autofuse.plan import Plan, build_plan, execute
+from autofuse.plan import Plan, execute
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
-from autofuse.plan.plan_choice import choose_plan
 from autofuse.plan.runtime import _inputs_match
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
@@ -186,22 +184,12 @@ def compiled_graphs() -> list[CompiledGraph]:
 
 
 def _untuned_plan(graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
-    """Without a search: every legal fusion at default configs, GEMMs with an epilogue in
-    cuBLAS (``Partitioner.untuned``); where that still fuses a matmul (attention, row GEMMs)
-    and the graph runs on CUDA, the plan with every matmul in cuBLAS is timed against it and
-    the faster one kept (``plan/plan_choice.py``; the choice is the second value)."""
-    space = Partitioner(graph)
-    base = space.untuned()
-    plan = build_plan(graph, base.groups, label=f"greedy {kind}")
-    alt = space.library_gemms(base)
-    on_cuda = _device_of(metas).startswith("cuda") and not interpreting()
-    if alt is None or not on_cuda:
-        return plan, None
-    other = build_plan(graph, alt.groups, label=f"greedy {kind}, matmuls in cuBLAS")
-    ins = [_realize(m) for m in metas]
-    chosen, choice = choose_plan([plan, other], lambda p: execute(p, ins), on_cuda)
-    logs.emit("search", f"{kind} graph: {choice.why} -> {choice.chosen}")
-    return chosen, choice
+    """Without a search (``tune/untuned.py``): inputs of the graph's shapes are made only if
+    two plans are timed."""
+    from autofuse.tune.untuned import untuned_plan
+
+    on_cuda = _device_of(metas).startswith("cuda")
+    return untuned_plan(graph, f"greedy {kind}", on_cuda, lambda: [_realize(m) for m in metas])
 
 
 def _realize(meta: torch.Tensor) -> torch.Tensor:
