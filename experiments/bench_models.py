@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 BACKENDS = ("eager", "autofuse", "autofuse_cuda_graph", "compile_default", "compile_max_autotune")
-# autofuse_cuda_graph: the backend's option cuda_graph (inference graphs replayed as CUDA graphs;
-# inference cases only)
+# autofuse: the backend's defaults (an inference graph replayed as a CUDA graph where that timed
+# faster, cuda_graph="auto"); autofuse_cuda_graph: cuda_graph=True (every inference graph
+# replayed; inference cases only)
 _COMPILE_MODE = {"compile_default": None, "compile_max_autotune": "max-autotune-no-cudagraphs"}
 _SHORT = {"eager": "eager", "autofuse": "autofuse", "autofuse_cuda_graph": "autofuse+graphs",
           "compile_default": "default",
@@ -293,7 +294,8 @@ def _autofuse_graphs(new: list) -> list[dict]:
                     "eager_steps": sum(ops.values()),
                     "eager_ops": {str(k).removeprefix("aten."): v for k, v in sorted(ops.items())},
                     "plan_choice": None if choice is None else {"chosen": choice.chosen,
-                                                                "why": choice.why}})  # fmt: skip
+                                                                "why": choice.why},
+                    "graph_choice": None if g.graph_choice is None else g.graph_choice.why})  # fmt: skip
     return out
 
 

@@ -179,11 +179,13 @@ def test_cuda_graph_auto_and_bad_values():
         assert opt.graph_choice.plain_s and opt.graph_choice.graph_s
 
 
-def test_backend_cuda_graph_auto_times_inference_graphs():
+@pytest.mark.parametrize("options", [{"cuda_graph": "auto"}, {}], ids=["auto", "default"])
+def test_backend_cuda_graph_auto_times_inference_graphs(options):
+    """``"auto"`` is the backend's default for inference graphs: timed both ways on CUDA."""
     torch._dynamo.reset()
     m = _Block().to(DEVICE)
     x = torch.randn(8, 16, device=DEVICE)
-    fast = torch.compile(m, backend="autofuse", options={"cuda_graph": "auto"})
+    fast = torch.compile(m, backend="autofuse", options=options)
     with torch.no_grad():
         torch.testing.assert_close(fast(x), m(x), atol=1e-5, rtol=1e-5)
     from autofuse.frontend import compiled_graphs
@@ -193,3 +195,16 @@ def test_backend_cuda_graph_auto_times_inference_graphs():
     assert (g.replay is not None) == g.graph_choice.replay
     if DEVICE == "cpu":
         assert not g.graph_choice.replay and g.graph_choice.plain_s is None
+
+
+def test_backend_cuda_graph_false_times_nothing():
+    torch._dynamo.reset()
+    m = _Block().to(DEVICE)
+    x = torch.randn(8, 16, device=DEVICE)
+    fast = torch.compile(m, backend="autofuse", options={"cuda_graph": False})
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), m(x), atol=1e-5, rtol=1e-5)
+    from autofuse.frontend import compiled_graphs
+
+    g = compiled_graphs()[-1]
+    assert g.graph_choice is None and g.replay is None

@@ -28,9 +28,9 @@ Options (``options={...}`` of ``torch.compile``, or keywords of :func:`make_back
 ``sampler``, ``verify``, ``isolate``, ``progress``, ``retune``, ``polish``, ...). Unknown names
 raise ``TypeError`` naming them (at the first call, when Dynamo calls the backend).
 ``cuda_graph=True`` replays each inference graph's plan as a CUDA graph (``plan/graphs.py``:
-the weights are read in place, a new batch is copied into the graph's buffers), ``"auto"`` only
-where the replay times faster end to end (``plan/graph_choice.py``); forward and backward
-graphs of training run kernel by kernel. Without a
+the weights are read in place, a new batch is copied into the graph's buffers), ``"auto"`` (the
+default) only where the replay times faster end to end on CUDA (``plan/graph_choice.py``),
+``False`` never; forward and backward graphs of training run kernel by kernel. Without a
 GPU the options are accepted and the greedy plan is used (the kernels run in Triton's
 interpreter).
 """
@@ -50,6 +50,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
+from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.partition import Partitioner
@@ -262,7 +263,7 @@ class AutofuseBackend:
             plan, tuning, choice = self.plan_for(graph, kind, metas)  # the tuner's are real
         compiled = CompiledGraph(kind, f"{kind}_{graph.key[:8]}", prepared, plan, tuning)
         compiled.plan_choice = choice
-        mode = parse_cuda_graph(self.options.get("cuda_graph", False), "autofuse backend")
+        mode = parse_cuda_graph(self.options.get("cuda_graph", "auto"), "autofuse backend")
         if kind == "inference" and mode is True:
             compiled.replay = GraphReplay(plan)
         elif kind == "inference" and mode == "auto":
@@ -318,6 +319,8 @@ class AutofuseBackend:
 def _choose_replay(plan: Plan, metas: Sequence[Any]) -> GraphChoice:
     """``cuda_graph="auto"``: the plan timed kernel by kernel and replayed, on random inputs
     of the graph's shapes (a throwaway replay: the kept one captures the real inputs)."""
+    if not _device_of(metas).startswith("cuda") or interpreting():
+        return GraphChoice(False, None, None, "not on CUDA (or under the interpreter)")
     ins = [_realize(m) for m in metas]
     probe = GraphReplay(plan)
     with torch.no_grad():
