@@ -9,7 +9,8 @@
 # (experiments.host_overhead), models (experiments.bench_models, inference and training), code
 # (experiments.kernel_code: Inductor's and autofuse's kernels for CODE_FUNCTIONS), bwd_sweep
 # (experiments.attn_bwd_sweep: the attention backward kernel's configs timed, BWD_VARIANTS).
-# Each stage's seconds: STAGE_S_<stage> (e.g. STAGE_S_attention=300).
+# Each stage's seconds: STAGE_S_<stage> (e.g. STAGE_S_attention=300); the cold stage's workloads
+# and repeats: COLD_WORKLOADS, COLD_REPEATS (its record is written after each workload).
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -31,8 +32,9 @@ for s in $stages; do
                        2>&1 | tail -5 ;;
         suite) timeout "$(limit suite 540)" python3 -m autofuse tune experiments/suite_spec.py \
                    --trials 12 --time-budget 18 --polish 6 --out "$OUT/suite" --no-progress 2>&1 | tail -5 ;;
-        cold) timeout "$(limit cold 720)" python3 -m experiments.cold_start --out "$OUT" --trials 2 \
-                  --time-budget 10 --repeats 2 2>&1 | tail -4
+        cold) timeout "$(limit cold 560)" python3 -m experiments.cold_start --out "$OUT" --trials 2 \
+                  --time-budget 10 --repeats "${COLD_REPEATS:-2}" \
+                  --workloads "${COLD_WORKLOADS:-rmsnorm_residual,gemm_bias_gelu,decoder_block}" 2>&1 | tail -4
               mv "$OUT/cold_start.json" "$OUT/cold_start_$C.json" 2>/dev/null
               rm -rf "$OUT/cold_start_caches" ;;
         host) timeout "$(limit host 90)" python3 -m experiments.host_overhead --out "$OUT" 2>&1 | tail -12

@@ -73,21 +73,27 @@ def _floor_rows(opt, step, x, w) -> dict:
     def bound(x, w):
         run(args)
 
+    ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+
+    def bound_ints(x, w):  # as a plan's program calls it: pointers read once, passed as ints
+        run(ptrs)
+
     def triton(x, w):
         runner(*args, *consts)
 
     def alloc(x, w):
         run(kernel_args(step.kernel, [*ins, torch.empty_like(x)]))
 
-    for launch in (bound, triton):
+    for launch in (bound, bound_ints, triton):
         out.zero_()
         launch(x, w)
         torch.cuda.synchronize()
         assert torch.allclose(out, tiny(x, w), atol=1e-5), f"{launch.__name__} launch is wrong"
     return {"bound launch alone": per_call_us(bound, (x, w)),
+            "bound launch, pointers as integers": per_call_us(bound_ints, (x, w)),
             "triton launch alone": per_call_us(triton, (x, w)),
             "bound launch + output allocation": per_call_us(alloc, (x, w)),
-            "kernels bound to torch's static launcher": launcher_stats()["direct"]}  # fmt: skip
+            "kernels bound to torch's static launcher so far": launcher_stats()["direct"]}  # fmt: skip
 
 
 def _slope(points: dict[int, float]) -> tuple[float, float]:
@@ -155,6 +161,7 @@ def main() -> None:
     for k, v in rows.items():
         print(f"{k:28s} {v:7.2f} us per call", flush=True)
     per_kernel = per_kernel_rows(x, w)
+    per_kernel["kernels bound to torch's static launcher, all plans"] = launcher_stats()["direct"]
     for k, v in per_kernel.items():
         print(f"{k:34s} {v}", flush=True)
     out = Path(a.out)
