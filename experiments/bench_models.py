@@ -295,7 +295,8 @@ def _autofuse_graphs(new: list) -> list[dict]:
                     "eager_ops": {str(k).removeprefix("aten."): v for k, v in sorted(ops.items())},
                     "plan_choice": None if choice is None else {"chosen": choice.chosen,
                                                                 "why": choice.why},
-                    "graph_choice": None if g.graph_choice is None else g.graph_choice.why})  # fmt: skip
+                    "graph_choice": None if g.graph_choice is None else g.graph_choice.why,
+                    "buffers_reused": getattr(g.plan.__dict__.get("_program"), "reused", None)})  # fmt: skip
     return out
 
 

@@ -208,3 +208,72 @@ def test_backend_cuda_graph_false_times_nothing():
 
     g = compiled_graphs()[-1]
     assert g.graph_choice is None and g.replay is None
+
+
+def _unfused(fn, args):
+    from autofuse.partition import Partitioner
+    from autofuse.plan.runtime import build_plan
+
+    g = autofuse.capture(fn, args).graph
+    return build_plan(g, Partitioner(g).unfused().groups)
+
+
+def test_dead_kernel_buffers_are_written_again_instead_of_allocated():
+    """A chain of six kernels needs two buffers, not six: each output after the second is
+    written into a buffer no later step reads; results stay right call after call, and a
+    buffer the caller gets (or a view of it) is never reused."""
+    from autofuse.plan.runtime import execute
+
+    def chain(x, w):
+        y = x
+        kept = []
+        for k in range(6):
+            y = y * w
+            if k == 1:
+                kept.append(y.view(4, 16))  # an output's view: y2 must not be written over
+        return y, kept[0]
+
+    x, w = torch.randn(64), torch.randn(64)
+    plan = _unfused(chain, (x, w))
+    want = chain(x, w)
+    for _ in range(2):
+        got = execute(plan, [x, w])
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+    prog = plan.__dict__["_program"]
+    assert prog.reused == 3  # y3 <- y1, y5 <- y3's, y6 <- y4: y2 is an output's base
+
+
+def test_a_buffer_an_eager_op_reads_is_not_reused():
+    """An eager op's result may alias what it reads (a view returned by a library call), so a
+    buffer such an op reads stays as it is; a matmul's result is always new."""
+    from autofuse.plan.program import last_reads
+
+    def f(x, w):
+        y = torch.sigmoid(x) * 2.0
+        z = torch.sort(y, dim=-1).values  # a library call (eager)
+        return (y @ w).relu() + 1.0, z * 3.0
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    plan = _unfused(f, (x, w))
+    g = plan.graph
+    reads = last_reads(plan)
+    outputs = {g.base_of(o) for o in g.outputs}
+    assert not outputs & set(reads)
+    eager = [s for s in plan.steps if not hasattr(s, "kernel")]
+    opaque = [s for s in eager if g[s.node].kind not in ("matmul",)]
+    assert opaque and any(g[s.node].kind == "matmul" for s in eager)
+    for step in opaque:
+        assert not {g.base_of(i) for i in g[step.node].inputs} & set(reads)
+    y = next(s for s in plan.steps if hasattr(s, "kernel") and "mul" in s.kernel.name)
+    (y_node,) = y.kernel.info.stored
+    assert y_node not in reads  # the sort reads y: y is never written over
+    for got, want in zip(_execute_twice(plan, [x, w]), f(x, w)):
+        torch.testing.assert_close(got, want)
+
+
+def _execute_twice(plan, args):
+    from autofuse.plan.runtime import execute
+
+    execute(plan, args)
+    return execute(plan, args)

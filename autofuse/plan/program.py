@@ -5,7 +5,11 @@ their first use, through the op table), how each eager op is called, each output
 dtype. None of that changes between calls, so :func:`program` resolves it once per plan into a
 flat list of bound operations: evaluate a view, give a loaded intermediate the layout the
 kernel reads it with (``buffer_strides``; buffers kernels wrote need nothing), call an eager op,
-launch a kernel with its argument template. A call then does only the tensor work.
+launch a kernel with its argument template. A call then does only the tensor work. Views are
+rebuilt with ``_reinterpret_tensor`` once their first evaluation has shown their layout, and a
+kernel's output is written into a buffer an earlier kernel made and no later step reads (as
+Inductor's generated code reuses buffers: fewer allocations on the host, less memory on the
+device; :func:`last_reads` says which buffers qualify).
 
 A kernel whose source cannot be loaded or built still runs its group's ops in eager with one
 warning: the runtime hands the program its slow path for a kernel step (``slow``: the first
@@ -43,15 +47,17 @@ class Program:
         # nodes kernel steps store: contiguous buffers the program allocates (a broken kernel's
         # eager fallback makes its results so too), read by later kernels with no check
         self.kernel_made: set[int] = set()
-        for step in plan.steps:
+        self.last_read, self.lent = last_reads(plan), set()
+        self.reused = 0  # kernel outputs written into a dead buffer instead of a new one
+        for k, step in enumerate(plan.steps):
             if hasattr(step, "kernel"):
-                self._kernel(step)
+                self._kernel(step, k)
             else:
                 self._eager(step.node)
         for o in self.graph.outputs:
             self._need(o)
         self.outputs = tuple(self.graph.outputs)
-        del self.have, self.kernel_made
+        del self.have, self.kernel_made, self.last_read, self.lent
 
     # -- building ------------------------------------------------------------------------------
     def _need(self, i: int) -> None:
@@ -77,7 +83,21 @@ class Program:
         self.ops.append(_evaluate(i, node.inputs, bind_node(node)))
         self.have.add(i)
 
-    def _kernel(self, step: Any) -> None:
+    def _donor(self, s: int, k: int) -> int | None:
+        """A buffer a kernel step made earlier that no step from ``k`` on reads (nor a view of
+        it, nor the graph's outputs), of ``s``'s shape and dtype: ``s`` is written into it
+        (stream order makes that safe, as the caching allocator's own reuse), once."""
+        g = self.graph
+        for b in sorted(self.kernel_made - self.lent):
+            last = self.last_read.get(b)
+            if last is not None and last < k and g[b].shape == g[s].shape:
+                if g[b].dtype == g[s].dtype:
+                    self.lent.add(b)
+                    self.reused += 1
+                    return b
+        return None
+
+    def _kernel(self, step: Any, k: int) -> None:
         g = self.graph
         loads = step.load_kinds(g)
         for i, given in loads:
@@ -96,6 +116,7 @@ class Program:
                 contiguous_strides(g[s].shape),
                 _dtype(g[s].dtype),
                 op_def(g[s].op).scatter,
+                self._donor(s, k),
             )
             for s in stored
         )
@@ -185,8 +206,12 @@ def _launch(step, loads, stored, specs, slow, broken) -> Op:
         env, alloc = run.env, run.alloc
         bufs = [env[i] for i in loads]
         outs = [
-            alloc(shape, strides, dtype).zero_() if scatter else alloc(shape, strides, dtype)
-            for shape, strides, dtype, scatter in specs
+            (alloc(shape, strides, dtype) if donor is None else env[donor]).zero_()
+            if scatter
+            else alloc(shape, strides, dtype)
+            if donor is None
+            else env[donor]
+            for shape, strides, dtype, scatter, donor in specs
         ]
         bufs += outs
         try:
@@ -197,6 +222,28 @@ def _launch(step, loads, stored, specs, slow, broken) -> Op:
             env[s] = t
 
     return op
+
+
+def last_reads(plan: Any) -> dict[int, int]:
+    """For each buffer a kernel step of ``plan`` stores, the index of the last step that reads
+    it or a view of it, where only kernels and matmuls (whose results are new tensors) read it
+    and it is not (a view of) a graph output: the buffers a later kernel may write into."""
+    g = plan.graph
+    last: dict[int, int] = {}
+    kept = {g.base_of(o) for o in g.outputs}
+    for k, step in enumerate(plan.steps):
+        if hasattr(step, "kernel"):
+            for s in step.kernel.info.stored:
+                last.setdefault(s, -1)
+            reads = [i for i, _ in step.load_kinds(g)]
+        else:
+            node = g[step.node]
+            reads = list(node.inputs)
+            if node.kind != "matmul":  # an eager op's result may alias what it reads
+                kept.update(g.base_of(i) for i in reads)
+        for i in reads:
+            last[g.base_of(i)] = k
+    return {b: k for b, k in last.items() if b not in kept}
 
 
 def allocator(device: torch.device) -> Callable[..., torch.Tensor]:
