@@ -140,7 +140,9 @@ COLUMNS = [("workload", "workload"), ("eager_us", "eager µs"),
            ("compile_max_autotune_us", "compile max-autotune µs"), ("greedy_us", "greedy µs"),
            ("tuned_us", "tuned µs"), ("tuned_source", "tuned is"), ("floor_us", "floor µs"),
            ("fraction_of_floor", "floor / tuned"), ("speedup_vs_best_compile", "vs best compile"),
-           ("speedup_vs_greedy", "vs greedy"), ("trials", "trials"), ("tuning_s", "tuning s")]  # fmt: skip
+           ("speedup_vs_greedy", "vs greedy"), ("tuned_graph_us", "tuned, CUDA graph µs"),
+           ("graph_speedup_vs_best_compile", "CUDA graph vs best compile"), ("trials", "trials"),
+           ("tuning_s", "tuning s")]  # fmt: skip
 
 
 def _provenance(run: dict) -> str:
