@@ -231,3 +231,21 @@ def test_isolate_wraps_the_default_measurer_on_cpu():
     assert isinstance(m, Isolated) and m.source == "modeled"
     with pytest.raises(TypeError, match="picklable"):
         isolated(type("Local", (), {"measure": lambda self, c: None})(), True)
+
+
+def test_summary_row_reads_the_cuda_graph_variant_when_timed():
+    """A GPU record carries the tuned plan replayed as a CUDA graph: its time and its ratio to
+    the better compile mode reach summary.csv and the report; a CPU record has neither."""
+    from autofuse.tune.results import GRAPHED, summary_row
+
+    times = {"eager": {"us": 90.0}, "torch.compile default": {"us": 40.0},
+             "torch.compile max-autotune-no-cudagraphs": {"us": 44.0},
+             "autofuse greedy": {"us": 50.0}, "autofuse tuned": {"us": 42.0},
+             GRAPHED: {"us": 32.0}}  # fmt: skip
+    row = summary_row({"workload": "w", "times_us": times})
+    assert row["tuned_graph_us"] == 32.0
+    assert row["graph_speedup_vs_best_compile"] == pytest.approx(40.0 / 32.0)
+    assert row["speedup_vs_best_compile"] == pytest.approx(40.0 / 42.0)
+    del times[GRAPHED]
+    row = summary_row({"workload": "w", "times_us": times})
+    assert row["tuned_graph_us"] is None and row["graph_speedup_vs_best_compile"] is None
