@@ -150,3 +150,43 @@ def test_attention_configs_on_gpu(name, d):
     assert info.kind == "attention"
     for cfg in attention_configs(graph, info):
         assert verify_candidate(Candidate(graph, info, cfg), "cuda") is None, cfg.label()
+
+
+def test_reused_buffers_stay_right_on_cuda_and_under_a_cuda_graph():
+    """Kernel outputs written into dead buffers (program.py) on CUDA, launched through the
+    static launcher, kernel by kernel and replayed as a CUDA graph, call after call."""
+    from autofuse.partition import Partitioner
+    from autofuse.plan.graphs import GraphReplay
+    from autofuse.plan.runtime import build_plan, execute
+
+    def chain(x, w):
+        y = x
+        for _ in range(6):
+            y = torch.sigmoid(y * w)
+        return y
+
+    x, w = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    g = autofuse.capture(chain, (x, w)).graph
+    plan = build_plan(g, Partitioner(g).unfused().groups)
+    for _ in range(3):
+        assert_close(execute(plan, [x, w])[0], chain(x, w), torch.float32)
+    assert plan.__dict__["_program"].reused >= 3
+    replay = GraphReplay(plan)
+    for _ in range(3):
+        x2 = torch.randn_like(x)
+        assert_close(replay([x2, w])[0], chain(x2, w), torch.float32)
+
+
+def test_untuned_attention_times_the_fused_and_the_cublas_plans_on_cuda():
+    """On CUDA the untuned plan of attention is chosen by timing it against cuBLAS; whichever
+    runs, it computes eager's attention."""
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 8.0, -1) @ v
+
+    q, k, v = (torch.randn(4, 8, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    opt = autofuse.optimize(attention, (q, k, v))
+    choice = opt.plan_choice
+    assert choice is not None and len(choice.times) == 2, choice
+    assert all(t is not None for _, t in choice.times), choice.why
+    assert_close(opt(q, k, v), attention(q, k, v), torch.bfloat16)
