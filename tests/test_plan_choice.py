@@ -95,3 +95,22 @@ def test_untuned_plan_times_both_and_runs_the_faster(monkeypatch):
     assert "attention" not in [k.info.kind for k in plan.kernels]
     (out,) = execute(plan, list(args))
     torch.testing.assert_close(out, attention(*args), rtol=1e-4, atol=1e-4)
+
+
+def test_a_failed_measurement_keeps_the_fused_plan_and_says_why(monkeypatch):
+    import autofuse
+    from autofuse.tune import untuned
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+
+    args = tuple(torch.randn(2, 12, 16) for _ in range(3))
+    graph = autofuse.capture(attention, args).graph
+    monkeypatch.setattr(untuned, "interpreting", lambda: False)
+
+    def no_inputs():
+        raise RuntimeError("cannot make inputs here")
+
+    plan, choice = untuned.untuned_plan(graph, "greedy", True, no_inputs)
+    assert "attention" in [k.info.kind for k in plan.kernels]
+    assert choice.chosen == "greedy" and "cannot make inputs here" in choice.why

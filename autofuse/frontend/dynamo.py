@@ -193,8 +193,11 @@ def _untuned_plan(graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, 
     return untuned_plan(graph, f"greedy {kind}", on_cuda, lambda: [_realize(m) for m in metas])
 
 
-def _realize(meta: torch.Tensor) -> torch.Tensor:
-    """A real tensor with ``meta``'s shape, strides, dtype and device (for tuning)."""
+def _realize(meta: Any) -> Any:
+    """A real tensor with ``meta``'s shape, strides, dtype and device (for tuning and timing);
+    a value that is not a tensor (a size, a flag) as it is."""
+    if not isinstance(meta, torch.Tensor):
+        return meta
     shape, strides = tuple(meta.shape), tuple(meta.stride())
     out = torch.empty_strided(shape, strides, dtype=meta.dtype, device=meta.device)
     if meta.dtype.is_floating_point:
@@ -321,14 +324,17 @@ def _choose_replay(plan: Plan, metas: Sequence[Any]) -> GraphChoice:
     of the graph's shapes (a throwaway replay: the kept one captures the real inputs)."""
     if not _device_of(metas).startswith("cuda") or interpreting():
         return GraphChoice(False, None, None, "not on CUDA (or under the interpreter)")
-    ins = [_realize(m) for m in metas]
-    probe = GraphReplay(plan)
-    with torch.no_grad():
-        return choose_replay(
-            lambda: execute(plan, ins),
-            lambda: probe(ins) or execute(plan, ins),
-            cuda_inputs(ins),
-        )
+    try:
+        ins = [_realize(m) for m in metas]
+        probe = GraphReplay(plan)
+        with torch.no_grad():
+            return choose_replay(
+                lambda: execute(plan, ins),
+                lambda: probe(ins) or execute(plan, ins),
+                cuda_inputs(ins),
+            )
+    except Exception as e:  # noqa: BLE001 - a measurement never fails the compile: no replay
+        return GraphChoice(False, None, None, f"not timed: {type(e).__name__}: {e}"[:300])
 
 
 class _Specializer:

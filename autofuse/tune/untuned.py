@@ -37,8 +37,12 @@ def untuned_plan(
     alt = space.library_gemms(base)
     if alt is None or not on_cuda or interpreting():
         return plan, None
-    other = build_plan(graph, alt.groups, label=f"{label}, matmuls in cuBLAS")
-    ins: Any = list(inputs())
+    try:
+        other = build_plan(graph, alt.groups, label=f"{label}, matmuls in cuBLAS")
+        ins: Any = list(inputs())
+    except Exception as e:  # noqa: BLE001 - a measurement never fails the plan: the fused one
+        why = f"not timed: {type(e).__name__}: {e}"[:300]
+        return plan, PlanChoice(plan.label, ((plan.label, None),), why)
     chosen, choice = choose_plan([plan, other], lambda p: execute(p, ins), True)
     logs.emit("search", f"{label}: {choice.why} -> {choice.chosen}")
     return chosen, choice
