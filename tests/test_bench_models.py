@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from experiments import bench_models  # noqa: E402
+from experiments import bench_models, model_grads  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
@@ -48,10 +48,10 @@ def test_16bit_gradients_are_judged_against_float32_truth():
     eager = {"w": truth["w"] * 1.04, "b": truth["b"] * 1.01}  # eager bf16: 4% off on w
     close = {"w": truth["w"] * 0.94, "b": truth["b"]}  # 6% off: within twice eager's error
     far = {"w": truth["w"], "b": truth["b"] * 1.2}  # 20% off where eager is 1% off
-    ok = bench_models.grad_errors_vs_float32(close, eager, truth, tol=0.03)
+    ok = model_grads.grad_errors_vs_float32(close, eager, truth, tol=0.03)
     assert ok["grads_vs_fp32_over_bound"] == []
     assert ok["eager_grads_vs_fp32_max_err_scaled"] == pytest.approx(0.04, rel=1e-3)
-    bad = bench_models.grad_errors_vs_float32(far, eager, truth, tol=0.03)
+    bad = model_grads.grad_errors_vs_float32(far, eager, truth, tol=0.03)
     assert bad["grads_vs_fp32_over_bound"] == ["b"]
     assert bad["grads_vs_fp32_max_err_scaled"] == pytest.approx(0.2, rel=1e-3)  # |0.1| / max|b|
 
