@@ -277,3 +277,30 @@ def _execute_twice(plan, args):
 
     execute(plan, args)
     return execute(plan, args)
+
+
+def test_an_eager_fallback_never_hands_back_memory_it_read(monkeypatch):
+    """A kernel that runs in eager (it could not be built) stores new buffers, as its kernel
+    would: a result eager returns as it got it (here every op returns its first operand) is
+    copied, so no later kernel output written into a dead buffer can land in an input."""
+    from autofuse.plan import runtime
+
+    def f(x):
+        return x * 1.0
+
+    x = torch.randn(8, 8)
+    plan = _unfused(f, (x,))
+    (step,) = [s for s in plan.steps if hasattr(s, "kernel")]
+    real = runtime.eval_node
+    monkeypatch.setattr(
+        runtime,
+        "eval_node",
+        lambda node, args, device: args[0] if args else real(node, args, device),
+    )
+    run = runtime._Run(plan, x.device)
+    run.env[plan.graph.inputs[0]] = x
+    runtime.run_group_eagerly(run, step.kernel.info)
+    (s,) = step.kernel.info.stored
+    out = run.env[s]
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert torch.equal(out, x) and out.is_contiguous()

@@ -205,13 +205,11 @@ def _launch(step, loads, stored, specs, slow, broken) -> Op:
             return slow(run, step)  # first use, TMA alignment checks, broken
         env, alloc = run.env, run.alloc
         bufs = [env[i] for i in loads]
-        # no reuse once any kernel runs in eager: an eager result may alias what it read
-        lend = not broken
         outs = [
-            (alloc(shape, strides, dtype) if donor is None or not lend else env[donor]).zero_()
+            (alloc(shape, strides, dtype) if donor is None else env[donor]).zero_()
             if scatter
             else alloc(shape, strides, dtype)
-            if donor is None or not lend
+            if donor is None
             else env[donor]
             for shape, strides, dtype, scatter, donor in specs
         ]

@@ -377,8 +377,17 @@ def run_group_eagerly(run: _Run, info: GroupInfo) -> None:
     for n in info.nodes:
         node = graph[n]
         run.env[n] = eval_node(node, [run.get(j) for j in node.inputs], run.device)
-    for s in info.stored:  # contiguous, as the kernel would have written them (later kernels
-        run.env[s] = run.env[s].contiguous()  # read them with no check)
+    # new contiguous buffers, as the kernel would have written them: later kernels read them
+    # with no check, and the program may write a later kernel's output into one once it is
+    # dead, so none may share memory with what the group read (an op eager returns as it got
+    # it: a cast to the same dtype) or with another of its results
+    taken = {run.get(j).untyped_storage().data_ptr() for j in info.loads}
+    for s in info.stored:
+        t = run.env[s]
+        ptr = t.untyped_storage().data_ptr()
+        shared = t.numel() > 0 and ptr in taken
+        run.env[s] = t.clone(memory_format=torch.contiguous_format) if shared else t.contiguous()
+        taken.add(run.env[s].untyped_storage().data_ptr())
 
 
 def check_inputs(graph: Graph, inputs: Sequence[Any], device_kind: str | None = None) -> None:
