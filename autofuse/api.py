@@ -113,7 +113,7 @@ def optimize(
 def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> None:
     """``cuda_graph="auto"``: replay only where it times faster end to end (a fresh replay
     is kept: the timing one was captured over the example inputs' buffers)."""
-    if not opt._flat_call:  # a module's (or nested inputs') call takes the checked path
+    if not opt.plain_call:  # a module's (or nested inputs') call takes the checked path
         opt.graph_choice = GraphChoice(False, None, None, "only plain tensor calls replay")
         return
     probe = GraphReplay(opt.plan)

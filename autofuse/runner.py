@@ -49,11 +49,15 @@ class OptimizedFunction:
         self.__name__ = f"autofuse_{captured.source_name}"
         n = len(captured.leaf_kinds)
         # the common call f(t0, t1, ...) of plain tensors needs no pytree walk
-        self._flat_call = (
-            self._module is None
-            and all(k == "tensor" for k in captured.leaf_kinds)
-            and captured.in_spec == pytree.tree_flatten(tuple(range(n)))[1]
-        )
+        flat = self._module is None and captured.in_spec == pytree.tree_flatten(tuple(range(n)))[1]
+        self._flat_call = flat and all(k == "tensor" for k in captured.leaf_kinds)
+        # f(t0, n_head, t1, ...): plain tensors and the scalars the trace was specialized for
+        self._mixed: tuple[tuple[int, ...], tuple[tuple[int, Any], ...]] | None = None
+        if flat and not self._flat_call:
+            kinds = captured.leaf_kinds
+            at = tuple(k for k, kind in enumerate(kinds) if kind == "tensor")
+            fixed = tuple(k for k, kind in enumerate(kinds) if kind != "tensor")
+            self._mixed = (at, tuple(zip(fixed, captured.scalars)))
         self._leaf_out = captured.out_spec.is_leaf()
         spec = captured.out_spec  # a flat tuple of outputs needs no pytree walk either
         self._tuple_out = spec == pytree.tree_flatten(tuple(range(spec.num_leaves)))[1]
@@ -88,14 +92,33 @@ class OptimizedFunction:
             tensors += [state[n].detach() for n in c.param_names]
         return tensors
 
+    @property
+    def plain_call(self) -> bool:
+        """Whether calls are flat positional arguments: tensors, and scalars the trace fixed."""
+        return self._flat_call or self._mixed is not None
+
+    def _plain_tensors(self, args: tuple) -> tuple | None:
+        """The tensors of a flat call whose scalars are the captured ones, else None."""
+        if self._flat_call:
+            return args
+        if self._mixed is None or len(args) != len(self.captured.leaf_kinds):
+            return None
+        at, fixed = self._mixed
+        for k, want in fixed:
+            got = args[k]
+            if type(got) is not type(want) or got != want:
+                return None
+        return tuple(args[k] for k in at)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # the common call: plain tensors with exactly the captured shapes, dtypes and strides
         # (one guard check), none requiring grad: no routing, no re-check, no pytree
-        if self._flat_call and not kwargs and _inputs_match(self.plan, args):
-            if not (torch.is_grad_enabled() and any(a.requires_grad for a in args)):
-                outs = None if self.graphs is None else self.graphs(args)
+        ts = None if kwargs else self._plain_tensors(args)
+        if ts is not None and _inputs_match(self.plan, ts):
+            if not (torch.is_grad_enabled() and any(a.requires_grad for a in ts)):
+                outs = None if self.graphs is None else self.graphs(ts)
                 if outs is None:
-                    outs = run_plan(self.plan, args)
+                    outs = run_plan(self.plan, ts)
                 return self._wrap(outs)
         if kwargs or self._training is not None or torch.is_grad_enabled():
             from autofuse.frontend.routing import call_routed, route

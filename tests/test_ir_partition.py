@@ -153,6 +153,23 @@ def test_scalar_inputs_are_specialized():
         opt(x, 0.7)
 
 
+def test_scalar_arguments_take_the_plain_call_path():
+    """f(x, n_head, y): the scalars the trace fixed are compared, the tensors go straight to
+    the plan (no pytree walk); another scalar, or one of another type, is refused by name."""
+
+    def f(x, n, y):
+        return x.reshape(n, -1) * 2.0 + y
+
+    x, y = torch.randn(12), torch.randn(3, 4)
+    opt = autofuse.optimize(f, (x, 3, y))
+    assert opt.plain_call and not opt._flat_call
+    assert opt._plain_tensors((x, 3, y)) == (x, y)
+    assert opt._plain_tensors((x, 3.0, y)) is None  # a float 3.0 is not the traced int 3
+    torch.testing.assert_close(opt(x, 3, y), f(x, 3, y))
+    with pytest.raises(InputError, match="specialized for 3"):
+        opt(x, 4, y)
+
+
 def test_module_parameters_are_inputs():
     mod = torch.nn.LayerNorm(16)
     with torch.no_grad():

@@ -137,6 +137,8 @@ class KernelMeta:
     ``needs_allocator``: the kernel makes tensor descriptors on the device (Triton's scratch
     allocator must be set). ``work``: the fraction of its product tiles the kernel computes (an
     attention kernel whose mask bounds the key loop: about half for a causal one).
+    ``selective_loads``: the positions in ``info.loads`` of buffers read only on the lanes a
+    ``where`` takes them from (``masked_fill(~tril, min)``: the masked half is not read).
     """
 
     load_passes: tuple[int, ...] = ()
@@ -144,6 +146,7 @@ class KernelMeta:
     tiles: tuple[int, int, int, int] | None = None
     needs_allocator: bool = False
     work: float = 1.0
+    selective_loads: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

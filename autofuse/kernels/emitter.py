@@ -21,7 +21,7 @@ from autofuse.ir.indexing import Expr, linearize
 from autofuse.ir.ops import Helper, op_def
 from autofuse.kernels import rowops
 from autofuse.kernels.base import FusionRefused, GroupInfo, Kernel, KernelMeta, describe
-from autofuse.kernels.indexed import indexed_value
+from autofuse.kernels.indexed import guarded, indexed_value
 from autofuse.kernels.render import (
     TL_DTYPE,
     Val,
@@ -90,6 +90,10 @@ class Emitter:
         self.loops: list[Loop] = []  # the column loops being emitted (rowops' looped scans)
         self.guards: list[tuple[str, int]] = []  # (condition, class) every load must also meet
         self.checked = False  # the kernel asserts its indirect indices are in range
+        self.selective: set[int] = set()  # loaded nodes read only where a `where` selects them
+        # loaded nodes a looped kernel reads in one column loop alone: streamed through the
+        # cache (evict first), so what later loops re-read stays in L2
+        self.streamed: frozenset[int] = frozenset()
         self.int64 = self._needs_int64()
         self.narrow = not self.int64 and narrow_iota(graph, info.nodes)
         dom, rd = info.domain, info.reduce_dims
@@ -175,6 +179,8 @@ class Emitter:
             v = indexed_value(self, i, index)
         elif (shifted := self.shifted_exp(node, index)) is not None:
             v = self.tmp(shifted[0], shifted[1], compute_dtype(node.dtype), node.name)
+        elif (picked := self.select_branch(i)) is not None:
+            v = self.guarded_where(i, index, picked)
         else:
             args = [
                 self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
@@ -206,6 +212,44 @@ class Emitter:
         if b.cls >= a.cls:
             return None
         return exp_minus(cast(a, cd), cast(b, cd)), a.cls
+
+    def select_branch(self, i: int) -> int | None:
+        """For ``where(c, a, b)`` with one branch a constant and the other a value read from
+        memory by this ``where`` alone: the position (1 or 2) of the branch read. Its loads can
+        skip the lanes the constant takes (``masked_fill(~tril, min)`` reads half the scores)."""
+        node, g = self.g[i], self.g
+        if node.op != "where":
+            return None
+        for pos, other in ((1, 2), (2, 1)):
+            j, k = node.inputs[pos], node.inputs[other]
+            base = g.base_of(j)
+            if (
+                g[g.base_of(k)].op == "const"
+                and base not in self.members
+                and g[base].op not in ("const", "iota")
+                and [u for u in g.compute_users[base] if u in self.members] == [i]
+            ):
+                return pos
+        return None
+
+    def guarded_where(self, i: int, index: tuple[Expr, ...], pos: int) -> Val:
+        """``where`` whose branch ``pos`` is loaded only on the lanes that select it (the
+        other lanes load nothing; the constant branch is their value, as in eager)."""
+        node = self.g[i]
+        at = [broadcast_index(self.g[j].shape, node.shape, index) for j in node.inputs]
+        cond = self.value(node.inputs[0], at[0])
+        args: list[Val] = [cond]
+        for p in (1, 2):
+            j = node.inputs[p]
+            if p != pos or cond.cls == 0:
+                args.append(self.value(j, at[p]))
+                continue
+            c = cast(cond, "bool")
+            self.selective.add(self.g.base_of(j))
+            guard = f"({c})" if pos == 1 else f"({c} == 0)"
+            args.append(guarded(self, guard, cond.cls, lambda j=j, p=p: self.value(j, at[p])))
+        expr = render_op(node.op, node, args, self.helpers)
+        return self.tmp(expr, max(v.cls for v in args), compute_dtype(node.dtype), node.name)
 
     def divide(self, node, args: list[Val]) -> str | None:
         """A float division by a constant or by a row value, as a multiply by its reciprocal
@@ -240,10 +284,11 @@ class Emitter:
         cd = compute_dtype(node.dtype)
         ptr = f"{self.ptr[i]} + ({off.render()})"
         self.note_load(i)
+        hint = ", eviction_policy='evict_first'" if i in self.streamed and self.region else ""
         if mask is None:
-            code = f"tl.load({ptr})"
+            code = f"tl.load({ptr}{hint})"
         else:
-            code = f"tl.load({ptr}, {mask}, other=0)"
+            code = f"tl.load({ptr}, {mask}, other=0{hint})"
         if cd != node.dtype:
             code += f".to({TL_DTYPE[cd]})"
         return self.tmp(code, cls, cd, f"load {node.name}")
@@ -449,7 +494,10 @@ class Emitter:
         for i in self.info.loads:
             users = [u for u in g.compute_users[i] if u in self.members]
             if users and all(
-                i in g[u].inputs and g[u].shape == dom and not op_def(g[u].op).indexed
+                i in g[u].inputs
+                and g[u].shape == dom
+                and not op_def(g[u].op).indexed
+                and self.select_branch(u) is None
                 for u in users
             ):
                 self.value(i, broadcast_index(g[i].shape, dom, self.full))
@@ -577,6 +625,17 @@ class Emitter:
         """Record that the code being emitted reads loaded node ``i`` (in the current loop)."""
         self.regions[self.region].add(i)
 
+    def streamed_loads(self) -> frozenset[int]:
+        """The loaded nodes read inside exactly one column loop and nowhere else."""
+        return frozenset(
+            i
+            for i in self.info.loads
+            if i not in self.regions[0] and sum(i in r for r in self.regions[1:]) == 1
+        )
+
+    def selective_loads(self) -> tuple[int, ...]:
+        return tuple(k for k, i in enumerate(self.info.loads) if i in self.selective)
+
     def load_passes(self) -> tuple[int, ...]:
         """Reads of each loaded buffer: once per column loop that loads it, once if it is only
         loaded outside loops."""
@@ -629,7 +688,7 @@ def render_loop_kernel(
         layout=tuple(layout),
         grid=(-(-info.xnumel // config.XBLOCK),),
         launch_kw=tuple(kw + list(launch_kw)),
-        meta=KernelMeta(load_passes=passes, dots=em.dots),
+        meta=KernelMeta(load_passes=passes, dots=em.dots, selective_loads=em.selective_loads()),
     )
 
 

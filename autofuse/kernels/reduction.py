@@ -108,6 +108,7 @@ class ReductionKind:
             for rb in (4, 16, 64, 256, 1024, 2048, 4096):
                 if rb < r and x * rb <= 16384 and x * rb >= 32:
                     out += [KernelConfig(x, rb, w) for w in (1, 2, 4, 8) if 32 * w <= x * rb]
+                    out += [KernelConfig(x, rb, 16)] if x * rb >= 4096 else []
         return out or [KernelConfig(1, r, 4)]
 
     def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:
@@ -142,4 +143,9 @@ class ReductionKind:
 
     def generate(self, graph: Graph, info: GroupInfo, config: KernelConfig, index: int) -> Kernel:
         name = kernel_name(graph, info, self.prefix(info, config), index)
-        return render_loop_kernel(Emitter(graph, info, config), name, self.name)
+        em = Emitter(graph, info, config)
+        if em.red and not em.persistent:  # a first pass finds the loads read by one loop alone
+            probe = Emitter(graph, info, config)
+            probe.emit()
+            em.streamed = probe.streamed_loads()
+        return render_loop_kernel(em, name, self.name)

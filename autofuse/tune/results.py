@@ -200,7 +200,7 @@ def _graphed(tuned: Any) -> Any:
     from autofuse.plan.graphs import GraphReplay
     from autofuse.runner import OptimizedFunction
 
-    if not tuned._flat_call:
+    if not tuned.plain_call:
         return None
     graphed = OptimizedFunction(tuned.captured, tuned.plan, None, tuned.tuning)
     graphed.graphs = GraphReplay(tuned.plan)

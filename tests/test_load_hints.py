@@ -1,0 +1,95 @@
+"""A ``where`` with a constant branch reads its other branch only on the lanes that take it
+(``masked_fill(~tril, finfo.min)`` reads the kept half of the scores): same values as eager,
+masked lanes never read, persistent and looped kernels."""
+
+import pytest
+import torch
+
+from autofuse.capture.trace import capture
+from autofuse.kernels import config_space, default_config
+from autofuse.partition.partitioner import Partitioner
+from autofuse.plan.runtime import build_plan, execute
+from tests.helpers import assert_close, reference
+
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+
+
+def causal_softmax(x):
+    n = x.shape[-1]
+    keep = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+    x = x.masked_fill(~keep, torch.finfo(x.dtype).min)
+    return torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)
+
+
+def padded_softmax(x, keep):
+    return torch.softmax(x.masked_fill(~keep, torch.finfo(x.dtype).min), dim=-1)
+
+
+def kept_and_reused(x, keep):
+    return torch.where(keep, x, 0.0) + x  # x is read by the add too: loaded everywhere
+
+
+def _plans(fn, args):
+    """The greedy grouping at the default config and at a looped one (RBLOCK below the row)."""
+    graph = capture(fn, args).graph
+    groups = Partitioner(graph).greedy().groups
+    infos = [Partitioner(graph).check(g) for g in groups]
+    yield build_plan(graph, groups, [default_config(i, graph) for i in infos])
+    looped = []
+    for i in infos:
+        space = [c for c in config_space(i, graph) if getattr(c, "RBLOCK", 1 << 30) < i.rnumel]
+        looped.append(space[0] if space else default_config(i, graph))
+    yield build_plan(graph, groups, looped)
+
+
+def _check(fn, args, dtype, selective: bool):
+    refs = reference(fn, args, dtype)
+    for plan in _plans(fn, args):
+        assert len(plan.kernels) == 1, [k.name for k in plan.kernels]
+        k = plan.kernels[0]
+        read = [plan.graph[k.info.loads[j]].name for j in k.meta.selective_loads]
+        assert read == (["arg0_1"] if selective else []), (read, k.source)
+        for o, r in zip(execute(plan, [a for a in args if isinstance(a, torch.Tensor)]), refs):
+            assert_close(o, r, dtype, fn.__name__)
+
+
+@DTYPES
+def test_causal_softmax_reads_the_kept_half(dtype):
+    x = torch.randn(2, 3, 37, 37).to(dtype)
+    x[0, 0].triu_(1).masked_fill_(torch.ones(37, 37, dtype=torch.bool).triu(1), float("nan"))
+    _check(causal_softmax, (x,), dtype, selective=True)  # NaN only where masked: none out
+
+
+@DTYPES
+def test_padding_mask_fully_masked_rows_as_eager(dtype):
+    x = torch.randn(3, 5, 33).to(dtype)
+    keep = torch.rand(3, 5, 33) > 0.3
+    keep[1, 2] = False  # a fully masked row: eager gives a uniform row
+    x[0, 0, 0] = float("inf")  # unmasked extremes still reach the softmax
+    keep[0, 0, 0] = True
+    _check(padded_softmax, (x, keep), dtype, selective=True)
+
+
+def test_branch_read_elsewhere_is_loaded_everywhere():
+    x, keep = torch.randn(4, 19), torch.rand(4, 19) > 0.5
+    _check(kept_and_reused, (x, keep), torch.float32, selective=False)
+
+
+def seed_reduction(x):
+    return (x * 2.0).sum(-1) + 1.0
+
+
+def row_softmax(x):
+    return torch.softmax(x, -1)
+
+
+@pytest.mark.parametrize("fn, streamed", [(seed_reduction, True), (row_softmax, False)])
+def test_looped_reduction_streams_what_one_loop_reads(fn, streamed):
+    """A looped reduction reading x in one column loop loads it evict-first; a looped softmax
+    re-reads x in later loops and keeps the default policy (its rows stay in cache)."""
+    x = torch.randn(4, 300)
+    persistent, looped = _plans(fn, (x,))
+    assert looped.kernels[0].config.RBLOCK < 300
+    assert ("evict_first" in looped.kernels[0].source) == streamed, looped.kernels[0].source
+    assert "evict_first" not in persistent.kernels[0].source  # no loop: nothing streams
+    assert_close(execute(looped, [x])[0], fn(x), torch.float32, fn.__name__)
