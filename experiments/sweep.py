@@ -3,6 +3,11 @@ and timed alone on the GPU (the same GPUTimer the search uses). Shows how far th
 is from the best one and which configs fail, without a search in the way.
 
     python -m experiments.sweep --workloads attention_scores --max-configs 64 --out $OUT
+
+Workloads are the public suite's and the model-style functions' (``experiments/model_functions.py``).
+``--variants plain,unselective`` times each config twice: as generated, and with every ``where``
+loading both branches everywhere (``Emitter.select_branch`` off), to show what the selective
+loads save.
 """
 
 from __future__ import annotations
@@ -15,10 +20,22 @@ from pathlib import Path
 
 import autofuse
 from autofuse.kernels import config_label, config_space, default_config
+from autofuse.kernels.emitter import Emitter
 from autofuse.measure import Candidate, GPUTimer
 from autofuse.partition.partitioner import Partitioner
 from experiments.bench import stamp
+from experiments.model_functions import MODEL_FUNCTIONS
 from experiments.workloads import BY_NAME
+
+WORKLOADS = {**BY_NAME, **{w.name: w for w in MODEL_FUNCTIONS}}
+_SELECT = Emitter.select_branch
+
+
+def use_variant(name: str) -> None:
+    """``plain``: kernels as generated; ``unselective``: no selective loads."""
+    if name not in ("plain", "unselective"):
+        raise ValueError(f"--variants: unknown variant {name!r} (plain, unselective)")
+    Emitter.select_branch = _SELECT if name == "plain" else (lambda self, i: None)
 
 
 def sweep_group(graph, info, timer: GPUTimer, max_configs: int, seed: int, where: str = "") -> dict:
@@ -56,32 +73,41 @@ def main() -> None:
     p.add_argument("--tag", default="sweep")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--where", default="", help='keep configs c where this holds: "c.BLOCK_K==128"')
+    p.add_argument("--variants", default="plain", help="plain,unselective")
     a = p.parse_args()
     timer = GPUTimer()
     doc = {"stamp": stamp(), "workloads": []}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in a.workloads.split(","):
-        w = BY_NAME[name]
-        graph = autofuse.capture(w.fn, w.inputs()).graph
-        part = Partitioner(graph).greedy()
-        groups = []
-        for g in part.groups:
-            info = Partitioner(graph).check(g)
-            if isinstance(info, str) or len(info.nodes) < 2 and info.kind == "gemm":
-                continue
-            r = sweep_group(graph, info, timer, a.max_configs, a.seed, a.where)
-            groups.append(r)
-            best, d = r["best"] or {}, r["default"]
-            print(f"{name} {r['kind']} [{','.join(r['ops'])}] space={r['space']} "
-                  f"timed={r['timed']} failed={r['failed']} best={_us(best.get('time_s'))} "
-                  f"({best.get('config')}) default={_us(d['time_s'])}", flush=True)  # fmt: skip
-            for row in r["rows"][:5]:
-                print(f"    {_us(row['time_s'])}  {row['config']}", flush=True)
-            for row in [x for x in r["rows"] if x["failure"]][:3]:
-                print(f"    FAILED {row['config']}: {row['failure'][:300]}", flush=True)
-        doc["workloads"].append({"workload": name, "groups": groups})
-        (out / f"{a.tag}.json").write_text(json.dumps(doc, indent=2, default=str))
+        for variant in a.variants.split(","):
+            use_variant(variant)
+            doc["workloads"].append(
+                {"workload": name, "variant": variant, "groups": sweep_workload(name, timer, a)}
+            )
+            (out / f"{a.tag}.json").write_text(json.dumps(doc, indent=2, default=str))
+
+
+def sweep_workload(name: str, timer: GPUTimer, a: argparse.Namespace) -> list[dict]:
+    w = WORKLOADS[name]
+    graph = autofuse.capture(w.fn, w.inputs()).graph
+    part = Partitioner(graph).greedy()
+    groups = []
+    for g in part.groups:
+        info = Partitioner(graph).check(g)
+        if isinstance(info, str) or len(info.nodes) < 2 and info.kind == "gemm":
+            continue
+        r = sweep_group(graph, info, timer, a.max_configs, a.seed, a.where)
+        groups.append(r)
+        best, d = r["best"] or {}, r["default"]
+        print(f"{name} {r['kind']} [{','.join(r['ops'])}] space={r['space']} "
+              f"timed={r['timed']} failed={r['failed']} best={_us(best.get('time_s'))} "
+              f"({best.get('config')}) default={_us(d['time_s'])}", flush=True)  # fmt: skip
+        for row in r["rows"][:5]:
+            print(f"    {_us(row['time_s'])}  {row['config']}", flush=True)
+        for row in [x for x in r["rows"] if x["failure"]][:3]:
+            print(f"    FAILED {row['config']}: {row['failure'][:300]}", flush=True)
+    return groups
 
 
 if __name__ == "__main__":
