@@ -544,3 +544,57 @@ def test_interpreter_rounds_bf16_casts_like_the_gpu():
     finite = ~x.isnan()
     assert torch.equal(out[0].view(torch.int16)[finite], want.view(torch.int16)[finite])
     assert out[0][~finite].isnan().all()
+
+
+def test_example_check_of_a_group_that_loads_nothing_runs_on_the_examples_device(monkeypatch):
+    """A kernel computing a mask from indices alone (``ones(n, n).tril()``) loads nothing: its
+    example check runs on the device the examples are on, not on the CPU by default (which
+    failed every such candidate on CUDA: 'cannot verify on CPU')."""
+    from autofuse.measure import Candidate, node_values
+    from autofuse.tune.tuner import Objective
+
+    def causal_fill(x):
+        keep = torch.ones(x.shape[-1], x.shape[-1], dtype=torch.bool).tril()
+        return x.masked_fill(~keep, -1.0) * 2.0
+
+    x = torch.randn(5, 5)
+    graph = capture(causal_fill, (x,)).graph
+    space = Partitioner(graph)
+    infos = [space.check(g) for p in space.partitions() for g in p.groups]
+    info = next(i for i in infos if not isinstance(i, str) and not i.loads)
+    values = {k: v.to("meta") for k, v in node_values(graph, [x]).items()}
+    seen = []
+    monkeypatch.setattr(
+        "autofuse.tune.tuner.verify_candidate", lambda c, device, inputs: seen.append(device)
+    )
+    obj = Objective(graph, space, None, None, example_values=values)
+    obj.check_examples(Candidate(graph, info, default_config(info, graph)))
+    assert [d.type for d in seen] == ["meta"]
+
+
+@pytest.mark.parametrize("rblock", [64, 1024], ids=["looped", "persistent"])
+def test_ill_conditioned_results_are_judged_against_eagers_own_error(rblock):
+    """x / x.sum() over rows that cancel to ~1e-3: float32 eager is itself ~1e-3 off the
+    float64 reference there, so the fixed float32 tolerance would reject every correct kernel
+    (it rejected a looped softmax normalizer on CUDA). The check accepts twice eager's own
+    error, and still rejects a kernel that is wrong."""
+    from autofuse.kernels.pointwise import KernelConfig
+    from autofuse.measure import Candidate, verify_candidate
+    from autofuse.measure.verify import compare, eager_outputs, reference_outputs
+
+    def normalize(x):
+        return x / x.sum(-1, keepdim=True)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 1000, generator=g)
+    x = x - x.mean(-1, keepdim=True) + 1e-6
+    graph = capture(normalize, (x,)).graph
+    space = Partitioner(graph)
+    (group,) = space.greedy().groups
+    cand = Candidate(graph, space.check(group), KernelConfig(1 if rblock > 64 else 2, rblock, 2))
+    assert verify_candidate(cand, inputs=[x]) is None
+    (ref,) = reference_outputs(graph, [x])
+    (eager,) = eager_outputs(graph, [x])
+    assert compare(eager, ref, "float32", 0) is not None  # the fixed tolerance fails eager itself
+    wrong = eager * 1.01
+    assert compare(wrong, ref, "float32", 0, eager) is not None

@@ -44,11 +44,19 @@ from autofuse.kernels.base import (
     next_pow2,
     stored_nodes,
 )
-from autofuse.kernels.emitter import Emitter, Scope, kernel_header
+from autofuse.kernels.emitter import Emitter, Scope
 from autofuse.kernels.gemm import ITEM
 from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
 from autofuse.kernels.pointwise import check_pow2
-from autofuse.kernels.render import LOG2E, TL_DTYPE, Val, cast, compute_dtype, literal
+from autofuse.kernels.render import (
+    LOG2E,
+    TL_DTYPE,
+    Val,
+    cast,
+    compute_dtype,
+    kernel_header,
+    literal,
+)
 from autofuse.kernels.views import (
     broadcast_index,
     domain_index,

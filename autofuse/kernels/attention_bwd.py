@@ -43,11 +43,11 @@ from autofuse.kernels.base import (
     next_pow2,
     stored_nodes,
 )
-from autofuse.kernels.emitter import Emitter, Loop, Scope, kernel_header
+from autofuse.kernels.emitter import Emitter, Loop, Scope
 from autofuse.kernels.gemm import ITEM
 from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
 from autofuse.kernels.pointwise import check_pow2
-from autofuse.kernels.render import TL_DTYPE, Val, cast
+from autofuse.kernels.render import TL_DTYPE, Val, cast, kernel_header
 from autofuse.kernels.views import view_source_index
 
 

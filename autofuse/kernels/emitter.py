@@ -19,9 +19,9 @@ from typing import Any
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.ir.ops import Helper, op_def
-from autofuse.kernels import rowops
+from autofuse.kernels import load_hints, rowops
 from autofuse.kernels.base import FusionRefused, GroupInfo, Kernel, KernelMeta, describe
-from autofuse.kernels.indexed import guarded, indexed_value
+from autofuse.kernels.indexed import indexed_value
 from autofuse.kernels.render import (
     TL_DTYPE,
     Val,
@@ -31,6 +31,7 @@ from autofuse.kernels.render import (
     exp_minus,
     identity,
     is_float,
+    kernel_header,
     literal,
     minmax,
     render_op,
@@ -180,7 +181,7 @@ class Emitter:
         elif (shifted := self.shifted_exp(node, index)) is not None:
             v = self.tmp(shifted[0], shifted[1], compute_dtype(node.dtype), node.name)
         elif (picked := self.select_branch(i)) is not None:
-            v = self.guarded_where(i, index, picked)
+            v = load_hints.guarded_where(self, i, index, picked)
         else:
             args = [
                 self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
@@ -214,42 +215,7 @@ class Emitter:
         return exp_minus(cast(a, cd), cast(b, cd)), a.cls
 
     def select_branch(self, i: int) -> int | None:
-        """For ``where(c, a, b)`` with one branch a constant and the other a value read from
-        memory by this ``where`` alone: the position (1 or 2) of the branch read. Its loads can
-        skip the lanes the constant takes (``masked_fill(~tril, min)`` reads half the scores)."""
-        node, g = self.g[i], self.g
-        if node.op != "where":
-            return None
-        for pos, other in ((1, 2), (2, 1)):
-            j, k = node.inputs[pos], node.inputs[other]
-            base = g.base_of(j)
-            if (
-                g[g.base_of(k)].op == "const"
-                and base not in self.members
-                and g[base].op not in ("const", "iota")
-                and [u for u in g.compute_users[base] if u in self.members] == [i]
-            ):
-                return pos
-        return None
-
-    def guarded_where(self, i: int, index: tuple[Expr, ...], pos: int) -> Val:
-        """``where`` whose branch ``pos`` is loaded only on the lanes that select it (the
-        other lanes load nothing; the constant branch is their value, as in eager)."""
-        node = self.g[i]
-        at = [broadcast_index(self.g[j].shape, node.shape, index) for j in node.inputs]
-        cond = self.value(node.inputs[0], at[0])
-        args: list[Val] = [cond]
-        for p in (1, 2):
-            j = node.inputs[p]
-            if p != pos or cond.cls == 0:
-                args.append(self.value(j, at[p]))
-                continue
-            c = cast(cond, "bool")
-            self.selective.add(self.g.base_of(j))
-            guard = f"({c})" if pos == 1 else f"({c} == 0)"
-            args.append(guarded(self, guard, cond.cls, lambda j=j, p=p: self.value(j, at[p])))
-        expr = render_op(node.op, node, args, self.helpers)
-        return self.tmp(expr, max(v.cls for v in args), compute_dtype(node.dtype), node.name)
+        return load_hints.select_branch(self, i)
 
     def divide(self, node, args: list[Val]) -> str | None:
         """A float division by a constant or by a row value, as a multiply by its reciprocal
@@ -625,17 +591,6 @@ class Emitter:
         """Record that the code being emitted reads loaded node ``i`` (in the current loop)."""
         self.regions[self.region].add(i)
 
-    def streamed_loads(self) -> frozenset[int]:
-        """The loaded nodes read inside exactly one column loop and nowhere else."""
-        return frozenset(
-            i
-            for i in self.info.loads
-            if i not in self.regions[0] and sum(i in r for r in self.regions[1:]) == 1
-        )
-
-    def selective_loads(self) -> tuple[int, ...]:
-        return tuple(k for k, i in enumerate(self.info.loads) if i in self.selective)
-
     def load_passes(self) -> tuple[int, ...]:
         """Reads of each loaded buffer: once per column loop that loads it, once if it is only
         loaded outside loops."""
@@ -688,21 +643,7 @@ def render_loop_kernel(
         layout=tuple(layout),
         grid=(-(-info.xnumel // config.XBLOCK),),
         launch_kw=tuple(kw + list(launch_kw)),
-        meta=KernelMeta(load_passes=passes, dots=em.dots, selective_loads=em.selective_loads()),
+        meta=KernelMeta(
+            load_passes=passes, dots=em.dots, selective_loads=load_hints.selective_loads(em)
+        ),
     )
-
-
-def kernel_header(em: Emitter, name: str, what: str, params: list[str]) -> list[str]:
-    """The comment lines a generated kernel starts with (what it fuses, reads, writes, its
-    config) and its ``@triton.jit`` signature."""
-    graph, info = em.g, em.info
-    return [
-        f"# {name}: {len(info.nodes)} ops -> 1 kernel ({what})",
-        "#   reads:  "
-        + ", ".join(f"{em.ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.loads),
-        "#   writes: "
-        + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
-        f"#   config: {em.cfg.label()}",
-        "@triton.jit(debug=True)" if em.checked else "@triton.jit",
-        f"def {name}({', '.join(params)}):",
-    ]

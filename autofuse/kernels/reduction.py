@@ -5,6 +5,7 @@ by dependency level (softmax: max, then sum)."""
 from __future__ import annotations
 
 from autofuse.ir.graph import Graph, numel
+from autofuse.kernels import load_hints
 from autofuse.kernels.base import (
     FusionRefused,
     GroupInfo,
@@ -13,6 +14,7 @@ from autofuse.kernels.base import (
     kernel_name,
     loaded_nodes,
     next_pow2,
+    prev_pow2,
     stored_nodes,
 )
 from autofuse.kernels.emitter import Emitter, render_loop_kernel
@@ -117,19 +119,25 @@ class ReductionKind:
         inner = numel(s for j, s in enumerate(info.domain) if j > last)
         if inner >= 32:
             # an outer reduction (column sums, a split reduction's stages): neighbouring outputs
-            # are neighbours in memory, so a block spans 64 of them (128-byte bf16 segments)
-            # and walks the reduced dim in 64-row chunks
-            x = min(64, next_pow2(inner), max(1, next_pow2(info.xnumel)))
+            # are neighbours in memory, so a block spans up to 64 of them (128-byte bf16
+            # segments), fewer where that leaves under ~128 programs; a reduced extent that fits
+            # (x * r <= 32768) is loaded whole, else walked in chunks. On the H200 this took a
+            # 65536-row column statistic's chunk pass from 69.2 to 44.8 us (experiments.sweep).
+            x = min(64, next_pow2(inner), max(1, prev_pow2(info.xnumel // 128)))
+            if x * r <= 32768:
+                return KernelConfig(x, r, 8 if x * r <= 4096 else 4)
             rb = min(r, max(4, 4096 // x))
             return KernelConfig(x, rb, min(8, max(1, x * rb // 512)))
         return self.row_config(info)
 
     def row_config(self, info: GroupInfo) -> KernelConfig:
-        """A few whole rows per block (up to 4096 elements), else 4096-element chunks."""
+        """A few whole rows per block (up to 4096 elements), else 4096-element chunks; at most
+        8 warps (16 warps on a 4 x 1024 row block took 152 us against 128 us with 8 on the H200,
+        a masked causal softmax; 62.8 against 53.0 us, an L2 normalize)."""
         r = next_pow2(info.rnumel)
         if r <= 4096:
             x = max(1, min(8, 4096 // r, next_pow2(info.xnumel)))
-            w = min(16, max(1, x * r // 256))
+            w = min(8, max(1, x * r // 512))
             return KernelConfig(x, r, w)
         return KernelConfig(1, 4096, 8)
 
@@ -147,5 +155,5 @@ class ReductionKind:
         if em.red and not em.persistent:  # a first pass finds the loads read by one loop alone
             probe = Emitter(graph, info, config)
             probe.emit()
-            em.streamed = probe.streamed_loads()
+            em.streamed = load_hints.streamed_loads(probe)
         return render_loop_kernel(em, name, self.name)

@@ -7,6 +7,7 @@ cast of operands, the op's own rendering, the reductions' identities and combine
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -169,3 +170,19 @@ def row_reduce(op: str, code: str, acc_dtype: str, helpers: set[Helper]) -> str:
         helpers.add(helper)
         return f"tl.reduce({code}, 1, {helper.name})[:, None]"
     return f"{_ROW_FN[c]}({code}, 1)[:, None]"
+
+
+def kernel_header(em: Any, name: str, what: str, params: list[str]) -> list[str]:
+    """The comment lines a generated kernel starts with (what it fuses, reads, writes, its
+    config) and its ``@triton.jit`` signature."""
+    graph, info = em.g, em.info
+    return [
+        f"# {name}: {len(info.nodes)} ops -> 1 kernel ({what})",
+        "#   reads:  "
+        + ", ".join(f"{em.ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.loads),
+        "#   writes: "
+        + ", ".join(f"{em.out_ptr[i]}={graph[i].name}{list(graph[i].shape)}" for i in info.stored),
+        f"#   config: {em.cfg.label()}",
+        "@triton.jit(debug=True)" if em.checked else "@triton.jit",
+        f"def {name}({', '.join(params)}):",
+    ]

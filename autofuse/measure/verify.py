@@ -181,8 +181,24 @@ def tolerance_dtype(graph: Graph, info: GroupInfo) -> str | None:
     return max(floats, key=lambda d: TOLERANCES[d][0]) if floats else None
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str | None, k: int) -> str | None:
-    """None when ``out`` matches the float64 reference ``ref`` within tolerance, else why."""
+def eager_outputs(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``graph``'s outputs evaluated by eager in the graph's own dtypes."""
+    values = node_values(graph, inputs)
+    return [values[j] for j in graph.outputs]
+
+
+def compare(
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    dtype: str | None,
+    k: int,
+    eager: torch.Tensor | None = None,
+) -> str | None:
+    """None when ``out`` matches the float64 reference ``ref`` within tolerance, else why.
+
+    With ``eager`` (eager's own result in the graph's dtypes), an error up to twice eager's
+    own distance from ``ref`` is accepted too: a sum that cancels to near zero, then divides,
+    is ill-conditioned in float32 for eager as for any kernel."""
     if tuple(out.shape) != tuple(ref.shape):
         return f"wrong result: output {k} has shape {list(out.shape)}, expected {list(ref.shape)}"
     if not out.is_floating_point():
@@ -214,7 +230,12 @@ def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str | None, k: int) -> 
         return None
     scale = r[finite].abs().max().item()
     err = (o[finite] - r[finite]).abs().max().item()
-    if err > rtol * scale + atol:
+    allowed = rtol * scale + atol
+    if eager is not None and eager.shape == ref.shape:
+        e = eager.double()
+        if torch.equal(torch.isfinite(e), finite):  # eager overflowed nowhere the ref did not
+            allowed = max(allowed, 2.0 * (e[finite] - r[finite]).abs().max().item())
+    if err > allowed:
         rel = err / (scale + 1e-30)
         return f"wrong result: max rel err {rel:.3g} > {rtol:g} on output {k}"
     return None
@@ -278,9 +299,13 @@ def verify_candidate(
     try:
         refs = reference_outputs(sub, inputs, device)
         tol = tolerance_dtype(sub, info)
+        eager = None  # eager in the graph's own dtypes: its error bounds what is fair to ask
         for outs in runs:
             for k, (o, r) in enumerate(zip(outs, refs)):
                 why = compare(o, r.to(o.device), tol, k)
+                if why and o.is_floating_point():
+                    eager = eager_outputs(sub, inputs) if eager is None else eager
+                    why = compare(o, r.to(o.device), tol, k, eager[k].to(o.device))
                 if why:
                     return why
     except Exception as e:  # noqa: BLE001 - a check that cannot run rejects the candidate

@@ -106,6 +106,9 @@ class Objective:
         # candidate the measurer accepts is verified on them too, once per (group, config)
         self.example_values = example_values
         self._example_checks: dict[tuple, str | None] = {}
+        # where the examples live: a group that loads nothing (a mask from iota) runs there too
+        tensors = [v for v in (example_values or {}).values() if isinstance(v, torch.Tensor)]
+        self._example_device = tensors[0].device if tensors else torch.device("cpu")
 
     def configs_for(self, info: GroupInfo) -> list[Any]:
         space = config_space(info, self.graph)
@@ -170,7 +173,7 @@ class Objective:
         key = (candidate.info.nodes, candidate.key)
         if key not in self._example_checks:
             ins = group_inputs(self.graph, candidate.info, self.example_values)
-            device = ins[0].device if ins else torch.device("cpu")
+            device = ins[0].device if ins else self._example_device
             self._example_checks[key] = verify_candidate(candidate, device, inputs=ins)
         return self._example_checks[key]
 
