@@ -11,7 +11,7 @@ import torch
 import autofuse
 import search
 from autofuse.capture.trace import capture
-from autofuse.kernels import config_space
+from autofuse.kernels import config_space, default_config
 from autofuse.measure import CostModel, Measurement, Memo
 from autofuse.partition.partitioner import Partitioner
 from autofuse.tune.tuner import neighbours, tune
@@ -250,14 +250,40 @@ def test_greedy_plan_stays_unless_beaten_beyond_the_noise(monkeypatch, challenge
     MIN_GAIN or than the spread of the greedy plan's own rounds."""
     from types import SimpleNamespace
 
-    from autofuse import runner
     from autofuse.measure import timer
     from autofuse.tune import tuner as tune_mod
 
     rounds = {"challenger": iter(challenger), "greedy": iter([1.0e-3, 1.02e-3, 1.0e-3])}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(runner, "OptimizedFunction", lambda captured, plan: plan)
     monkeypatch.setattr(timer, "time_callable", lambda run, args: next(rounds[run.label]))
     plans = [(name, SimpleNamespace(label=name)) for name in ("challenger", "greedy")]
-    choice, _, e2e = tune_mod._pick(plans, (), None, incumbent=1)
+    choice, _, e2e = tune_mod._pick(plans, (), incumbent=1)
     assert choice == want and set(e2e) == {"challenger", "greedy"}
+
+
+def test_end_to_end_retiming_runs_a_modules_plans_with_its_parameters(monkeypatch):
+    """The re-timing of the best plans calls each on the graph's flat inputs, a module's
+    parameters included (it called them with the user's arguments alone, and a module's
+    tuning failed on CUDA: 'the plan takes 8 tensors, got 1')."""
+    from autofuse.measure import timer
+    from autofuse.plan.runtime import build_plan
+    from autofuse.runner import OptimizedFunction
+    from autofuse.tune import tuner as tune_mod
+
+    mod, x = torch.nn.LayerNorm(16), torch.randn(4, 16)
+    captured = autofuse.capture(mod, (x,))
+    space = Partitioner(captured.graph)
+    plans = []
+    for label, part in (("greedy", space.greedy()), ("unfused", space.unfused())):
+        cfgs = [default_config(space.check(g), captured.graph) for g in part.groups]
+        plans.append((label, build_plan(captured.graph, part.groups, cfgs, label=label)))
+    flat = OptimizedFunction(captured, None, mod).flat_inputs((x,))
+    outs = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        timer, "time_callable", lambda run, args: outs.append(run(*args)[0]) or 1e-3
+    )
+    tune_mod._pick(plans, tune_mod._flat_examples(captured, (x,), flat), incumbent=0)
+    assert len(outs) == 6
+    for o in outs:
+        torch.testing.assert_close(o, mod(x).detach())

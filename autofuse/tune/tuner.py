@@ -43,7 +43,7 @@ from autofuse.measure import (
     verify_candidate,
 )
 from autofuse.partition.partitioner import Partition, Partitioner
-from autofuse.plan.runtime import Plan, build_plan, eager_group
+from autofuse.plan.runtime import Plan, build_plan, eager_group, execute
 from autofuse.settings import cache_home
 from autofuse.tune.climb import OPTIONS, _option_switches, _polish, neighbours  # noqa: F401
 from autofuse.tune.study import OnTrial, default_measurer, group_param, isolated
@@ -242,6 +242,7 @@ class Search:
     unfused: Partition
     library: Partition | None
     owned: Any = None  # a worker process this search started (closed at the end)
+    flat: Sequence[Any] | None = None  # the graph's flat example inputs, when the caller gave them
     started: float = field(default_factory=time.perf_counter)
 
     def close(self) -> None:
@@ -297,7 +298,9 @@ def start_search(
         study.enqueue(objective.params_for(untuned))
     for configs in objective.flag_variants(greedy):  # each option measured at least once
         study.enqueue(objective.params_for(greedy, configs))
-    return Search(objective, study, memo, greedy, unfused, library, owned, t0)
+    return Search(
+        objective, study, memo, greedy, unfused, library, owned, flat=example_flat, started=t0
+    )
 
 
 def run_search(
@@ -371,7 +374,8 @@ def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, s
     g = _replay(objective, objective.params_for(greedy))
     keys = [(c.partition.key, c.configs) for c, _ in plans]
     incumbent = keys.index((g.partition.key, g.configs)) if g is not None else None
-    best_choice, best_plan, e2e = _pick(plans, example_inputs, captured, incumbent)
+    flat = _flat_examples(captured, example_inputs, run.flat)
+    best_choice, best_plan, e2e = _pick(plans, flat, incumbent)
     best_plan = dataclasses.replace(best_plan, label="tuned")
     logs.output_code(best_plan)
     counts = study.counts
@@ -410,17 +414,23 @@ def _nothing_done(study: search.Study, records, settled: bool) -> str:
     return f"no candidate plan passed: every trial failed ({reasons})"
 
 
+def _flat_examples(captured: Captured, example_inputs, example_flat) -> list:
+    """The graph's flat input tensors: ``example_flat`` (with a module's parameters) when
+    given, else the tensors of ``example_inputs``."""
+    import torch.utils._pytree as pytree
+
+    if example_flat is not None:
+        return list(example_flat)
+    leaves = pytree.tree_leaves(tuple(example_inputs))
+    return [x for x, k in zip(leaves, captured.leaf_kinds) if k == "tensor"]
+
+
 def _example_values(captured: Captured, example_inputs, example_flat) -> dict | None:
     """Every node's eager value on the example inputs, where kernels can run on their device
     (CUDA, or the CPU under Triton's interpreter); else None (no example check)."""
-    import torch.utils._pytree as pytree
-
     from autofuse.interpreter import interpreting
 
-    flat = example_flat
-    if flat is None:
-        leaves = pytree.tree_leaves(tuple(example_inputs))
-        flat = [x for x, k in zip(leaves, captured.leaf_kinds) if k == "tensor"]
+    flat = _flat_examples(captured, example_inputs, example_flat)
     graph = captured.graph
     if len(flat) != len(graph.inputs) or not all(isinstance(x, torch.Tensor) for x in flat):
         return None  # a module's parameters not passed: the graph cannot run
@@ -494,23 +504,32 @@ def _value_of(objective: Objective, partition: Partition, done) -> float | None:
 MIN_GAIN = 0.01  # a plan replaces the greedy one only when faster by more than this and the noise
 
 
-def _pick(plans, example_inputs, captured, incumbent: int | None = None):
-    """Re-time the best few plans end to end on the GPU (with the cost model keep the order).
-    The ``incumbent`` (the greedy plan) stays unless another is faster by more than
-    ``MIN_GAIN`` and than the spread of its own rounds: a win inside the noise is no win."""
+class _PlanCall:
+    """A plan called on the graph's flat inputs (a module's parameters included)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan, self.label = plan, plan.label
+
+    def __call__(self, *flat: torch.Tensor) -> list[torch.Tensor]:
+        return execute(self.plan, flat)
+
+
+def _pick(plans, flat_inputs: Sequence[Any], incumbent: int | None = None):
+    """Re-time the best few plans end to end on the GPU (with the cost model keep the order),
+    each on the graph's flat inputs. The ``incumbent`` (the greedy plan) stays unless another
+    is faster by more than ``MIN_GAIN`` and than the spread of its own rounds: a win inside the
+    noise is no win."""
     e2e: dict[str, float] = {}
     if not torch.cuda.is_available() or len(plans) == 1:
         c, p = plans[0]
         return c, p, e2e
     from autofuse.measure import timer
-    from autofuse.runner import OptimizedFunction
 
     rounds: dict[str, list[float]] = {}
     for r in range(3):  # alternate the order: none is always timed hottest
         for _choice, plan in plans if r % 2 == 0 else plans[::-1]:
-            runner = OptimizedFunction(captured, plan)
             rounds.setdefault(plan.label, []).append(
-                timer.time_callable(runner, tuple(example_inputs))
+                timer.time_callable(_PlanCall(plan), tuple(flat_inputs))
             )
     e2e = {label: min(ts) for label, ts in rounds.items()}
     k = min(range(len(plans)), key=lambda i: e2e[plans[i][1].label])
