@@ -367,9 +367,9 @@ def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, s
         polished = _polish(objective, ranked[0][1], polish, deadline)
         if polished is not None:
             ranked.insert(0, (-3, polished))
-    ranked += _baselines(objective, greedy, unfused, ranked)  # re-timed too: never worse
+    ranked += _baselines(objective, greedy, unfused, ranked, library)  # re-timed: never worse
     with logs.no_output_code():  # candidates print nothing; the winner does, below
-        plans = [(c, build_plan(graph, c.partition.groups, c.configs, label=f"trial {n}"))
+        plans = [(c, build_plan(graph, c.partition.groups, c.configs, label=_label(n)))
                  for n, c in ranked]  # fmt: skip
     g = _replay(objective, objective.params_for(greedy))
     keys = [(c.partition.key, c.configs) for c, _ in plans]
@@ -479,11 +479,24 @@ def _replay(objective: Objective, params: dict[str, Any]) -> PlanChoice | None:
         return None
 
 
-def _baselines(objective: Objective, greedy, unfused, ranked) -> list[tuple[int, PlanChoice]]:
-    """The greedy and unfused plans with default configs, unless already among ``ranked``."""
+_LABELS = {-1: "greedy", -2: "unfused", -3: "polished", -4: "cuBLAS + fused epilogues"}
+
+
+def _label(n: int) -> str:
+    """A re-timed plan's name: its trial number, or which baseline it is."""
+    return _LABELS.get(n, f"trial {n}")
+
+
+def _baselines(
+    objective: Objective, greedy, unfused, ranked, library=None
+) -> list[tuple[int, PlanChoice]]:
+    """The greedy, unfused and cuBLAS + fused epilogue (``library``) plans with default
+    configs, unless already among ``ranked``: each is re-timed end to end with the best."""
     have = {(c.partition.key, c.configs) for _, c in ranked}
     out = []
-    for tag, p in ((-1, greedy), (-2, unfused)):
+    for tag, p in ((-1, greedy), (-2, unfused), (-4, library)):
+        if p is None:
+            continue
         choice = _replay(objective, objective.params_for(p))
         if choice is not None and (choice.partition.key, choice.configs) not in have:
             out.append((tag, choice))
