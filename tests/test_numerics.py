@@ -598,3 +598,20 @@ def test_ill_conditioned_results_are_judged_against_eagers_own_error(rblock):
     assert compare(eager, ref, "float32", 0) is not None  # the fixed tolerance fails eager itself
     wrong = eager * 1.01
     assert compare(wrong, ref, "float32", 0, eager) is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_round_half_to_even_over_the_whole_range(dtype):
+    """torch.round in a kernel (the adder's own round-to-nearest-even on |x| + 2**23, 2**52 in
+    float64): ties, values next to the integer threshold, huge, infinite, NaN and signed zeros
+    as eager, and float64 values between 2**23 and 2**52 rounded too."""
+    vals = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 2.4, 2.6, -2.6, 0.49999997, 4194304.5, 8388607.5,
+            -8388607.5, 8388609.0, 1e10, -1e10, float("nan"), float("inf"), -float("inf"), 0.0,
+            -0.0, 1e-30, 3.5, 4.5, 1e15 + 0.5, -(2.0**40) - 0.5, 2.0**52 + 1]  # fmt: skip
+    x = torch.tensor(vals, dtype=torch.float64).to(dtype)
+
+    def rounded(t):
+        return torch.round(t) * 1.0
+
+    out = autofuse.optimize(rounded, (x,))(x)
+    assert torch.equal(out.nan_to_num(7.0), rounded(x).nan_to_num(7.0)), (out, rounded(x))

@@ -92,10 +92,16 @@ ROUND = Helper(
     "_af_round",
     """@triton.jit
 def _af_round(x):
-    # round half to even, as torch.round
-    r = tl.floor(x + 0.5)
-    r = tl.where((r - x == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
-    return tl.where(tl.abs(x) >= 8388608.0, x, r)  # from 2**23 on every float is an integer
+    # round half to even, as torch.round: |x| + 2**23 (2**52 in float64) is rounded to an
+    # integer by the adder's own round-to-nearest-even (the constant is even), and from 2**23
+    # (2**52) on every value is an integer already; NaN and inf are returned as they are
+    if x.dtype == tl.float64:
+        big = 4503599627370496.0
+    else:
+        big = 8388608.0
+    a = tl.abs(x)
+    r = (a + big) - big
+    return tl.where(a < big, tl.where(x < 0, -r, r), x)
 """,
 )
 LOG1P = Helper(
