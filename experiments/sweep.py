@@ -6,7 +6,7 @@ is from the best one and which configs fail, without a search in the way.
 
 Workloads are the public suite's and the model-style functions' (``experiments/model_functions.py``).
 ``--variants plain,unselective`` times each config twice: as generated, and with every ``where``
-loading both branches everywhere (``Emitter.select_branch`` off), to show what the selective
+loading both branches everywhere (``load_hints.select_branch`` off), to show what the selective
 loads save.
 """
 
@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 import autofuse
-from autofuse.kernels import config_label, config_space, default_config
-from autofuse.kernels.emitter import Emitter
+from autofuse.kernels import config_label, config_space, default_config, load_hints
 from autofuse.measure import Candidate, GPUTimer
 from autofuse.partition.partitioner import Partitioner
 from experiments.bench import stamp
@@ -28,14 +27,14 @@ from experiments.model_functions import MODEL_FUNCTIONS
 from experiments.workloads import BY_NAME
 
 WORKLOADS = {**BY_NAME, **{w.name: w for w in MODEL_FUNCTIONS}}
-_SELECT = Emitter.select_branch
+_SELECT = load_hints.select_branch
 
 
 def use_variant(name: str) -> None:
     """``plain``: kernels as generated; ``unselective``: no selective loads."""
     if name not in ("plain", "unselective"):
         raise ValueError(f"--variants: unknown variant {name!r} (plain, unselective)")
-    Emitter.select_branch = _SELECT if name == "plain" else (lambda self, i: None)
+    load_hints.select_branch = _SELECT if name == "plain" else (lambda em, i: None)
 
 
 def sweep_group(graph, info, timer: GPUTimer, max_configs: int, seed: int, where: str = "") -> dict:

@@ -95,6 +95,57 @@ def test_cuda_graph_replays_the_plan_on_cuda():
     assert opt.graphs.graph.holds(args)
 
 
+def test_replayed_outputs_are_lent_only_while_unheld():
+    """A graph's outputs are lent out as aliases: its storages' use counts say whether the
+    caller still holds one (a view of one counts too); outputs on the caller's own inputs and
+    on the graph's input buffers are not lent. (CPU tensors: the bookkeeping alone.)"""
+    from autofuse.plan.graphs import _Captured
+
+    cap = object.__new__(_Captured)
+    x = torch.randn(4, 4)
+    y = torch.empty(4, 4)
+    cap.outputs = [y, y.t(), torch.empty(3), x[0]]
+    where = [o.untyped_storage().data_ptr() for o in cap.outputs]
+    cap.lent = (0, 1, 2)
+    cap.base = [1 + where.count(where[k]) for k in cap.lent]
+    assert cap.free()
+    held = cap.outputs[0].detach()
+    assert not cap.free()
+    del held
+    assert cap.free()
+    view = cap.outputs[2].detach()[1:]
+    assert not cap.free()
+    del view
+    assert cap.free()
+
+
+@pytest.mark.gpu
+def test_cuda_graph_lends_its_outputs_and_never_overwrites_held_results():
+    """No output copy: ``y = f(x)`` in a loop alternates between the graph and its twin (the
+    previous y is held during the call); with every graph's results held the call runs
+    kernel by kernel; no result ever changes under the caller."""
+    x, w = (torch.randn(64, 128, device="cuda") for _ in range(2))
+    opt = autofuse.optimize(two, (x, w), cuda_graph=True)
+    kept, wants = [], []
+    for _ in range(4):
+        x.normal_()
+        kept.append(opt(x, w))
+        wants.append([t.clone() for t in two(x, w)])
+    for got, want in zip(kept, wants):
+        for g, w_ in zip(got, want):
+            torch.testing.assert_close(g, w_)
+    g = opt.graphs.graph
+    assert g.twin is not None
+    lent = {g.outputs[0].data_ptr(), g.twin.outputs[0].data_ptr()}
+    assert {kept[0][0].data_ptr(), kept[1][0].data_ptr()} == lent  # replays, no copies
+    assert kept[2][0].data_ptr() not in lent  # both held: kernel by kernel
+    del kept
+    y = None
+    for _ in range(3):
+        y = opt(x, w)
+    assert y[0].data_ptr() in lent
+
+
 @pytest.mark.gpu
 def test_cuda_graph_copies_only_the_inputs_that_moved():
     x, w = (torch.randn(64, 128, device="cuda") for _ in range(2))

@@ -180,7 +180,7 @@ class Emitter:
             v = indexed_value(self, i, index)
         elif (shifted := self.shifted_exp(node, index)) is not None:
             v = self.tmp(shifted[0], shifted[1], compute_dtype(node.dtype), node.name)
-        elif (picked := self.select_branch(i)) is not None:
+        elif (picked := load_hints.select_branch(self, i)) is not None:
             v = load_hints.guarded_where(self, i, index, picked)
         else:
             args = [
@@ -213,9 +213,6 @@ class Emitter:
         if b.cls >= a.cls:
             return None
         return exp_minus(cast(a, cd), cast(b, cd)), a.cls
-
-    def select_branch(self, i: int) -> int | None:
-        return load_hints.select_branch(self, i)
 
     def divide(self, node, args: list[Val]) -> str | None:
         """A float division by a constant or by a row value, as a multiply by its reciprocal
@@ -390,6 +387,8 @@ class Emitter:
 
     def emit(self) -> list[str]:
         idx_t = ".to(tl.int64)" if self.int64 else ""
+        # shape-specialized: the extents as constants (loop trip counts known to the compiler)
+        self.line(f"xnumel = {self.info.xnumel}" + (f"; rnumel = {self.info.rnumel}" * self.red))
         if not self.red:
             self.line(f"xoffset = tl.program_id(0){idx_t} * XBLOCK")
             self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
@@ -463,7 +462,7 @@ class Emitter:
                 i in g[u].inputs
                 and g[u].shape == dom
                 and not op_def(g[u].op).indexed
-                and self.select_branch(u) is None
+                and load_hints.select_branch(self, u) is None
                 for u in users
             ):
                 self.value(i, broadcast_index(g[i].shape, dom, self.full))

@@ -7,9 +7,16 @@ memory cannot be handed to another tensor). A later call with those same tensors
 buffers, their contents may have changed: a training or serving loop that refills its inputs in
 place) replays the graph with no copy at all; a call with other tensors copies those that are
 not the first call's (a new batch; the weights stay where they are) into buffers of a second
-graph, captured on first need, in one multi-tensor copy. The outputs are returned as
-copies of the graph's static outputs, so a result stays valid after the next call. Inputs must
-match the plan exactly (shapes, dtypes, strides; the runner checks that before it gets here).
+graph, captured on first need, in one multi-tensor copy. Inputs must match the plan exactly
+(shapes, dtypes, strides; the runner checks that before it gets here).
+
+The outputs are not copied out either: a call returns aliases of the graph's own output
+buffers, and the next replay happens only once no alias of them is alive (the storages' use
+counts, as torch.compile's CUDA-graph trees check theirs). While the caller still holds the
+last results (``y = f(x)`` in a loop holds the previous ``y`` during the call), a twin graph
+over the same inputs, with its own outputs, is replayed instead; when both are held the call
+runs kernel by kernel. A result therefore never changes under the caller. The twin costs a
+second copy of the plan's working memory.
 
 Off, with one note (:class:`CudaGraphNote`), under Triton's interpreter and for CPU tensors: the
 plan then runs step by step as usual. A plan that cannot be captured (an eager step that
@@ -32,20 +39,27 @@ class CudaGraphNote(UserWarning):
     """``cuda_graph=True`` has no effect here (interpreter, CPU tensors, capture failed)."""
 
 
+def _use_counts(ts: Sequence[torch.Tensor]) -> list[int]:
+    return [torch._C._storage_Use_Count(t.untyped_storage()._cdata) for t in ts]
+
+
 class _Captured:
     """One CUDA graph over fixed input buffers, with its static outputs. ``copied``: the inputs
     a call copies into the graph's own buffers; the others are read where the capture found
-    them (a call must pass those same tensors: ``holds``)."""
+    them (a call must pass those same tensors: ``holds``). ``twin``: a second graph over the
+    same inputs with outputs of its own, replayed while this one's results are held."""
 
     def __init__(
         self, plan: Any, inputs: Sequence[torch.Tensor], warmup: int, copied: Sequence[int] = ()
     ) -> None:
         from autofuse.plan.runtime import execute
 
+        self.plan = plan
         self.inputs = list(inputs)
         self.ptrs = [x.data_ptr() for x in inputs]
         self.copied = tuple(copied)
         self.fixed = tuple(k for k in range(len(self.inputs)) if k not in set(self.copied))
+        self.twin: _Captured | None = None
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -55,21 +69,42 @@ class _Captured:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.outputs = execute(plan, self.inputs)
+        # an output in one of our own input buffers is copied out (the next call refills
+        # them); the graph's own outputs are lent out and checked by their use counts
+        mine = {self.inputs[k].untyped_storage().data_ptr() for k in self.copied}
+        theirs = {self.inputs[k].untyped_storage().data_ptr() for k in self.fixed}
+        where = [o.untyped_storage().data_ptr() for o in self.outputs]
+        self.clone_out = tuple(k for k, p in enumerate(where) if p in mine)
+        self.lent = tuple(k for k, p in enumerate(where) if p not in mine and p not in theirs)
+        # unheld, a storage is referenced by our output tensors on it and by the storage
+        # object the count is read through (not measured here: a reference the capture left
+        # behind and later dropped would hide a caller's)
+        self.base = [1 + where.count(where[k]) for k in self.lent]
 
     def holds(self, inputs: Sequence[torch.Tensor]) -> bool:
         ptrs = self.ptrs
         return all(inputs[k].data_ptr() == ptrs[k] for k in self.fixed)
 
-    def replay(self, inputs: Sequence[torch.Tensor] = ()) -> list[torch.Tensor]:
+    def free(self) -> bool:
+        """No alias of this graph's outputs is alive outside: a replay overwrites nothing."""
+        return _use_counts([self.outputs[k] for k in self.lent]) == self.base
+
+    def replay(self, inputs: Sequence[torch.Tensor] = ()) -> list[torch.Tensor] | None:
+        """Replay this graph, or its twin while this one's results are held (capturing the
+        twin on first need); None when both are held."""
+        run = self if self.free() else self.twin
+        if run is None:
+            run = self.twin = _Captured(self.plan, self.inputs, 0, self.copied)
+        elif run is not self and not run.free():
+            return None
         if self.copied:
             torch._foreach_copy_(
                 [self.inputs[k] for k in self.copied], [inputs[k] for k in self.copied]
             )
-        self.graph.replay()
-        if len(self.outputs) == 1:
-            return [self.outputs[0].clone()]
-        outs = [torch.empty_like(o) for o in self.outputs]
-        torch._foreach_copy_(outs, self.outputs)
+        run.graph.replay()
+        outs = [o.detach() for o in run.outputs]  # aliases: their use counts are the check
+        for k in run.clone_out:
+            outs[k] = outs[k].clone()
         return outs
 
 
@@ -101,14 +136,15 @@ class GraphReplay:
         )
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
-        """The plan's outputs by replay, or None when replay is off (run it as usual)."""
-        if self.graph is not None and self.graph.holds(inputs):
-            return self.graph.replay()
-        if self.copied is not None and self.copied.holds(inputs):
-            return self.copied.replay(inputs)
+        """The plan's outputs by replay, or None when replay is off or the results of every
+        graph over these inputs are still held (run it as usual)."""
         if self.off is not None:
             return None
         try:
+            if self.graph is not None and self.graph.holds(inputs):
+                return self.graph.replay()
+            if self.copied is not None and self.copied.holds(inputs):
+                return self.copied.replay(inputs)
             if self.graph is None:
                 if interpreting():
                     self._note(
