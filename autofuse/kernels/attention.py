@@ -20,14 +20,16 @@ adds them exactly as eager would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
+from autofuse.kernels import attention_tma
 from autofuse.kernels.attention_analysis import (
     AttentionParts,
     attention_dims,
     attention_parts,
+    head_block,
     scale_fold,
 )
 from autofuse.kernels.attention_bounds import key_bound, live_columns
@@ -66,7 +68,13 @@ from autofuse.kernels.views import (
 
 @dataclass(frozen=True, order=True)
 class AttentionConfig(TileConfig):
-    """BLOCK_M query rows per program, BLOCK_N keys per step of the key loop."""
+    """BLOCK_M query rows per program, BLOCK_N keys per step of the key loop; ``TMA``: K and V
+    tiles read through tensor descriptors (``attention_tma.py``)."""
+
+    TMA: bool = False
+
+    def label(self) -> str:
+        return super().label() + (" TMA" if self.TMA else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,11 +112,6 @@ def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
 # ---------------------------------------------------------------------------------------------
 # Code generation
 # ---------------------------------------------------------------------------------------------
-
-
-def head_block(d: int) -> int:
-    """The tile width of a head dim: a power of two, at least 16 (tl.dot); masked past d."""
-    return max(16, next_pow2(d))
 
 
 _NEG_INF = 'float("-inf")'
@@ -243,6 +246,8 @@ class AttentionEmitter(Emitter):
         return j, linearize(index, strides, node.shape)
 
     def _operand_load(self, which: str, index, mask: str | None, var: str) -> None:
+        if getattr(self, "tma", None) and which in self.tma:
+            return attention_tma.load(self, which, var)
         j = self.parts.operand(self.g, which)
         base, off = self.operand_offset(j, index)
         self.note_load(base)
@@ -264,6 +269,7 @@ class AttentionEmitter(Emitter):
             {"xindex"}, "" if d.d == head_block(d.d) else f"(offs_d[None, :] < {d.d})"
         )
         self._operand_load("q", (*self.bh3, self.full[-2], dq), qmask, "q")
+        self.tma = attention_tma.setup(self) if self.cfg.TMA else {}
         if self.fold:
             self.line(f"qk_scale = {self.fold.qk_scale!r}  # the softmax scale times log2 e")
         dom = "qk * qk_scale" if self.fold else "x"
@@ -489,7 +495,7 @@ class AttentionEmitter(Emitter):
 def generate_attention(
     graph: Graph, info: GroupInfo, config: AttentionConfig, index: int
 ) -> Kernel:
-    parts = attention_parts(graph, frozenset(info.nodes))
+    parts = _parts_of(graph, info)
     em = AttentionEmitter(graph, info, config, parts)
     body = em.emit()
     name = kernel_name(graph, info, "att", index)
@@ -515,7 +521,12 @@ def generate_attention(
         layout=tuple(layout),
         grid=(-(-d.t // config.BLOCK_M), d.heads),
         launch_kw=kw,
-        meta=KernelMeta(load_passes=em.load_passes(), dots=2, work=em.key_fraction()),
+        meta=KernelMeta(
+            load_passes=em.load_passes(),
+            dots=2,
+            work=em.key_fraction(),
+            needs_allocator=config.TMA,
+        ),
     )
 
 
@@ -550,7 +561,14 @@ def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
                     smem = (bm * bd + st * bn * (bd + bdv)) * item + bm * bn * (item + 4)
                     if smem <= HOPPER_SMEM_BYTES:
                         out.append(AttentionConfig(bm, bn, w, st))
+    probe = AttentionEmitter(graph, info, AttentionConfig(16, 16), _parts_of(graph, info))
+    if attention_tma.readable(probe):  # K and V tiles by descriptors, on whole key tiles
+        out += [replace(c, TMA=True) for c in out if d.tk % c.BLOCK_N == 0]
     return out or [AttentionConfig(16, 16, 1, 1)]
+
+
+def _parts_of(graph: Graph, info: GroupInfo) -> AttentionParts:
+    return attention_parts(graph, frozenset(info.nodes))
 
 
 def attention_default(graph: Graph, info: GroupInfo) -> AttentionConfig:
@@ -558,7 +576,7 @@ def attention_default(graph: Graph, info: GroupInfo) -> AttentionConfig:
     dim 128 (4 below), 3 stages; the nearest config that fits this group."""
     d = attention_dims(graph, info)
     want = (128, 64, 8 if max(d.d, d.dv) >= 128 else 4, 3)
-    return nearest_config(attention_configs(graph, info), want)
+    return nearest_config([c for c in attention_configs(graph, info) if not c.TMA], want)
 
 
 class AttentionKind:

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.base import FusionRefused, GroupInfo, describe
+from autofuse.kernels.base import FusionRefused, GroupInfo, describe, next_pow2
 from autofuse.kernels.gemm import ancestors
 from autofuse.kernels.reduction import reduction_domain
 
@@ -152,6 +152,11 @@ class Dims:
     tk: int  # keys
     d: int  # Q / K head dim
     dv: int  # V head dim
+
+
+def head_block(d: int) -> int:
+    """A head dim's tile width: a power of two, at least 16 (tl.dot); masked past d."""
+    return max(16, next_pow2(d))
 
 
 def attention_dims(graph: Graph, info: GroupInfo) -> Dims:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
+from autofuse.kernels.attention_analysis import head_block
 from autofuse.kernels.attention_bwd_analysis import BwdParts, GradMatmul, bwd_parts, tile_index
 from autofuse.kernels.attention_bwd_skip import SkipPlan, skip_plan
 from autofuse.kernels.base import (
@@ -80,11 +81,6 @@ def role_blocks(config: AttentionBwdConfig, role: str) -> tuple[int, int]:
     """(rows, keys) of a tile of the ``role`` programs under ``config``."""
     rows, keys = role_block_names(config, role)
     return getattr(config, rows), getattr(config, keys)
-
-
-def head_block(d: int) -> int:
-    """A head dim's tile width: a power of two, at least 16 (tl.dot); masked past d."""
-    return max(16, next_pow2(d))
 
 
 def _swap(code: str) -> str:
