@@ -99,15 +99,16 @@ def test_replayed_outputs_are_lent_only_while_unheld():
     """A graph's outputs are lent out as aliases: its storages' use counts say whether the
     caller still holds one (a view of one counts too); outputs on the caller's own inputs and
     on the graph's input buffers are not lent. (CPU tensors: the bookkeeping alone.)"""
-    from autofuse.plan.graphs import _Captured
+    from autofuse.plan.graphs import _Captured, unheld_counts
 
     cap = object.__new__(_Captured)
     x = torch.randn(4, 4)
     y = torch.empty(4, 4)
-    cap.outputs = [y, y.t(), torch.empty(3), x[0]]
-    where = [o.untyped_storage().data_ptr() for o in cap.outputs]
-    cap.lent = (0, 1, 2)
-    cap.base = [1 + where.count(where[k]) for k in cap.lent]
+    z = torch.empty(3)
+    cap.outputs = [y, y.t(), z, z, x[0]]  # z is two of the outputs: one tensor
+    cap.lent = (0, 1, 2, 3)  # x[0] is on the caller's input: not lent
+    cap.base = unheld_counts(cap.outputs, cap.lent)
+    assert cap.base == [3, 3, 2, 2]
     assert cap.free()
     held = cap.outputs[0].detach()
     assert not cap.free()

@@ -43,6 +43,15 @@ def _use_counts(ts: Sequence[torch.Tensor]) -> list[int]:
     return [torch._C._storage_Use_Count(t.untyped_storage()._cdata) for t in ts]
 
 
+def unheld_counts(outputs: Sequence[torch.Tensor], lent: Sequence[int]) -> list[int]:
+    """The use counts of the ``lent`` outputs' storages while nobody else holds them: one per
+    distinct output tensor on the storage, one for the storage object the count is read
+    through."""
+    owners = {id(o): o.untyped_storage().data_ptr() for o in outputs}
+    mine = list(owners.values())
+    return [1 + mine.count(outputs[k].untyped_storage().data_ptr()) for k in lent]
+
+
 class _Captured:
     """One CUDA graph over fixed input buffers, with its static outputs. ``copied``: the inputs
     a call copies into the graph's own buffers; the others are read where the capture found
@@ -79,7 +88,7 @@ class _Captured:
         # unheld, a storage is referenced by our output tensors on it and by the storage
         # object the count is read through (not measured here: a reference the capture left
         # behind and later dropped would hide a caller's)
-        self.base = [1 + where.count(where[k]) for k in self.lent]
+        self.base = unheld_counts(self.outputs, self.lent)
 
     def holds(self, inputs: Sequence[torch.Tensor]) -> bool:
         ptrs = self.ptrs
