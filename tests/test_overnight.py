@@ -249,3 +249,20 @@ def test_summary_row_reads_the_cuda_graph_variant_when_timed():
     del times[GRAPHED]
     row = summary_row({"workload": "w", "times_us": times})
     assert row["tuned_graph_us"] is None and row["graph_speedup_vs_best_compile"] is None
+
+
+def test_report_of_a_folder_without_its_journal_opens_none_elsewhere(tmp_path, monkeypatch):
+    """A run folder copied without its study journal (results keep the JSON records only):
+    the report reads the history the records hold and creates no journal in the working
+    directory."""
+    from autofuse.tune.runfiles import RUN_FILE
+    from autofuse.tune.runreport import history
+
+    folder, cwd = tmp_path / "run", tmp_path / "cwd"
+    folder.mkdir()
+    cwd.mkdir()
+    (folder / RUN_FILE).write_text(json.dumps({"storage": "studies.journal"}))
+    monkeypatch.chdir(cwd)
+    rec = {"study": "overnight-x", "history": [[0, 2e-6, "COMPLETE"], [1, 1e-6, "COMPLETE"]]}
+    assert history(folder, rec) == [(0, 2.0), (1, 1.0)]
+    assert not list(cwd.iterdir()) and not (folder / "studies.journal").exists()

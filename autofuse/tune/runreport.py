@@ -51,6 +51,8 @@ def _stored_trials(folder: Path, study: str | None) -> list[tuple] | None:
         from search import resolve_storage
 
         path = folder / storage
+        if "://" not in storage and not path.exists() and not Path(storage).is_absolute():
+            return None  # the run's own journal is not in the folder: never open one elsewhere
         target = str(path) if path.exists() else storage
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         s = optuna.load_study(study_name=study, storage=resolve_storage(target, folder))
