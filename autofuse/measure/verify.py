@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from autofuse.interpreter import interpreting
-from autofuse.ir.eager import conform, eval_node
+from autofuse.ir.eager import conform, eval_node, run_graph
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, buffer_strides
 from autofuse.ir.ops import OPS, op_def
 from autofuse.kernels import GroupInfo, Kernel, generate
@@ -181,12 +181,6 @@ def tolerance_dtype(graph: Graph, info: GroupInfo) -> str | None:
     return max(floats, key=lambda d: TOLERANCES[d][0]) if floats else None
 
 
-def eager_outputs(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """``graph``'s outputs evaluated by eager in the graph's own dtypes."""
-    values = node_values(graph, inputs)
-    return [values[j] for j in graph.outputs]
-
-
 def compare(
     out: torch.Tensor,
     ref: torch.Tensor,
@@ -304,7 +298,7 @@ def verify_candidate(
             for k, (o, r) in enumerate(zip(outs, refs)):
                 why = compare(o, r.to(o.device), tol, k)
                 if why and o.is_floating_point():
-                    eager = eager_outputs(sub, inputs) if eager is None else eager
+                    eager = run_graph(sub, inputs) if eager is None else eager
                     why = compare(o, r.to(o.device), tol, k, eager[k].to(o.device))
                 if why:
                     return why
