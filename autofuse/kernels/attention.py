@@ -141,6 +141,7 @@ class AttentionEmitter(Emitter):
         self.const_tile = False  # emitting a tile on which the select gives its constant
         self.pass_tile = False  # emitting a tile on which the select passes the scores
         self.fold = scale_fold(graph, parts, info.stored, compute_dtype)
+        self.tma: dict[str, attention_tma.Operand] = {}  # K / V read by descriptors (emit)
 
     def _needs_int64(self) -> bool:  # the scores are never addressed: only loads and the output
         sizes = [self._extent(i) for i in self.info.loads]
@@ -246,7 +247,7 @@ class AttentionEmitter(Emitter):
         return j, linearize(index, strides, node.shape)
 
     def _operand_load(self, which: str, index, mask: str | None, var: str) -> None:
-        if getattr(self, "tma", None) and which in self.tma:
+        if which in self.tma:
             return attention_tma.load(self, which, var)
         j = self.parts.operand(self.g, which)
         base, off = self.operand_offset(j, index)

@@ -93,7 +93,7 @@ def setup(em: Any) -> dict[str, Operand]:
     out = {}
     for which, size, block in (("k", em.dims.d, "BLOCK_D"), ("v", em.dims.dv, "BLOCK_DV")):
         op = operand(em, which)
-        if op is None:  # eligible() admitted the config: a kind bug, not a user error
+        if op is None:  # readable() admitted the config: a kind bug, not a user error
             raise RuntimeError(f"attention TMA config on an operand {which} that cannot take it")
         em.note_load(op.base)
         em.line(
