@@ -142,9 +142,9 @@ def _evaluate(i: int, inputs: tuple[int, ...], fn: Callable[..., Any]) -> Op:
     return op
 
 
-_REINTERPRET = getattr(
-    getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_reinterpret_tensor", None
-)
+# the C-level helpers Inductor's generated code calls (absent from some builds: then None)
+_GUARDS = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+_REINTERPRET = getattr(_GUARDS, "_reinterpret_tensor", None)
 
 
 def _view(i: int, j: int, fn: Callable[..., Any]) -> Op:
@@ -250,8 +250,7 @@ def allocator(device: torch.device) -> Callable[..., torch.Tensor]:
     """``alloc(shape, strides, dtype)`` on ``device``: the C-level allocators Inductor's own
     generated code calls (no argument parsing) where the device is the current one, else
     ``torch.empty_strided``."""
-    guards = getattr(torch._C, "_dynamo", None)
-    guards = getattr(guards, "guards", None)
+    guards = _GUARDS
     if device.type == "cuda" and hasattr(guards, "_empty_strided_cuda"):
         if device.index is None or device.index == torch.cuda.current_device():
             return guards._empty_strided_cuda
