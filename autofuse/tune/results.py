@@ -200,14 +200,11 @@ GRAPHED = "autofuse tuned, CUDA graph"
 def _graphed(tuned: Any) -> Any:
     """The tuned plan's callable replaying it as one CUDA graph (``plan/graphs.py``), or None
     where its calls are not plain tensor calls (a module's, nested inputs)."""
-    from autofuse.plan.graphs import GraphReplay
     from autofuse.runner import OptimizedFunction
 
     if not tuned.plain_call:
         return None
-    graphed = OptimizedFunction(tuned.captured, tuned.plan, None, tuned.tuning)
-    graphed.graphs = GraphReplay(tuned.plan)
-    return graphed
+    return OptimizedFunction(tuned.captured, tuned.plan, None, tuned.tuning, cuda_graph=True)
 
 
 def _us(seconds: float | None, source: str) -> dict:
