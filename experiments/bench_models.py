@@ -216,7 +216,7 @@ def _step(case, fn, mode: str):
 def _autofuse_graphs(new: list) -> list[dict]:
     out = []
     for g in new:
-        ops, choice = g.fallback_ops(), getattr(g, "plan_choice", None)
+        ops, choice = g.fallback_ops(), g.plan_choice
         out.append({"kind": g.kind, "name": g.name, "kernels": len(g.plan.kernels),
                     "eager_steps": sum(ops.values()),
                     "eager_ops": {str(k).removeprefix("aten."): v for k, v in sorted(ops.items())},

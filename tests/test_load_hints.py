@@ -9,16 +9,10 @@ from autofuse.capture.trace import capture
 from autofuse.kernels import config_space, default_config
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
+from experiments.model_functions import causal_softmax
 from tests.helpers import assert_close, reference
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-
-
-def causal_softmax(x):
-    n = x.shape[-1]
-    keep = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
-    x = x.masked_fill(~keep, torch.finfo(x.dtype).min)
-    return torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)
 
 
 def padded_softmax(x, keep):
