@@ -7,7 +7,8 @@
 # (experiments.attention_bench), model_fns (autofuse tune over experiments/model_spec.py), suite
 # (autofuse tune over the public suite), cold (experiments.cold_start), host
 # (experiments.host_overhead), models (experiments.bench_models, inference and training), code
-# (experiments.kernel_code: Inductor's and autofuse's kernels for CODE_FUNCTIONS), bwd_sweep
+# (experiments.kernel_code: Inductor's and autofuse's kernels for CODE_FUNCTIONS, Inductor in
+# torch.compile mode CODE_MODE, CODE_WHICH=inductor for its side only), bwd_sweep
 # (experiments.attn_bwd_sweep: the attention backward kernel's configs timed, BWD_VARIANTS).
 # Each stage's seconds: STAGE_S_<stage> (e.g. STAGE_S_attention=300); the cold stage's workloads
 # and repeats: COLD_WORKLOADS, COLD_REPEATS (its record is written after each workload).
@@ -46,6 +47,7 @@ for s in $stages; do
         bwd_sweep) timeout "$(limit bwd_sweep 150)" python3 -m experiments.attn_bwd_sweep --out "$OUT" \
                        --variants "${BWD_VARIANTS:-causal}" --max-configs "${BWD_CONFIGS:-28}" 2>&1 | tail -16 ;;
         code) timeout "$(limit code 150)" python3 -m experiments.kernel_code --out "$OUT/kernel_code" \
+                  --mode "${CODE_MODE:-default}" --which "${CODE_WHICH:-inductor,autofuse}" \
                   ${CODE_FUNCTIONS:-column_stats lm_cross_entropy group_norm_silu gpt2_split_heads} 2>&1 | tail -8 ;;
         *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep)"; exit 2 ;;
     esac
