@@ -14,7 +14,10 @@ style decoder block: RMSNorm, causal attention, SwiGLU MLP, as one module), in o
    before), ``empty`` starts from nothing, ``shared`` reuses step 1's; torch.compile: from
    ``torch.compile(fn)`` to its first call returning, with the warm Inductor and Triton cache
    of step 2 (``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` reused). Both sides create
-   their inputs and the module before the clock starts; both are checked against eager.
+   their inputs and the module before the clock starts; both are checked against eager;
+4. one more new process profiles the first autofuse call (``first_call_profile``: cProfile's
+   top functions, after a first cuBLAS matmul and a first SDPA call are timed apart): where
+   the time goes, not a measurement of it.
 
     python -m experiments.cold_start --out $OUT [--trials 8] [--repeats 3]
 
@@ -147,6 +150,45 @@ def child_load(name: str) -> dict:
             "tuner_imported": any(m.startswith("autofuse.tune") for m in sys.modules)}  # fmt: skip
 
 
+def child_profile(name: str) -> dict:
+    """Where a new process's first call goes (not a measurement of it: the profiler slows it):
+    the first call from the cache under cProfile, its top functions by cumulative time, after
+    the libraries' own first-use costs are paid apart (a cuBLAS matmul, an SDPA call) and
+    timed."""
+    import cProfile
+    import pstats
+
+    fn, args = make(name)
+    x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    torch.mm(x, x)
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    q = x.view(1, 1, 64, 64)
+    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    import autofuse
+
+    with torch.no_grad():
+        fast = autofuse.load(fn, args, strict=True)
+        prof = cProfile.Profile()
+        t3 = time.perf_counter()
+        prof.enable()
+        fast(*args)
+        torch.cuda.synchronize()
+        prof.disable()
+        t4 = time.perf_counter()
+    stats = pstats.Stats(prof).sort_stats("cumulative")
+    top = []
+    for (file, line, func), (_cc, nc, _tt, ct, _callers) in list(stats.stats.items()):
+        top.append((ct, f"{Path(file).name}:{line}({func})", nc))
+    top.sort(reverse=True)
+    return {"cublas_first_mm_s": t1 - t0, "sdpa_first_call_s": t2 - t1,
+            "profiled_first_call_s": t4 - t3,
+            "top": [{"cum_s": round(c, 4), "fn": f, "calls": n} for c, f, n in top[:30]]}  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # The driver
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +248,7 @@ def main() -> None:
     if a.child:
         fns = {"tune": lambda: child_tune(a.workload, a.trials, a.time_budget),
                "compile": lambda: child_compile(a.workload), "load": lambda: child_load(a.workload),
-               "prime": child_prime}  # fmt: skip
+               "profile": lambda: child_profile(a.workload), "prime": child_prime}  # fmt: skip
         print(json.dumps(fns[a.child]()))
         return
     out = Path(a.out)
@@ -240,6 +282,9 @@ def main() -> None:
             loads.append(_run("load", name, env))
             compiles.append(_run("compile", name, ind_env))
         row["autofuse_load"], row["torch_compile_warm"] = loads, compiles
+        env = {**base, "AUTOFUSE_CACHE_DIR": str(home)}
+        env["TRITON_CACHE_DIR"] = _triton_cache(a.triton_cache, work, name, a.repeats, tune_env)
+        row["first_call_profile"] = _run("profile", name, env)
         for key, runs in (("autofuse_load", loads), ("torch_compile_warm", compiles)):
             ts = [x["first_call_s"] for x in runs if "first_call_s" in x]
             row[f"{key}_median_s"] = statistics.median(ts) if ts else None

@@ -11,7 +11,8 @@
 # torch.compile mode CODE_MODE, CODE_WHICH=inductor for its side only), bwd_sweep
 # (experiments.attn_bwd_sweep: the attention backward kernel's configs timed, BWD_VARIANTS).
 # Each stage's seconds: STAGE_S_<stage> (e.g. STAGE_S_attention=300); the cold stage's workloads
-# and repeats: COLD_WORKLOADS, COLD_REPEATS (its record is written after each workload).
+# and repeats: COLD_WORKLOADS, COLD_REPEATS (its record is written after each workload); a subset
+# of the tuned workloads: MODEL_WORKLOADS, SUITE_WORKLOADS (comma-separated names).
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -29,10 +30,12 @@ for s in $stages; do
                        --out "$OUT" --train-variants causal,gqa --trials 4 --time-budget 12 \
                        --max-autotune-passes forward 2>&1 | grep -v Warning | tail -12 ;;
         model_fns) timeout "$(limit model_fns 420)" python3 -m autofuse tune experiments/model_spec.py \
-                       --trials 6 --time-budget 8 --polish 3 --out "$OUT/model_fns" --no-progress \
+                       --trials 6 --time-budget 8 --polish 8 --out "$OUT/model_fns" --no-progress \
+                       ${MODEL_WORKLOADS:+--workloads "$MODEL_WORKLOADS"} \
                        2>&1 | tail -5 ;;
         suite) timeout "$(limit suite 540)" python3 -m autofuse tune experiments/suite_spec.py \
-                   --trials 12 --time-budget 18 --polish 6 --out "$OUT/suite" --no-progress 2>&1 | tail -5 ;;
+                   --trials 12 --time-budget 18 --polish 8 --out "$OUT/suite" --no-progress \
+                   ${SUITE_WORKLOADS:+--workloads "$SUITE_WORKLOADS"} 2>&1 | tail -5 ;;
         cold) timeout "$(limit cold 560)" python3 -m experiments.cold_start --out "$OUT" --trials 2 \
                   --time-budget 10 --repeats "${COLD_REPEATS:-2}" \
                   --workloads "${COLD_WORKLOADS:-rmsnorm_residual,gemm_bias_gelu,decoder_block}" 2>&1 | tail -4

@@ -87,3 +87,24 @@ def test_looped_reduction_streams_what_one_loop_reads(fn, streamed):
     assert ("evict_first" in looped.kernels[0].source) == streamed, looped.kernels[0].source
     assert "evict_first" not in persistent.kernels[0].source  # no loop: nothing streams
     assert_close(execute(looped, [x])[0], fn(x), torch.float32, fn.__name__)
+
+
+def test_broadcast_loads_are_kept_in_cache_and_streamed_ones_are_not():
+    """RoPE's cos/sin (one row per position, read again for every head) load ``evict_last``;
+    q and k (each element read by one program) keep the default policy; values as eager."""
+    from experiments.model_functions import rope_apply
+
+    q, k = torch.randn(2, 3, 5, 14), torch.randn(2, 3, 5, 14)
+    cos, sin = torch.randn(2, 5, 14), torch.randn(2, 5, 14)
+    graph = capture(rope_apply, (q, k, cos, sin)).graph
+    groups = Partitioner(graph).greedy().groups
+    infos = [Partitioner(graph).check(g) for g in groups]
+    plan = build_plan(graph, groups, [default_config(i, graph) for i in infos])
+    (kernel,) = plan.kernels
+    loads = kernel.info.loads
+    kept = {graph[loads[p]].shape for p in kernel.meta.kept_loads}
+    assert kept == {(2, 5, 14)}, kept  # cos and sin, not q / k
+    assert len(kernel.meta.kept_loads) == 2
+    assert kernel.source.count("evict_last") == 2, kernel.source
+    for got, want in zip(execute(plan, [q, k, cos, sin]), rope_apply(q, k, cos, sin)):
+        assert_close(got, want, torch.float32, "rope_apply")

@@ -312,3 +312,20 @@ def test_the_library_plan_is_re_timed_with_the_best(monkeypatch, tmp_path):
     assert library.key in {key for _, key in seen}, seen
     labels = [label for label, _ in seen]
     assert "greedy" in labels or any(k == space.greedy().key for _, k in seen)
+
+
+def test_neighbours_take_every_field_one_step_before_any_field_two_steps():
+    """A polish with a budget of a few configs tries each direction (block, warps, ...) once
+    before going further along any one of them."""
+    from autofuse.kernels.pointwise import KernelConfig
+    from autofuse.tune.climb import OPTIONS
+
+    cfg = KernelConfig(4, 1024, 8)
+    space = [KernelConfig(x, r, w) for x in (1, 2, 4, 8, 16) for r in (256, 1024)
+             for w in (1, 2, 4, 8, 16)]  # fmt: skip
+    near = neighbours(cfg, space)
+    changed = [next(f for f in ("XBLOCK", "RBLOCK", "num_warps") if getattr(c, f) != getattr(cfg, f))
+               for c in near]  # fmt: skip
+    assert set(changed[:3]) == {"XBLOCK", "RBLOCK", "num_warps"}, near[:3]
+    assert {c.num_warps for c in near[:4] if c.num_warps != 8} <= {4, 16}  # nearest first
+    assert len(near) == len(set(near)) == 4 + 1 + 4 and not set(OPTIONS) & set(changed)

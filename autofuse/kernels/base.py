@@ -144,6 +144,8 @@ class KernelMeta:
     attention kernel whose mask bounds the key loop: about half for a causal one).
     ``selective_loads``: the positions in ``info.loads`` of buffers read only on the lanes a
     ``where`` takes them from (``masked_fill(~tril, min)``: the masked half is not read).
+    ``kept_loads``: the positions of broadcast buffers loaded ``evict_last`` (re-read by other
+    programs).
     """
 
     load_passes: tuple[int, ...] = ()
@@ -152,6 +154,7 @@ class KernelMeta:
     needs_allocator: bool = False
     work: float = 1.0
     selective_loads: tuple[int, ...] = ()
+    kept_loads: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

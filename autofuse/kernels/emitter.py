@@ -247,7 +247,7 @@ class Emitter:
         cd = compute_dtype(node.dtype)
         ptr = f"{self.ptr[i]} + ({off.render()})"
         self.note_load(i)
-        hint = ", eviction_policy='evict_first'" if i in self.streamed and self.region else ""
+        hint = load_hints.eviction(self, i)
         if mask is None:
             code = f"tl.load({ptr}{hint})"
         else:
@@ -643,6 +643,7 @@ def render_loop_kernel(
         grid=(-(-info.xnumel // config.XBLOCK),),
         launch_kw=tuple(kw + list(launch_kw)),
         meta=KernelMeta(
-            load_passes=passes, dots=em.dots, selective_loads=load_hints.selective_loads(em)
+            load_passes=passes, dots=em.dots, selective_loads=load_hints.selective_loads(em),
+            kept_loads=load_hints.kept_loads(em),
         ),
     )

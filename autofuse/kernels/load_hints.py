@@ -8,12 +8,17 @@ all, and which reads stream through the cache.
   value is eager's on every lane, whatever the unread memory holds (NaN included).
 - **Streamed loads.** A looped reduction that reads a buffer in one column loop alone loads it
   ``evict_first``: it is not read again, and what later loops re-read stays in L2.
+- **Kept loads.** A broadcast buffer (fewer elements than the kernel's domain: RoPE's cos/sin
+  read once per head, a position table once per batch row) is loaded ``evict_last``: other
+  programs read the same lines again, later, after the streamed traffic of a whole head or row
+  has gone through L2.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from autofuse.ir.graph import numel
 from autofuse.ir.indexing import Expr
 from autofuse.kernels.indexed import guarded
 from autofuse.kernels.render import Val, cast, compute_dtype, render_op
@@ -74,3 +79,22 @@ def streamed_loads(em: Any) -> frozenset[int]:
         for i in em.info.loads
         if i not in em.regions[0] and sum(i in r for r in em.regions[1:]) == 1
     )
+
+
+def kept(em: Any, i: int) -> bool:
+    """The loaded node ``i`` is broadcast over the kernel's domain (re-read by other programs)."""
+    return numel(em.g[i].shape) < numel(em.info.domain)
+
+
+def kept_loads(em: Any) -> tuple[int, ...]:
+    """Positions in ``info.loads`` of the buffers loaded ``evict_last``."""
+    return tuple(k for k, i in enumerate(em.info.loads) if kept(em, i) and i not in em.streamed)
+
+
+def eviction(em: Any, i: int) -> str:
+    """The ``tl.load`` keyword for node ``i``'s cache policy ('' for the default)."""
+    if i in em.streamed and em.region:
+        return ", eviction_policy='evict_first'"
+    if kept(em, i) and i not in em.streamed:
+        return ", eviction_policy='evict_last'"
+    return ""

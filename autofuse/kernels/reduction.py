@@ -110,7 +110,7 @@ class ReductionKind:
             for rb in (4, 16, 64, 256, 1024, 2048, 4096):
                 if rb < r and x * rb <= 16384 and x * rb >= 32:
                     out += [KernelConfig(x, rb, w) for w in (1, 2, 4, 8) if 32 * w <= x * rb]
-                    out += [KernelConfig(x, rb, 16)] if x * rb >= 4096 else []
+                    out += [KernelConfig(x, rb, 16)] if x * rb >= 2048 else []
         return out or [KernelConfig(1, r, 4)]
 
     def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:

@@ -58,11 +58,12 @@ def _climb(objective: Any, info: Any, cfg: Any, now: Any, budget: int,
     faster, until none does, ``budget`` configs are timed or ``deadline`` (perf_counter) passes."""
     space = objective.configs_for(info)
     tried = {cfg}
+    spent = _new_measurements(objective, tried)
     moved = True
-    while moved and len(tried) < budget:
+    while moved and spent() < budget:
         moved = False
         for other in neighbours(cfg, space):
-            if len(tried) >= budget or (deadline is not None and time.perf_counter() > deadline):
+            if spent() >= budget or (deadline is not None and time.perf_counter() > deadline):
                 break
             if other in tried:
                 continue
@@ -74,9 +75,21 @@ def _climb(objective: Any, info: Any, cfg: Any, now: Any, budget: int,
     return cfg, now
 
 
+def _new_measurements(objective: Any, tried: set) -> Any:
+    """A counter of the configs measured since now: the memo's new (inner) measurements where
+    the objective has a memo (a config timed during the search costs nothing again), else the
+    configs tried."""
+    memo = getattr(objective, "measurer", None)
+    if isinstance(getattr(memo, "calls", None), int):
+        start = memo.calls
+        return lambda: memo.calls - start
+    return lambda: len(tried) - 1
+
+
 def neighbours(cfg: Any, space: Sequence[Any]) -> list[Any]:
-    """Configs of ``space`` that differ from ``cfg`` in one field, field by field (on/off options
-    first), the nearest values first."""
+    """Configs of ``space`` that differ from ``cfg`` in one field: on/off options first, then
+    round by round the nearest value of each field not yet taken (every field's nearest
+    neighbour comes before any field's second nearest: a small budget tries each direction)."""
     if not dataclasses.is_dataclass(cfg):
         return []
 
@@ -87,7 +100,9 @@ def neighbours(cfg: Any, space: Sequence[Any]) -> list[Any]:
         return abs(math.log2(b / a))
 
     changes = _one_field_changes(cfg, space)
-    out = []
-    for n in sorted(changes, key=lambda n: n not in OPTIONS):
-        out += sorted(changes[n], key=lambda c: distance(c, n))
+    out = [c for n in changes if n in OPTIONS for c in changes[n]]
+    ranked = [sorted(cs, key=lambda c, n=n: distance(c, n)) for n, cs in changes.items()
+              if n not in OPTIONS]  # fmt: skip
+    for r in range(max(map(len, ranked), default=0)):
+        out += [cs[r] for cs in ranked if r < len(cs)]
     return out

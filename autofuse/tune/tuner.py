@@ -5,9 +5,9 @@ launch config for each group that exists under those choices (a conditional para
 is the sum of its kernels' measured times plus its eager ops' times. Each (group, config) is
 measured once per study (``measure.Memo``); a config that fails to compile, runs out of
 resources or gives wrong values scores as failed and the search goes on. The greedy plan, the
-unfused plan and the greedy plan with its matmuls run by torch (cuBLAS + fused epilogue kernels)
-are enqueued first, and the best few plans are re-timed end to end before the winner is chosen,
-so the result is never worse than the greedy or the unfused plan.
+greedy plan with its matmuls run by torch (cuBLAS + fused epilogue kernels), its option switches
+and the unfused plan are enqueued first, and the best few plans are re-timed end to end before
+the winner is chosen, so the result is never worse than the greedy or the unfused plan.
 """
 
 from __future__ import annotations
@@ -287,17 +287,20 @@ def start_search(
     study = search.Study.open(
         name, storage=storage, cache_dir=cache_home(cache_dir), sampler=sampler
     )
+    # the starting points, most promising first (a small budget may end before the last):
+    # greedy, cuBLAS + fused epilogues, what runs untuned, each option switched once on the
+    # greedy plan, and last the unfused plan (a baseline, rarely the winner, costly to build)
     greedy, unfused = space.greedy(), space.unfused()
     study.enqueue(objective.params_for(greedy))
-    study.enqueue(objective.params_for(unfused))
-    library = space.library_gemms(greedy)  # cuBLAS + fused epilogue: always a candidate
+    library = space.library_gemms(greedy)
     if library is not None:
         study.enqueue(objective.params_for(library))
-    untuned = space.untuned()  # what runs without a search: measured too
+    untuned = space.untuned()
     if untuned not in (greedy, library):
         study.enqueue(objective.params_for(untuned))
-    for configs in objective.flag_variants(greedy):  # each option measured at least once
+    for configs in objective.flag_variants(greedy):
         study.enqueue(objective.params_for(greedy, configs))
+    study.enqueue(objective.params_for(unfused))
     return Search(
         objective, study, memo, greedy, unfused, library, owned, flat=example_flat, started=t0
     )
