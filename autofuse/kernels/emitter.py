@@ -642,8 +642,5 @@ def render_loop_kernel(
         layout=tuple(layout),
         grid=(-(-info.xnumel // config.XBLOCK),),
         launch_kw=tuple(kw + list(launch_kw)),
-        meta=KernelMeta(
-            load_passes=passes, dots=em.dots, selective_loads=load_hints.selective_loads(em),
-            kept_loads=load_hints.kept_loads(em),
-        ),
+        meta=KernelMeta(load_passes=passes, dots=em.dots, **load_hints.meta_fields(em)),
     )

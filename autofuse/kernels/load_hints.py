@@ -98,3 +98,8 @@ def eviction(em: Any, i: int) -> str:
     if kept(em, i) and i not in em.streamed:
         return ", eviction_policy='evict_last'"
     return ""
+
+
+def meta_fields(em: Any) -> dict[str, tuple[int, ...]]:
+    """The ``KernelMeta`` fields these hints fill for an emitted kernel."""
+    return {"selective_loads": selective_loads(em), "kept_loads": kept_loads(em)}
