@@ -13,7 +13,7 @@ from autofuse.capture import Captured
 from autofuse.partition import Partition
 from autofuse.plan import InputError, Plan, execute
 from autofuse.plan.graphs import GraphReplay
-from autofuse.plan.runtime import _inputs_match, run_plan
+from autofuse.plan.runtime import input_guard, run_plan
 from autofuse.report import format_summary, summarize
 
 
@@ -114,7 +114,7 @@ class OptimizedFunction:
         # the common call: plain tensors with exactly the captured shapes, dtypes and strides
         # (one guard check), none requiring grad: no routing, no re-check, no pytree
         ts = None if kwargs else self._plain_tensors(args)
-        if ts is not None and _inputs_match(self.plan, ts):
+        if ts is not None and input_guard(self.plan)(ts):
             if not (torch.is_grad_enabled() and any(a.requires_grad for a in ts)):
                 outs = None if self.graphs is None else self.graphs(ts)
                 if outs is None:

@@ -55,6 +55,38 @@ def test_a_plain_call_checks_once_and_skips_routing(monkeypatch):
         opt(args[0][:2], args[1])  # a mismatch still gets the named error
 
 
+def test_the_input_check_is_dynamos_c_guard_after_the_first_accepted_call():
+    """After one call the Python check accepted, a plan's inputs are checked by Dynamo's
+    C-level TensorGuards; what it rejects goes back to the Python check, which still accepts
+    a Parameter or another ``requires_grad`` and still rejects other strides."""
+    args = _args()
+    opt = autofuse.optimize(two, args)
+    guard = runtime.input_guard(opt.plan)
+    calls = []
+    real = runtime._inputs_match
+
+    def counted(plan, inputs):
+        calls.append(1)
+        return real(plan, inputs)
+
+    opt(*args)
+    assert type(guard.fast).__name__ == "TensorGuards", guard.fast  # torch 2.11 and 2.13
+    runtime._inputs_match = counted
+    try:
+        for _ in range(3):
+            assert guard(args)
+        assert not calls  # the C check alone
+        assert guard((torch.nn.Parameter(args[0]), args[1])) and len(calls) == 1
+        x = args[0].clone().requires_grad_()
+        assert guard((x, args[1])) and len(calls) == 2
+        t = torch.randn(8, 4, device=DEVICE).t()  # the shape, other strides
+        assert not guard((t, args[1])) and len(calls) == 3
+    finally:
+        runtime._inputs_match = real
+    with pytest.raises(autofuse.InputError, match="strides"):
+        opt(t, args[1])
+
+
 def test_cuda_graph_is_off_with_one_note_under_the_interpreter():
     if DEVICE == "cuda":
         pytest.skip("on CUDA the graph is captured (tests/test_gpu.py)")

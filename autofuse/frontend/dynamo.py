@@ -57,7 +57,7 @@ from autofuse.partition import Partitioner
 from autofuse.plan import Plan, execute
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
-from autofuse.plan.runtime import _inputs_match
+from autofuse.plan.runtime import input_guard
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
 from .options import BACKEND, check_options, wants_tuning
@@ -135,7 +135,7 @@ class CompiledGraph:
         )
 
     def _run(self, ins: list[Any]) -> list[Any]:
-        if self.replay is not None and _inputs_match(self.plan, ins):
+        if self.replay is not None and input_guard(self.plan)(ins):
             outs = self.replay(ins)
             if outs is not None:
                 return outs

@@ -252,7 +252,8 @@ def allocator(device: torch.device) -> Callable[..., torch.Tensor]:
     ``torch.empty_strided``."""
     guards = _GUARDS
     if device.type == "cuda" and hasattr(guards, "_empty_strided_cuda"):
-        if device.index is None or device.index == torch.cuda.current_device():
+        # the inputs are on this device: CUDA is initialized, ask for the current device plainly
+        if device.index is None or device.index == torch._C._cuda_getDevice():
             return guards._empty_strided_cuda
     elif device.type == "cpu" and hasattr(guards, "_empty_strided_cpu"):
         return guards._empty_strided_cpu

@@ -428,9 +428,58 @@ def _inputs_match(plan: Plan, inputs: Sequence[Any]) -> bool:
     return True
 
 
+class _Never:
+    @staticmethod
+    def check(*_: Any) -> bool:
+        return False
+
+
+def _tensor_guards(inputs: Sequence[torch.Tensor]) -> Any:
+    """Dynamo's C-level tensor check over these exact inputs (type, dtype, device, grad,
+    sizes, strides), or a check that never passes where this torch lacks it."""
+    cls = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    try:
+        return cls.TensorGuards(
+            *inputs,
+            dynamic_dims_sizes=[list(x.shape) for x in inputs],
+            dynamic_dims_strides=[list(x.stride()) for x in inputs],
+        )
+    except Exception:  # noqa: BLE001 - another torch's signature: the Python check serves
+        return _Never()
+
+
+class InputGuard:
+    """The plan's input check as cheap as torch.compile's: Dynamo's C-level ``TensorGuards``
+    (0.6 against 2.0 us of Python for five tensors), built from the first inputs the Python
+    check (:func:`_inputs_match`) accepts. Inputs it rejects go to the Python check again (a
+    Parameter where a Tensor was first seen, another ``requires_grad``, another device)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.fast: Any = None
+
+    def __call__(self, inputs: Sequence[Any]) -> bool:
+        fast = self.fast
+        if fast is not None and fast.check(*inputs):
+            return True
+        if not _inputs_match(self.plan, inputs):
+            return False
+        if fast is None:
+            self.fast = _tensor_guards(inputs)
+        return True
+
+
+def input_guard(plan: Plan) -> InputGuard:
+    """The plan's :class:`InputGuard`, made on first use and kept with the plan."""
+    guard = plan.__dict__.get("_input_guard")
+    if guard is None:
+        guard = plan.__dict__["_input_guard"] = InputGuard(plan)  # frozen: like cached_property
+    return guard
+
+
 def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run a plan on the flat list of graph inputs; returns the flat list of graph outputs."""
-    if not _inputs_match(plan, inputs):
+    if not input_guard(plan)(inputs):
         check_inputs(plan.graph, inputs)  # raises, naming the input, or accepts (size-1 strides)
     return run_plan(plan, inputs)
 
@@ -438,7 +487,6 @@ def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 def run_plan(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """``execute`` without the input check (the caller has made it): the plan's program
     (``program.py``: its steps with every lookup made once) on these inputs."""
-    run = _Run(plan, inputs[0].device if inputs else torch.device("cpu"))
-    for idx, x in zip(plan.graph.inputs, inputs):
-        run.env[idx] = x
+    device = inputs[0].device if inputs else torch.device("cpu")
+    run = _Run(plan, device, dict(zip(plan.graph.inputs, inputs)))
     return program(plan, run_kernel_step, _BROKEN)(run)
