@@ -2,6 +2,8 @@
 (``masked_fill(~tril, finfo.min)`` reads the kept half of the scores): same values as eager,
 masked lanes never read, persistent and looped kernels."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -108,3 +110,27 @@ def test_broadcast_loads_are_kept_in_cache_and_streamed_ones_are_not():
     assert kernel.source.count("evict_last") == 2, kernel.source
     for got, want in zip(execute(plan, [q, k, cos, sin]), rope_apply(q, k, cos, sin)):
         assert_close(got, want, torch.float32, "rope_apply")
+
+
+def test_one_stage_looped_reduction_launches_unpipelined_and_is_a_searched_option():
+    """``ONE_STAGE`` (a looped reduction launched with num_stages=1, as Inductor launches its
+    reductions) is in the looped configs' space, is the same kernel body with another launch,
+    gives eager's values, and the search's option switches offer it on the greedy plan."""
+    from autofuse.tune.climb import _option_switches
+
+    x = torch.randn(4, 300)
+    graph = capture(seed_reduction, (x,)).graph
+    (group,) = Partitioner(graph).greedy().groups
+    info = Partitioner(graph).check(group)
+    space = config_space(info, graph)
+    looped = next(c for c in space if c.RBLOCK < 300 and not c.ONE_STAGE)
+    one = next(c for c in space if c == dataclasses.replace(looped, ONE_STAGE=True))
+    plans = [build_plan(graph, [group], [c]) for c in (looped, one)]
+    (a,), (b,) = (p.kernels for p in plans)
+    assert b.source.replace(" ONE_STAGE", "") == a.source  # its config line aside
+    assert f"#   config: {one.label()}" in b.source
+    assert ("num_stages", 1) in b.launch_kw and ("num_stages", 1) not in a.launch_kw
+    assert_close(execute(plans[1], [x])[0], seed_reduction(x), torch.float32, "one stage")
+    assert one in _option_switches(looped, space)
+    persistent = default_config(info, graph)
+    assert not any(c.ONE_STAGE and c.RBLOCK >= 300 for c in space), persistent

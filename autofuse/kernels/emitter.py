@@ -627,6 +627,7 @@ def render_loop_kernel(
     layout = [("in", k) for k in range(len(info.loads))]
     layout += [("out", k) for k in range(len(info.stored))] + [("int", info.xnumel)]
     kw = [("XBLOCK", config.XBLOCK), ("num_warps", config.num_warps)]
+    kw += [("num_stages", 1)] if getattr(config, "ONE_STAGE", False) else []
     if em.red:
         layout.append(("int", info.rnumel))
         kw.insert(1, ("RBLOCK", config.RBLOCK))

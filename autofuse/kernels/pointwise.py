@@ -29,12 +29,14 @@ class KernelConfig:
     # persistent reductions: issue every load at the top of the kernel, so the loads used only
     # after a reduction (a norm's weight and bias) are in flight while it runs
     HOIST: bool = False
+    # looped reductions: launch with num_stages=1 (no software pipelining of the column loop's
+    # loads, as Inductor launches its reductions) instead of Triton's default
+    ONE_STAGE: bool = False
 
     def label(self) -> str:
         r = f" RBLOCK={self.RBLOCK}" if self.RBLOCK else ""
-        return f"XBLOCK={self.XBLOCK}{r} num_warps={self.num_warps}" + (
-            " HOIST" if self.HOIST else ""
-        )
+        flags = "".join(f" {f}" for f in ("HOIST", "ONE_STAGE") if getattr(self, f))
+        return f"XBLOCK={self.XBLOCK}{r} num_warps={self.num_warps}{flags}"
 
 
 def check_pow2(**values: int) -> None:

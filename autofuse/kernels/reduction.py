@@ -109,8 +109,10 @@ class ReductionKind:
                 ]
             for rb in (4, 16, 64, 256, 1024, 2048, 4096):
                 if rb < r and x * rb <= 16384 and x * rb >= 32:
-                    out += [KernelConfig(x, rb, w) for w in (1, 2, 4, 8) if 32 * w <= x * rb]
-                    out += [KernelConfig(x, rb, 16)] if x * rb >= 2048 else []
+                    ws = [w for w in (1, 2, 4, 8) if 32 * w <= x * rb]
+                    ws += [16] if x * rb >= 2048 else []
+                    out += [KernelConfig(x, rb, w, ONE_STAGE=one) for one in (False, True)
+                            for w in ws]  # fmt: skip
         return out or [KernelConfig(1, r, 4)]
 
     def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:

@@ -9,7 +9,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-OPTIONS = ("TMA", "PERSISTENT", "SKIP", "PIPELINE", "HOIST")  # config fields that switch a feature
+# config fields that switch a feature
+OPTIONS = ("TMA", "PERSISTENT", "SKIP", "PIPELINE", "HOIST", "ONE_STAGE")
 
 
 def _one_field_changes(cfg: Any, space: Sequence[Any]) -> dict[str, list[Any]]:
