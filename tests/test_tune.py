@@ -329,3 +329,38 @@ def test_neighbours_take_every_field_one_step_before_any_field_two_steps():
     assert set(changed[:3]) == {"XBLOCK", "RBLOCK", "num_warps"}, near[:3]
     assert {c.num_warps for c in near[:4] if c.num_warps != 8} <= {4, 16}  # nearest first
     assert len(near) == len(set(near)) == 4 + 1 + 4 and not set(OPTIONS) & set(changed)
+
+
+@pytest.mark.parametrize("ratio", [1.5])
+def test_sampled_partitions_the_model_rules_out_are_pruned_unbuilt(tmp_path, monkeypatch, ratio):
+    """A sampled partition the cost model puts at more than PRUNE_RATIO x the greedy plan is
+    pruned with that reason before any of its kernels is measured; the same sampled points
+    (a seeded random sampler) without pruning measure more kernels; the enqueued unfused plan
+    is never pruned."""
+    from autofuse.tune import prune
+
+    fn, args = cases()["gelu_tanh_chain"]
+    captured = capture(fn, args)
+    space = Partitioner(captured.graph)
+    runs = {}
+    for label, r in (("off", float("inf")), ("on", ratio)):
+        monkeypatch.setattr(prune, "PRUNE_RATIO", r)
+        inner = HashCost()
+        result = tune(captured, args, space, trials=14, cache_dir=str(tmp_path / label),
+                      measurer=Memo(inner), progress=False, polish=0, sampler="random",
+                      study_name="p")  # fmt: skip
+        trials = search.Study.open("p", cache_dir=str(tmp_path / label)).trials
+        runs[label] = (set(inner.calls), trials)
+        assert result.trials == 14
+    measured_off, trials_off = runs["off"]
+    measured_on, trials_on = runs["on"]
+    pruned = [t for t in trials_on if t.state == search.TrialState.PRUNED]
+    assert pruned and all(t.reason.startswith("pruned before building: the cost model")
+                          for t in pruned), [t.reason for t in pruned]  # fmt: skip
+    assert not any(t.state == search.TrialState.PRUNED for t in trials_off)
+    assert [t.params for t in trials_on] == [t.params for t in trials_off]  # same points
+    assert measured_on < measured_off  # pruned partitions' own kernels were never built
+    unfused = space.unfused().key
+    for t in trials_on:
+        if space.from_decisions(t.params).key == unfused:
+            assert t.state == search.TrialState.COMPLETE

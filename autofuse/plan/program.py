@@ -199,20 +199,26 @@ def _launch(step, loads, stored, specs, slow, broken) -> Op:
     key = (kernel.source, kernel.name)
     arg_spec = step.arg_spec
 
+    fresh = tuple((shape, strides, dtype) for shape, strides, dtype, scatter, donor in specs)
+    plain = all(not scatter and donor is None for *_, scatter, donor in specs)
+
     def op(run: Any) -> None:
         launcher = step.__dict__.get("launcher")
         if launcher is None or launcher.scratch or key in broken:
             return slow(run, step)  # first use, TMA alignment checks, broken
         env, alloc = run.env, run.alloc
         bufs = [env[i] for i in loads]
-        outs = [
-            (alloc(shape, strides, dtype) if donor is None else env[donor]).zero_()
-            if scatter
-            else alloc(shape, strides, dtype)
-            if donor is None
-            else env[donor]
-            for shape, strides, dtype, scatter, donor in specs
-        ]
+        if plain:  # every output a new buffer (the common case)
+            outs = [alloc(shape, strides, dtype) for shape, strides, dtype in fresh]
+        else:
+            outs = [
+                (alloc(shape, strides, dtype) if donor is None else env[donor]).zero_()
+                if scatter
+                else alloc(shape, strides, dtype)
+                if donor is None
+                else env[donor]
+                for shape, strides, dtype, scatter, donor in specs
+            ]
         bufs += outs
         try:
             launcher([bufs[v] if buf else v for buf, v in arg_spec])
@@ -246,20 +252,39 @@ def last_reads(plan: Any) -> dict[int, int]:
     return {b: k for b, k in last.items() if b not in kept}
 
 
+_ALLOCATORS: dict[torch.device, tuple[Callable[..., torch.Tensor], int | None]] = {}
+
+
 def allocator(device: torch.device) -> Callable[..., torch.Tensor]:
     """``alloc(shape, strides, dtype)`` on ``device``: the C-level allocators Inductor's own
     generated code calls (no argument parsing) where the device is the current one, else
-    ``torch.empty_strided``."""
-    guards = _GUARDS
-    if device.type == "cuda" and hasattr(guards, "_empty_strided_cuda"):
-        # the inputs are on this device: CUDA is initialized, ask for the current device plainly
-        if device.index is None or device.index == torch._C._cuda_getDevice():
-            return guards._empty_strided_cuda
-    elif device.type == "cpu" and hasattr(guards, "_empty_strided_cpu"):
-        return guards._empty_strided_cpu
+    ``torch.empty_strided``. Chosen once per device; a CUDA device's C allocator serves only
+    while that device is the current one (asked on every call)."""
+    hit = _ALLOCATORS.get(device)
+    if hit is None:
+        hit = _ALLOCATORS[device] = _allocator_for(device)
+    alloc, index = hit
+    if index is None or index == torch._C._cuda_getDevice():
+        return alloc
     return lambda shape, strides, dtype: torch.empty_strided(
         shape, strides, dtype=dtype, device=device
     )
+
+
+def _allocator_for(device: torch.device) -> tuple[Callable[..., torch.Tensor], int | None]:
+    """The allocator for ``device`` and the CUDA device that must be current for it (None:
+    any)."""
+    guards = _GUARDS
+    if device.type == "cuda" and hasattr(guards, "_empty_strided_cuda"):
+        # the inputs are on this device: CUDA is initialized, its current device is asked plainly
+        return guards._empty_strided_cuda, device.index
+    if device.type == "cpu" and hasattr(guards, "_empty_strided_cpu"):
+        return guards._empty_strided_cpu, None
+    return (
+        lambda shape, strides, dtype: torch.empty_strided(
+            shape, strides, dtype=dtype, device=device
+        )
+    ), None
 
 
 def program(plan: Any, slow: Callable[[Any, Any], None], broken: Mapping) -> Program:

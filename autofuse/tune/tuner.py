@@ -46,6 +46,7 @@ from autofuse.partition.partitioner import Partition, Partitioner
 from autofuse.plan.runtime import Plan, build_plan, eager_group, execute
 from autofuse.settings import cache_home
 from autofuse.tune.climb import OPTIONS, _option_switches, _polish, neighbours  # noqa: F401
+from autofuse.tune.prune import ModelPrune
 from autofuse.tune.study import OnTrial, default_measurer, group_param, isolated
 from autofuse.tune.study import study_name as _study_name
 
@@ -109,6 +110,7 @@ class Objective:
         # where the examples live: a group that loads nothing (a mask from iota) runs there too
         tensors = [v for v in (example_values or {}).values() if isinstance(v, torch.Tensor)]
         self._example_device = tensors[0].device if tensors else torch.device("cpu")
+        self.prune: ModelPrune | None = None  # set by start_search (tune/prune.py)
 
     def configs_for(self, info: GroupInfo) -> list[Any]:
         space = config_space(info, self.graph)
@@ -119,23 +121,19 @@ class Objective:
         names = self.space.edge_names.values()
         fuse = {n: trial.categorical(n, [True, False]) for n in names}
         partition = self.space.from_decisions(fuse)
+        picked = [self._pick_config(trial, g) for g in partition.groups]
+        if self.prune is not None and not isinstance(trial, _Replay):  # replays: never
+            why = self.prune.check(partition.key, [p for p in picked if p[0] is not None])
+            if why:
+                raise search.TrialPruned(why)
         total, configs = 0.0, []
         source = "measured"
-        for group in partition.groups:
-            if eager_group(self.graph, group):  # a lone matmul: torch.mm / cuBLAS
+        for group, (info, cfg) in zip(partition.groups, picked):
+            if info is None:  # a lone matmul: torch.mm / cuBLAS
                 total += search.check_time(self.eager_node_cost(next(iter(group))), "torch.mm")
                 configs.append(None)
                 continue
-            info = self.space.check(group)
-            assert isinstance(info, GroupInfo)
-            options = self.configs_for(info)
-            labels = [config_label(c) for c in options]
-            label = trial.categorical(group_param(self.graph, group), labels)
-            if label not in labels:  # a resumed study's enqueued point from another code version
-                raise search.TrialFailed(
-                    f"group {sorted(group)}: config {label!r} is not in this group's space"
-                )
-            cfg = options[labels.index(label)]
+            label = config_label(cfg)
             m = self.measure(info, cfg)
             if not m.ok:
                 raise search.TrialFailed(f"group {sorted(group)} with {label}: {m.failure}")
@@ -147,6 +145,22 @@ class Objective:
         trial.set_note("source", source)
         self.choices[trial.number] = PlanChoice(partition, tuple(configs), total, source)
         return total
+
+    def _pick_config(self, trial: Any, group) -> tuple[GroupInfo | None, Any]:
+        """The group's analysis and the config the trial picks for it; (None, None) for a
+        lone matmul run by torch."""
+        if eager_group(self.graph, group):
+            return None, None
+        info = self.space.check(group)
+        assert isinstance(info, GroupInfo)
+        options = self.configs_for(info)
+        labels = [config_label(c) for c in options]
+        label = trial.categorical(group_param(self.graph, group), labels)
+        if label not in labels:  # a resumed study's enqueued point from another code version
+            raise search.TrialFailed(
+                f"group {sorted(group)}: config {label!r} is not in this group's space"
+            )
+        return info, options[labels.index(label)]
 
     def measure(self, info: GroupInfo, cfg: Any) -> Measurement:
         candidate = Candidate(self.graph, info, cfg)
@@ -202,6 +216,16 @@ class Objective:
                 continue
             for other in _option_switches(cfg, self.configs_for(self.space.check(g))):
                 out.append(base[:k] + [other] + base[k + 1 :])
+        return out
+
+    def default_groups(self, partition: Partition) -> list[tuple[GroupInfo, Any]]:
+        """The partition's kernel groups at their default configs (matmuls run by torch left
+        out)."""
+        out = []
+        for g in partition.groups:
+            if not eager_group(self.graph, g):
+                info = self.space.check(g)
+                out.append((info, default_config(info, self.graph)))
         return out
 
     def eager_node_cost(self, i: int) -> float:
@@ -301,6 +325,9 @@ def start_search(
     for configs in objective.flag_variants(greedy):
         study.enqueue(objective.params_for(greedy, configs))
     study.enqueue(objective.params_for(unfused))
+    objective.prune = ModelPrune(graph)
+    fixed = (p.key for p in (greedy, unfused, library, untuned) if p is not None)
+    objective.prune.start(fixed, objective.default_groups(greedy))
     return Search(
         objective, study, memo, greedy, unfused, library, owned, flat=example_flat, started=t0
     )
