@@ -30,6 +30,7 @@ class ModelPrune:
         self.graph = graph
         self.ratio = PRUNE_RATIO if ratio is None else ratio
         self.model = CostModel()
+        self.memo: dict[tuple, float | None] = {}  # (group nodes, config) -> model seconds
         self.fixed: set[Any] = set()
         self.reference: float | None = None
 
@@ -40,16 +41,25 @@ class ModelPrune:
         self.reference = self.cost(greedy)
 
     def cost(self, groups: Sequence[tuple[Any, Any]]) -> float | None:
+        """The model's seconds for these groups (each (group, config) costed once), or None
+        where it cannot cost one."""
         total = 0.0
         for info, cfg in groups:
-            try:
-                m = self.model.measure(Candidate(self.graph, info, cfg))
-            except Exception:  # noqa: BLE001 - a kernel the model cannot cost: no verdict
+            key = (info.nodes, cfg)
+            if key not in self.memo:
+                self.memo[key] = self._one(info, cfg)
+            t = self.memo[key]
+            if t is None:
                 return None
-            if not m.ok:
-                return None
-            total += m.seconds
+            total += t
         return total
+
+    def _one(self, info: Any, cfg: Any) -> float | None:
+        try:
+            m = self.model.measure(Candidate(self.graph, info, cfg))
+        except Exception:  # noqa: BLE001 - a kernel the model cannot cost: no verdict
+            return None
+        return m.seconds if m.ok else None
 
     def check(self, key: Any, groups: Sequence[tuple[Any, Any]]) -> str | None:
         if key in self.fixed or not self.reference:
