@@ -162,6 +162,13 @@ def main() -> None:
         print(f"{k:28s} {v:7.2f} us per call", flush=True)
     per_kernel = per_kernel_rows(x, w)
     per_kernel["kernels bound to torch's static launcher, all plans"] = launcher_stats()["direct"]
+    # what autofuse's own runtime adds per kernel: the slope less one bare launch of a bound
+    # kernel with its output allocated (the launcher and allocator Inductor's code calls too)
+    floor = rows.get("bound launch + output allocation")
+    if floor is not None:
+        per_kernel["autofuse us per kernel beyond launch + allocation"] = (
+            per_kernel["autofuse us per kernel (slope)"] - floor
+        )
     for k, v in per_kernel.items():
         print(f"{k:34s} {v}", flush=True)
     out = Path(a.out)
