@@ -190,3 +190,36 @@ def test_untuned_attention_times_the_fused_and_the_cublas_plans_on_cuda():
     assert choice is not None and len(choice.times) == 2, choice
     assert all(t is not None for _, t in choice.times), choice.why
     assert_close(opt(q, k, v), attention(q, k, v), torch.bfloat16)
+
+
+def test_one_stage_looped_reduction_and_kept_loads_on_cuda():
+    """A looped reduction launched with num_stages=1 (``ONE_STAGE``) and with Triton's default
+    give eager's values on CUDA; so does RoPE with its cos/sin loaded ``evict_last``; both
+    plans' later calls take the C-level input guard."""
+    import dataclasses
+
+    from autofuse.capture.trace import capture
+    from autofuse.kernels import config_space
+    from autofuse.partition.partitioner import Partitioner
+    from autofuse.plan.runtime import build_plan, execute, input_guard
+    from experiments.model_functions import rope_apply
+
+    def seed(x):
+        return (x * 2.0).sum(-1) + 1.0
+
+    x = torch.randn(64, 3000, device="cuda", dtype=torch.bfloat16)
+    graph = capture(seed, (x,)).graph
+    (group,) = Partitioner(graph).greedy().groups
+    info = Partitioner(graph).check(group)
+    looped = next(c for c in config_space(info, graph) if c.RBLOCK == 1024 and c.num_warps == 4)
+    for cfg in (looped, dataclasses.replace(looped, ONE_STAGE=True)):
+        plan = build_plan(graph, [group], [cfg])
+        for _ in range(2):
+            assert_close(execute(plan, [x])[0], seed(x), torch.bfloat16, cfg.label())
+        assert type(input_guard(plan).fast).__name__ == "TensorGuards"
+    q, k = (torch.randn(2, 4, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = (torch.randn(2, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    opt = autofuse.optimize(rope_apply, (q, k, cos, sin))
+    assert opt.plan.kernels[0].meta.kept_loads
+    for got, want in zip(opt(q, k, cos, sin), rope_apply(q, k, cos, sin)):
+        assert_close(got, want, torch.bfloat16, "rope_apply")
