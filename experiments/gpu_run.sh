@@ -12,7 +12,8 @@
 # (experiments.attn_bwd_sweep: the attention backward kernel's configs timed, BWD_VARIANTS).
 # Each stage's seconds: STAGE_S_<stage> (e.g. STAGE_S_attention=300); the cold stage's workloads
 # and repeats: COLD_WORKLOADS, COLD_REPEATS (its record is written after each workload); a subset
-# of the tuned workloads: MODEL_WORKLOADS, SUITE_WORKLOADS (comma-separated names).
+# of the tuned workloads: MODEL_WORKLOADS, SUITE_WORKLOADS (comma-separated names); the models
+# stage's models: MODELS, and MODELS_MAX_AUTOTUNE=1 to time torch.compile's max-autotune too.
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -43,9 +44,11 @@ for s in $stages; do
               rm -rf "$OUT/cold_start_caches" ;;
         host) timeout "$(limit host 90)" python3 -m experiments.host_overhead --out "$OUT" 2>&1 | tail -12
               mv "$OUT/host_overhead.json" "$OUT/host_overhead_$C.json" 2>/dev/null ;;
-        models) timeout "$(limit models 540)" python3 -m experiments.bench_models --out "$OUT" \
-                    --size realistic --models gpt2,llama_eager,llama_sdpa,bert,vit --modes inference,train \
-                    --skip-max-autotune --dump-code --tag "models_$C" --budget-s "$(( $(limit models 540) - 30 ))" \
+        models) ma=--skip-max-autotune; [ -n "${MODELS_MAX_AUTOTUNE:-}" ] && ma=
+                timeout "$(limit models 540)" python3 -m experiments.bench_models --out "$OUT" \
+                    --size realistic --models "${MODELS:-gpt2,llama_eager,llama_sdpa,bert,vit}" \
+                    --modes inference,train $ma \
+                    --dump-code --tag "models_$C" --budget-s "$(( $(limit models 540) - 30 ))" \
                     2>&1 | tail -14 ;;
         bwd_sweep) timeout "$(limit bwd_sweep 150)" python3 -m experiments.attn_bwd_sweep --out "$OUT" \
                        --variants "${BWD_VARIANTS:-causal}" --max-configs "${BWD_CONFIGS:-28}" 2>&1 | tail -16 ;;
