@@ -352,6 +352,9 @@ def test_sampled_partitions_the_model_rules_out_are_pruned_unbuilt(tmp_path, mon
         trials = search.Study.open("p", cache_dir=str(tmp_path / label)).trials
         runs[label] = (set(inner.calls), trials)
         assert result.trials == 14
+        n = sum(t.state == search.TrialState.PRUNED for t in trials)
+        assert result.pruned == n
+        assert (f"{n} pruned by the cost model" in result.summary()) == (n > 0)
     measured_off, trials_off = runs["off"]
     measured_on, trials_on = runs["on"]
     pruned = [t for t in trials_on if t.state == search.TrialState.PRUNED]

@@ -180,6 +180,7 @@ def _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, c
         "tuning_s": tuning_s,
         "trials": result.trials,
         "failed_trials": result.failed,
+        "pruned_trials": result.pruned,
         # the best plans re-timed end to end before the pick (greedy kept unless beaten
         # beyond the noise): what decided the tuned plan
         "end_to_end_us": {k: v * 1e6 for k, v in result.end_to_end.items()},

@@ -74,13 +74,15 @@ class TuneResult:
     study_name: str = ""
     end_to_end: dict[str, float] = field(default_factory=dict)
     library_value: float | None = None  # matmuls by torch (cuBLAS), their epilogues fused
+    pruned: int = 0  # sampled partitions the cost model ruled out unbuilt (tune/prune.py)
 
     def summary(self) -> str:
         unit = "modeled" if self.source == "modeled" else "measured"
+        pruned = f", {self.pruned} pruned by the cost model" if self.pruned else ""
         lines = [
             f"tuned plan: {len(self.plan.kernels)} kernels, {len(self.plan.fallbacks)} eager ops, "
-            f"{self.value * 1e6:.2f} us ({unit}); {self.trials} trials ({self.failed} failed) "
-            f"in {self.seconds:.1f} s, study {self.study_name}",
+            f"{self.value * 1e6:.2f} us ({unit}); {self.trials} trials ({self.failed} failed"
+            f"{pruned}) in {self.seconds:.1f} s, study {self.study_name}",
         ]
         baselines = (
             ("greedy plan", self.greedy_value, unit),
@@ -418,6 +420,7 @@ def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, s
         eager_value=None,
         trials=counts.total,
         failed=counts.failed,
+        pruned=counts.pruned,
         seconds=time.perf_counter() - run.started,
         kernel_times=_kernel_times(best_plan, graph, run.memo),
         study_name=study.name,
