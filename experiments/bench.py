@@ -92,6 +92,7 @@ def run_one(w, ceil, trials, budget, cache_dir, modes, n_rounds: int = 4) -> dic
     tr = tuned.tuning
     rec["trials"] = tr.trials
     rec["failed_trials"] = tr.failed
+    rec["pruned_trials"] = tr.pruned
     rec["tuned_kernels"] = [
         {"name": k.name, "config": config_label(k.config),
          "time_s": tr.kernel_times.get(k.name, (None,))[0]} for k in tuned.plan.kernels
