@@ -1,7 +1,7 @@
 """Sampled partitions the cost model rules out before any of their kernels is built.
 
 A sampled trial that splits a fused kernel into several costs seconds of compiling and timing
-(the model-style functions' searches spent 2-5 of their 3-6 trials on partitions 3-14x slower
+(the model-style functions' searches spent 2-5 of their 3-6 trials on partitions 3-16x slower
 than the greedy plan), time a small budget would rather give to the configs of plausible
 plans. Before measuring, a sampled partition's kernels at their sampled configs are put
 through the analytical cost model; one the model puts at more than ``PRUNE_RATIO`` times the
