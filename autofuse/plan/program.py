@@ -201,6 +201,12 @@ def _launch(step, loads, stored, specs, slow, broken) -> Op:
 
     fresh = tuple((shape, strides, dtype) for shape, strides, dtype, scatter, donor in specs)
     plain = all(not scatter and donor is None for *_, scatter, donor in specs)
+    # the usual layout: every buffer in order (inputs, then outputs), then the constants
+    n = len(loads) + len(stored)
+    ordered = arg_spec[:n] == tuple((True, k) for k in range(n))
+    tail = (
+        [v for buf, v in arg_spec[n:]] if ordered and not any(b for b, _ in arg_spec[n:]) else None
+    )
 
     def op(run: Any) -> None:
         launcher = step.__dict__.get("launcher")
@@ -221,7 +227,9 @@ def _launch(step, loads, stored, specs, slow, broken) -> Op:
             ]
         bufs += outs
         try:
-            launcher([bufs[v] if buf else v for buf, v in arg_spec])
+            launcher(
+                bufs + tail if tail is not None else [bufs[v] if b else v for b, v in arg_spec]
+            )
         except Exception:  # noqa: BLE001 - the slow path decides (eager fallback, or raise)
             return slow(run, step)
         for s, t in zip(stored, outs):
