@@ -82,20 +82,21 @@ def streamed_loads(em: Any) -> frozenset[int]:
 
 
 def kept(em: Any, i: int) -> bool:
-    """The loaded node ``i`` is broadcast over the kernel's domain (re-read by other programs)."""
-    return numel(em.g[i].shape) < numel(em.info.domain)
+    """The loaded node ``i`` is broadcast over the kernel's domain (re-read by other programs)
+    and not streamed: it is loaded ``evict_last``."""
+    return i not in em.streamed and numel(em.g[i].shape) < numel(em.info.domain)
 
 
 def kept_loads(em: Any) -> tuple[int, ...]:
     """Positions in ``info.loads`` of the buffers loaded ``evict_last``."""
-    return tuple(k for k, i in enumerate(em.info.loads) if kept(em, i) and i not in em.streamed)
+    return tuple(k for k, i in enumerate(em.info.loads) if kept(em, i))
 
 
 def eviction(em: Any, i: int) -> str:
     """The ``tl.load`` keyword for node ``i``'s cache policy ('' for the default)."""
     if i in em.streamed and em.region:
         return ", eviction_policy='evict_first'"
-    if kept(em, i) and i not in em.streamed:
+    if kept(em, i):
         return ", eviction_policy='evict_last'"
     return ""
 

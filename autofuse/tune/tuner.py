@@ -193,14 +193,23 @@ class Objective:
             self._example_checks[key] = verify_candidate(candidate, device, inputs=ins)
         return self._example_checks[key]
 
+    def default_groups(self, partition: Partition) -> list[tuple[GroupInfo | None, Any]]:
+        """Each group of the partition with its default config, as ``_pick_config`` gives it:
+        (None, None) for a lone matmul run by torch."""
+        out: list[tuple[GroupInfo | None, Any]] = []
+        for g in partition.groups:
+            info = None if eager_group(self.graph, g) else self.space.check(g)
+            out.append((info, None if info is None else default_config(info, self.graph)))
+        return out
+
     def params_for(self, partition: Partition, configs: Sequence[Any] | None = None):
+        """The trial parameters of ``partition`` with ``configs`` (one per group, None for a
+        matmul run by torch), by default the groups' default configs."""
         params: dict[str, Any] = dict(self.space.decisions_of(partition))
-        for k, g in enumerate(partition.groups):
-            if eager_group(self.graph, g):
-                continue
-            info = self.space.check(g)
-            cfg = configs[k] if configs else default_config(info, self.graph)
-            params[group_param(self.graph, g)] = config_label(cfg)
+        picked = configs if configs else [cfg for _, cfg in self.default_groups(partition)]
+        for g, cfg in zip(partition.groups, picked):
+            if cfg is not None:
+                params[group_param(self.graph, g)] = config_label(cfg)
         return params
 
     def flag_variants(self, partition: Partition) -> list[list[Any]]:
@@ -208,26 +217,14 @@ class Objective:
         a persistent grid, skipped tiles, pipelined epilogue loads, hoisted loads), where such
         a config is in the group's space: options whose worth depends on the machine are
         measured, not guessed."""
-        base: list[Any] = []
-        for g in partition.groups:
-            info = None if eager_group(self.graph, g) else self.space.check(g)
-            base.append(None if info is None else default_config(info, self.graph))
+        groups = self.default_groups(partition)
+        base = [cfg for _, cfg in groups]
         out = []
-        for k, (g, cfg) in enumerate(zip(partition.groups, base)):
+        for k, (info, cfg) in enumerate(groups):
             if cfg is None or not dataclasses.is_dataclass(cfg):
                 continue
-            for other in _option_switches(cfg, self.configs_for(self.space.check(g))):
+            for other in _option_switches(cfg, self.configs_for(info)):
                 out.append(base[:k] + [other] + base[k + 1 :])
-        return out
-
-    def default_groups(self, partition: Partition) -> list[tuple[GroupInfo, Any]]:
-        """The partition's kernel groups at their default configs (matmuls run by torch left
-        out)."""
-        out = []
-        for g in partition.groups:
-            if not eager_group(self.graph, g):
-                info = self.space.check(g)
-                out.append((info, default_config(info, self.graph)))
         return out
 
     def eager_node_cost(self, i: int) -> float:
@@ -329,7 +326,8 @@ def start_search(
     study.enqueue(objective.params_for(unfused))
     objective.prune = ModelPrune(graph)
     fixed = (p.key for p in (greedy, unfused, library, untuned) if p is not None)
-    objective.prune.start(fixed, objective.default_groups(greedy))
+    kernels = [p for p in objective.default_groups(greedy) if p[0] is not None]
+    objective.prune.start(fixed, kernels)
     return Search(
         objective, study, memo, greedy, unfused, library, owned, flat=example_flat, started=t0
     )
