@@ -60,3 +60,44 @@ def test_unknown_argument_type_and_missing_launcher(impl, monkeypatch):
     assert direct_launch.bind(_compiled({"x": "*fp32", "t": "nvTmaDesc"}), (1, 1, 1), 2, 0) is None
     monkeypatch.setattr(direct_launch, "_launcher", lambda: None)
     assert direct_launch.bind(_compiled({"x": "*fp32"}), (1, 1, 1), 1, 0) is None
+
+
+class _Utils:
+    """Stands in for Triton's driver utilities: records the binaries loaded."""
+
+    def __init__(self, max_shared=232448, max_threads=1024):
+        self.loaded, self.max_shared, self.max_threads = [], max_shared, max_threads
+
+    def get_device_properties(self, device):
+        return {"max_shared_mem": self.max_shared}
+
+    def load_binary(self, name, kernel, shared, device):
+        self.loaded.append((name, kernel, shared, device))
+        return (11, 5678, 32, 0, self.max_threads)
+
+
+def _restored(**md):
+    """A CompiledKernel as a cache entry restores it: not loaded on the device yet."""
+    compiled = _compiled({"x": "*fp32", "n": "i32"}, **md)
+    compiled.function, compiled.name, compiled.kernel = None, "autofuse_k", b"cubin"
+    return compiled
+
+
+@pytest.mark.parametrize(
+    "utils, md, binds",
+    [
+        (_Utils(), {}, True),
+        (_Utils(max_shared=1024), {"shared": 4096}, False),  # does not fit: Triton's error
+        (_Utils(max_threads=64), {"num_warps": 4}, False),
+    ],
+)
+def test_a_restored_binary_is_loaded_without_tritons_launcher(impl, monkeypatch, utils, md, binds):
+    monkeypatch.setattr(direct_launch, "_driver_utils", lambda: utils)
+    monkeypatch.setattr(direct_launch, "_MAX_SHARED", {})
+    compiled = _restored(**md)
+    run = direct_launch.bind(compiled, (2, 1, 1), n_args=2, device=0)
+    assert (run is not None) == binds
+    if binds:
+        assert utils.loaded == [("autofuse_k", b"cubin", 0, 0)]
+        run(["X", 7])
+        assert impl.calls[0][0] == 5678  # the function it loaded, not Triton's

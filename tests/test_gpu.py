@@ -223,3 +223,32 @@ def test_one_stage_looped_reduction_and_kept_loads_on_cuda():
     assert opt.plan.kernels[0].meta.kept_loads
     for got, want in zip(opt(q, k, cos, sin), rope_apply(q, k, cos, sin)):
         assert_close(got, want, torch.bfloat16, "rope_apply")
+
+
+def test_a_restored_binary_launches_without_tritons_launcher():
+    """A binary restored from its record (as a cache entry holds it) is loaded and launched by
+    the direct path alone: Triton never loads it nor builds its launcher (the compile a new
+    process would otherwise pay per kernel signature), and the result is Triton's."""
+    import triton
+    import triton.language as tl
+
+    from autofuse.cache.binaries import compiled_from_record, record_from_compiled
+    from autofuse.plan import direct_launch
+
+    @triton.jit
+    def _scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 3.0, mask=i < n)
+
+    x = torch.randn(1000, device="cuda")
+    y = torch.empty_like(x)
+    compiled = _scale[(8,)](x, y, 1000, BLOCK=128)
+    record = record_from_compiled(compiled)
+    assert record is not None
+    restored = compiled_from_record(_scale, record)
+    run = direct_launch.bind(restored, (8, 1, 1), n_args=3, device=0)
+    assert run is not None and getattr(restored, "module", None) is None
+    z = torch.zeros_like(x)
+    run([x, z, 1000])
+    torch.cuda.synchronize()
+    assert torch.equal(z, y)

@@ -11,6 +11,13 @@ stream is bound once here.
 A kernel this path cannot launch exactly as Triton would (scratch memory, several CTAs per
 cluster, programmatic dependent launch, host TMA descriptors, launch hooks installed by a
 profiler, an argument type outside the table) keeps Triton's launch: ``bind`` returns None.
+
+A binary restored from a cache entry has not been loaded on the device yet. Triton's own first
+launch of it (``CompiledKernel[grid]``) builds Triton's launcher for the kernel's signature,
+which some Triton versions do by compiling a C extension (a host compiler run per new
+signature, the bulk of a new process's first call); this path needs only the loaded function,
+so it loads the binary itself through Triton's driver utilities (``load_function``) and never
+builds that launcher.
 """
 
 from __future__ import annotations
@@ -81,19 +88,46 @@ def _scratch_slots(md: Any) -> int | None:
     return n
 
 
+def _driver_utils() -> Any:
+    from triton.runtime import driver
+
+    return driver.active.utils
+
+
+_MAX_SHARED: dict[int, int] = {}
+
+
+def load_function(compiled: Any, device: int) -> int | None:
+    """The CUDA function of ``compiled``'s binary, loaded on ``device`` through Triton's driver
+    utilities (what ``CompiledKernel`` does on its first launch, without building Triton's
+    launcher); None where the binary does not fit the device (Triton's own launch then raises
+    its error). The module stays loaded for the life of the process, like Triton's."""
+    utils = _driver_utils()
+    md = compiled.metadata
+    shared = int(md.shared)
+    if device not in _MAX_SHARED:
+        _MAX_SHARED[device] = int(utils.get_device_properties(device)["max_shared_mem"])
+    if shared > _MAX_SHARED[device]:
+        return None
+    loaded = utils.load_binary(compiled.name, compiled.kernel, shared, device)
+    function = loaded[1]
+    max_threads = loaded[4] if len(loaded) > 4 else None
+    if max_threads is not None and int(md.num_warps) * getattr(md, "warp_size", 32) > max_threads:
+        return None
+    return function
+
+
 def bind(
     compiled: Any, grid3: tuple[int, int, int], n_args: int, device: int
 ) -> Callable[[Sequence], None] | None:
     """A launch of ``compiled`` over ``grid3`` on CUDA device ``device`` taking the plan's
     runtime arguments (the first ``n_args`` parameters, constexprs left out), or None where
-    Triton's launch must be kept."""
+    Triton's launch must be kept. A binary not loaded yet is loaded here (``load_function``)."""
     impl = _launcher()
     try:
         md = compiled.metadata
-        function = compiled.function
         unsupported = (
             impl is None
-            or not function
             or getattr(md, "num_ctas", 1) != 1
             or getattr(md, "launch_pdl", False)
             or getattr(md, "launch_cooperative_grid", False)
@@ -106,6 +140,9 @@ def bind(
             return None
         keep, codes = types
         warps, shared = int(md.num_warps), int(md.shared)
+        function = getattr(compiled, "function", None) or load_function(compiled, device)
+        if not function:
+            return None
     except Exception:  # noqa: BLE001 - a CompiledKernel of a shape this path does not know
         return None
     codes += "O" * slots

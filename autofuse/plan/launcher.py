@@ -125,13 +125,14 @@ class Launcher:
 
     def _bind(self, compiled: Any, args: Sequence[Any]) -> Callable[[Sequence[Any]], None]:
         """The launch kept for this binary: torch's static launcher where it can launch it
-        (``direct_launch.py``), else Triton's own launch of the compiled kernel."""
-        runner = compiled[self.grid3]  # Triton loads the binary on the device here
+        (``direct_launch.py``, which loads a restored binary itself), else Triton's own launch
+        of the compiled kernel."""
         device = next(a for a in args if isinstance(a, torch.Tensor)).device.index or 0
         direct = bind(compiled, self.grid3, len(args), device) if settings().direct_launch else None
         if direct is not None:
             _STATS["direct"] += 1
             return direct
+        runner = compiled[self.grid3]  # Triton loads the binary and builds its launcher here
         consts = self.consts
         return lambda a: runner(*a, *consts)
 
