@@ -247,3 +247,45 @@ def test_swap_configs_are_in_the_space_and_labelled():
     assert swapped[0].label().endswith(" swap")
     k = generate(graph, info, AttentionBwdConfig(32, 64, swap=True))
     assert k.grid[0] == 2 * -(-200 // 64)  # both kinds of programs hold 64
+
+
+def _loop_bodies(source: str, marker: str) -> list[list[str]]:
+    """The lines of each ``for`` loop whose header comment holds ``marker``."""
+    lines, out = source.splitlines(), []
+    for n, line in enumerate(lines):
+        if line.lstrip().startswith("for ") and marker in line:
+            depth, body = len(line) - len(line.lstrip()), []
+            for inner in lines[n + 1 :]:
+                if inner.strip() and len(inner) - len(inner.lstrip()) <= depth:
+                    break
+                body.append(inner)
+            out.append(body)
+    return out
+
+
+@pytest.mark.parametrize("fn", [eager_attention, sliding_window])
+def test_whole_tiles_are_computed_without_the_mask(fn):
+    """Tiles the mask leaves live on every element (below the diagonal, inside the window)
+    run in their own loop of each program kind, with neither the mask nor its backward (the
+    select on the same condition), and the gradients still equal eager's for every config."""
+    torch.manual_seed(4)
+    q, k, v = _qkv(45, 8)
+    graph = _backward_graph(fn, [q, k, v])
+    part = Partitioner(graph).greedy()
+    (group,) = [grp for grp in part.groups if sum(graph[m].kind == "matmul" for m in grp) > 2]
+    info = analyze_group(graph, group)
+    from autofuse.plan.runtime import build_plan, execute
+
+    ins = [torch.empty_strided(graph[i].shape, graph[i].strides).normal_() for i in graph.inputs]
+    ref = execute(build_plan(graph, Partitioner(graph).unfused().groups), ins)
+    for cfg in (AttentionBwdConfig(16, 16), AttentionBwdConfig(16, 32, swap=True, flip=True)):
+        src = generate(graph, info, cfg).source
+        whole, masked = _loop_bodies(src, "no mask"), _loop_bodies(src, ": masked")
+        assert len(whole) == 2 and len(masked) == 4, src  # one middle, two edges, each role
+        assert all("tl.where(tmp" in "\n".join(b) for b in masked)
+        assert not any("tl.where(tmp" in "\n".join(b) or "# bitwise_not" in "\n".join(b)
+                       for b in whole), src  # fmt: skip
+        configs = [cfg if grp == group else None for grp in part.groups]
+        out = execute(build_plan(graph, part.groups, configs), ins)
+        for o, r in zip(out, ref):
+            assert_close(o, r, torch.float32, cfg.label())

@@ -48,8 +48,8 @@ from autofuse.kernels.emitter import Emitter, Loop, Scope
 from autofuse.kernels.gemm import ITEM
 from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
 from autofuse.kernels.pointwise import check_pow2
-from autofuse.kernels.render import TL_DTYPE, Val, cast, kernel_header
-from autofuse.kernels.views import view_source_index
+from autofuse.kernels.render import TL_DTYPE, Val, cast, kernel_header, literal
+from autofuse.kernels.views import broadcast_index, view_source_index
 
 
 @dataclass(frozen=True, order=True)
@@ -147,6 +147,19 @@ class BwdEmitter(Emitter):
         self.role = ""  # "kv": the program holds keys; "q": it holds rows
         self.held: dict[int, str] = {}  # operand node -> the variable loaded before the loop
         self.skip: SkipPlan | None = skip_plan(graph, info, parts, self.full)
+        self.pass_tile = False  # emitting a whole tile: the mask passes every element
+
+    def value(self, i: int, index) -> Val:
+        """On a whole tile the mask is its passed input, and a select's condition a constant
+        (so the mask's backward, a select on the same condition, passes too)."""
+        s = self.skip
+        if self.pass_tile and s is not None:
+            if i == s.select:
+                j = s.passed
+                return self.value(j, broadcast_index(self.g[j].shape, self.g[i].shape, index))
+            if i == s.cond:
+                return Val(literal(s.cond_live, "bool"), 0, "bool", True)
+        return super().value(i, index)
 
     def _needs_int64(self) -> bool:  # the tiles are never addressed: only loads and outputs
         sizes = [self._extent(i) for i in self.info.loads]
@@ -325,10 +338,10 @@ class BwdEmitter(Emitter):
             self._loop(role, "0", str(p.t if role == "kv" else p.tk), body, "every tile")
         elif role == "q":
             lo, hi = self.skip.q_bounds(self)
-            self._loop(role, lo, hi, body, "the keys the mask leaves live for these rows")
+            self._live_loops(role, lo, hi, body, "keys the mask leaves live for", "rows")
         else:
             lo, hi = self.skip.kv_bounds(self)
-            self._loop(role, lo, hi, body, "the rows these keys are live for")
+            self._live_loops(role, lo, hi, body, "rows the mask leaves live for", "keys")
             note = "rows the mask hides these keys from: only a row block within reach"
             self._loop(role, "0", lo, body, note, guard=True)
             self._loop(role, hi, str(p.t), body, note, guard=True)
@@ -337,6 +350,23 @@ class BwdEmitter(Emitter):
             self._store(gm, acc)
         self.scopes.pop()
         self.held = {}
+
+    def _live_loops(self, role: str, lo: str, hi: str, body, what: str, held: str) -> None:
+        """The live tiles ``lo..hi``: with exact limits, the whole ones without the mask,
+        between the masked edges."""
+        if not self.skip.exact:
+            self._loop(role, lo, hi, body, f"the {what} these {held}")
+            return
+        full = self.skip.q_full if role == "q" else self.skip.kv_full
+        flo, fhi = full(self, lo, hi)
+        some, every = f"{what} some of the {held}: masked", f"{what} all the {held}: no mask"
+        self._loop(role, lo, flo, body, some)
+        dots = self.dots  # the metadata counts the dots of a tile once
+        self.pass_tile = True
+        self._loop(role, flo, fhi, body, every)
+        self.pass_tile = False
+        self._loop(role, fhi, hi, body, some)
+        self.dots = dots
 
     def _loop(self, role: str, lo: str, hi: str, body, note: str, guard: bool = False) -> None:
         p = self.parts

@@ -12,6 +12,11 @@ that visits only the row blocks within reach.
 
 Limits ``col <= row + b`` / ``col >= row + b`` (causal, sliding windows) and row-independent ones
 (``col <= b``) bound both loops; other slopes keep every tile.
+
+When the limits are exact (the mask is just their conjunction), the tiles inside every limit for
+all the tile's rows and keys are *whole*: the mask passes the scores on each of their elements,
+so the kernel computes them without the mask (``q_full`` / ``kv_full`` split each live loop in
+masked edges and an unmasked middle, as the forward kernel does).
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ class SkipPlan:
     amax: int
     t: int
     tk: int
+    exact: bool = False  # the live elements are exactly those within every limit
+    select: int | None = None  # the mask's node (a select, or the add of an additive mask)
+    passed: int | None = None  # what it gives on a live element
+    cond: int | None = None  # a select's condition, and its value on a live element
+    cond_live: bool = False
 
     def reach(self, em, what: str) -> str:
         """A scalar: some valid row of the tile's rows is within reach of the constant."""
@@ -89,6 +99,47 @@ class SkipPlan:
         )
         return "lo_k", "hi_k"
 
+    def q_full(self, em, lo: str, hi: str) -> tuple[str, str]:
+        """The whole key tiles (within ``lo..hi``) live on every row ``r0..r1`` of a query
+        program: ``flo_q``, ``fhi_q``."""
+        bn = em.blocks()[1]
+        flo = fhi = None
+        for lim in self.limits:
+            cur = lim.render("r0", "r1", inner=True)
+            if lim.upper:
+                fhi = f"{cur} + 1" if fhi is None else f"tl.minimum({fhi}, {cur} + 1)"
+            else:
+                flo = cur if flo is None else f"tl.maximum({flo}, {cur})"
+        return self._whole(em, "q", bn, flo, fhi, lo, hi)
+
+    def kv_full(self, em, lo: str, hi: str) -> tuple[str, str]:
+        """The whole row blocks (within ``lo..hi``) live for every key ``c0..c1`` of a key
+        program: ``flo_k``, ``fhi_k``."""
+        flo = fhi = None
+        for lim in self.limits:
+            if lim.upper and lim.a == 1:  # col <= row + b for every key: rows >= c1 - b
+                cur = f"c1 - {lim.b}"
+            elif lim.upper:  # col <= b: every row when c1 <= b, else none
+                cur = f"tl.where(c1 <= {lim.b}, 0, {self.t})"
+            elif lim.a == 1:  # col >= row + b for every key: rows <= c0 - b
+                cur = f"c0 - {lim.b} + 1"
+            else:  # col >= b: every row when c0 >= b, else none
+                cur = f"tl.where(c0 >= {lim.b}, {self.t}, 0)"
+            if lim.upper:
+                flo = cur if flo is None else f"tl.maximum({flo}, {cur})"
+            else:
+                fhi = cur if fhi is None else f"tl.minimum({fhi}, {cur})"
+        return self._whole(em, "k", "BLOCK_M", flo, fhi, lo, hi)
+
+    @staticmethod
+    def _whole(em, tag: str, step: str, flo, fhi, lo: str, hi: str) -> tuple[str, str]:
+        a, b = f"flo_{tag}", f"fhi_{tag}"
+        em.line(f"{a} = tl.minimum(tl.maximum({flo or lo}, {lo}), {hi})")
+        em.line(f"{a} = {lo} + (({a} - {lo} + {step} - 1) // {step}) * {step}  # whole tiles only")
+        em.line(f"{b} = tl.maximum(tl.minimum({fhi or hi}, {hi}), {a})")
+        em.line(f"{b} = tl.maximum({a} + (({b} - {a}) // {step}) * {step}, {a})")
+        return a, b
+
     def work(self, *tiles: tuple[int, int]) -> float:
         """The fraction of the tiles the live loops visit, over the kinds of programs whose
         (rows, keys) tiles are given."""
@@ -133,7 +184,7 @@ def skip_plan(graph: Graph, info: GroupInfo, parts, full) -> SkipPlan | None:
     mm = next((t for t in parts.tiles if t in ancestors(graph, x)), None)
     if mm is None:
         return None
-    bound, limits, _ = key_bound(graph, dataclasses.replace(info, matmuls=(mm,)), full)
+    bound, limits, exact = key_bound(graph, dataclasses.replace(info, matmuls=(mm,)), full)
     if bound is None or any(lim.a not in (0, 1) for lim in limits):
         return None
     const = _const_at(graph, x, bound)
@@ -142,7 +193,13 @@ def skip_plan(graph: Graph, info: GroupInfo, parts, full) -> SkipPlan | None:
     zero = _ZeroWithP(graph, frozenset(info.nodes), exp)
     if not all(zero(g.tile) for g in parts.grads):
         return None
-    return SkipPlan(tuple(limits), const, amax, parts.t, parts.tk)
+    node = graph[bound.node]
+    cond = cond_live = None
+    if node.op == "where":  # a select: its condition is constant on a whole tile
+        c, a, _ = node.inputs
+        cond, cond_live = graph.base_of(c), a == bound.passed
+    return SkipPlan(tuple(limits), const, amax, parts.t, parts.tk, exact, bound.node,
+                    bound.passed, cond, bool(cond_live))  # fmt: skip
 
 
 def _softmax(graph: Graph, info: GroupInfo) -> tuple[int, int, int] | None:

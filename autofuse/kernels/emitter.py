@@ -11,7 +11,6 @@ one walks the row in RBLOCK chunks and recomputes what each phase needs from its
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,6 @@ from autofuse.kernels.render import (
     cast,
     combine,
     compute_dtype,
-    exp_minus,
     identity,
     is_float,
     kernel_header,
@@ -37,6 +35,7 @@ from autofuse.kernels.render import (
     render_op,
     row_reduce,
 )
+from autofuse.kernels.rewrites import ValueRewrites
 from autofuse.kernels.views import (
     broadcast_index,
     domain_index,
@@ -66,7 +65,7 @@ class Loop:
         self.head += 1
 
 
-class Emitter:
+class Emitter(ValueRewrites):
     """Renders a loop kernel's body: the pointwise kernels', the reductions' and (through its
     subclass) the row-GEMM's. It records, as it emits, what the kernel's metadata says: which
     loop reads each loaded buffer, the dots, the helpers."""
@@ -180,6 +179,8 @@ class Emitter:
             v = indexed_value(self, i, index)
         elif (shifted := self.shifted_exp(node, index)) is not None:
             v = self.tmp(shifted[0], shifted[1], compute_dtype(node.dtype), node.name)
+        elif node.op == "where" and (chosen := self.constant_where(node, index)) is not None:
+            v = chosen
         elif (picked := load_hints.select_branch(self, i)) is not None:
             v = load_hints.guarded_where(self, i, index, picked)
         else:
@@ -192,51 +193,6 @@ class Emitter:
             v = self.tmp(expr, cls, compute_dtype(node.dtype), node.name)
         self.scopes[-1].cache[key] = v
         return v
-
-    def shifted_exp(self, node, index: tuple[Expr, ...]) -> tuple[str, int] | None:
-        """``exp(a - b)`` with ``b`` one value per row (softmax's max), rendered by
-        :func:`exp_minus` in one expression."""
-        j = node.inputs[0] if node.op == "exp" else None
-        if j is None or j not in self.members or self.g[j].op != "sub":
-            return None
-        cd = compute_dtype(node.dtype)
-        if (
-            not is_float(cd)
-            or self.g[j].shape != node.shape
-            or compute_dtype(self.g[j].dtype) != cd
-        ):
-            return None
-        a, b = (
-            self.value(k, broadcast_index(self.g[k].shape, node.shape, index))
-            for k in self.g[j].inputs
-        )
-        if b.cls >= a.cls:
-            return None
-        return exp_minus(cast(a, cd), cast(b, cd)), a.cls
-
-    def divide(self, node, args: list[Val]) -> str | None:
-        """A float division by a constant or by a row value, as a multiply by its reciprocal
-        (one division per row instead of per element; within an ulp of the quotient)."""
-        cd = compute_dtype(node.dtype)
-        if node.op != "div" or not is_float(cd):
-            return None
-        a, b = args
-        if b.literal:
-            try:
-                c = float(b.code)
-            except ValueError:
-                return None
-            if c == 0 or not math.isfinite(c) or not math.isfinite(1.0 / c):
-                return None
-            return f"{cast(a, cd)} * {1.0 / c!r}"
-        if b.cls >= a.cls:
-            return None
-        key = ("reciprocal", b.code)
-        r = self.lookup(key)
-        if r is None:
-            r = self.tmp(f"1.0 / {cast(b, cd)}", b.cls, cd, "reciprocal")
-            self.scopes[-1].cache[key] = r
-        return f"{cast(a, cd)} * {r.code}"
 
     def load(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]
