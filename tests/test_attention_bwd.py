@@ -11,6 +11,7 @@ from autofuse.ir.graph import Graph
 from autofuse.kernels import analyze_group, generate
 from autofuse.kernels.attention_bwd import AttentionBwdConfig
 from autofuse.partition import Partitioner
+from autofuse.plan.runtime import build_plan, execute
 from experiments.model_functions import eager_attention, eager_attention_gqa
 from tests.helpers import assert_close
 
@@ -153,19 +154,29 @@ def _backward_graph(fn, args) -> Graph:
     return backend.records[-1].plan.graph
 
 
+def _bwd_group(fn, t: int, d: int):
+    """The backward graph of ``fn`` at T = ``t``, head dim ``d``: (graph, greedy partition,
+    the attention backward group, its info, random inputs, the unfused plan's outputs)."""
+    graph = _backward_graph(fn, list(_qkv(t, d)))
+    part = Partitioner(graph).greedy()
+    (group,) = [grp for grp in part.groups if sum(graph[m].kind == "matmul" for m in grp) > 2]
+    info = analyze_group(graph, group)
+    ins = [torch.empty_strided(graph[i].shape, graph[i].strides).normal_() for i in graph.inputs]
+    return (
+        graph,
+        part,
+        group,
+        info,
+        ins,
+        execute(build_plan(graph, Partitioner(graph).unfused().groups), ins),
+    )
+
+
 def test_every_config_computes_the_same_gradients():
     """Tiles larger and smaller than T, one and several programs per role, the query
     programs' tiles turned over (``swap``); causal, so the live-tile bounds are in use."""
     torch.manual_seed(1)
-    q, k, v = _qkv(21, 16)
-    graph = _backward_graph(eager_attention, [q, k, v])
-    part = Partitioner(graph).greedy()
-    (group,) = [grp for grp in part.groups if sum(graph[m].kind == "matmul" for m in grp) > 2]
-    info = analyze_group(graph, group)
-    from autofuse.plan.runtime import build_plan, execute
-
-    ins = [torch.empty_strided(graph[i].shape, graph[i].strides).normal_() for i in graph.inputs]
-    ref = execute(build_plan(graph, Partitioner(graph).unfused().groups), ins)
+    graph, part, group, info, ins, ref = _bwd_group(eager_attention, 21, 16)
     configs = (
         AttentionBwdConfig(16, 16),
         AttentionBwdConfig(16, 32),
@@ -269,15 +280,7 @@ def test_whole_tiles_are_computed_without_the_mask(fn):
     run in their own loop of each program kind, with neither the mask nor its backward (the
     select on the same condition), and the gradients still equal eager's for every config."""
     torch.manual_seed(4)
-    q, k, v = _qkv(45, 8)
-    graph = _backward_graph(fn, [q, k, v])
-    part = Partitioner(graph).greedy()
-    (group,) = [grp for grp in part.groups if sum(graph[m].kind == "matmul" for m in grp) > 2]
-    info = analyze_group(graph, group)
-    from autofuse.plan.runtime import build_plan, execute
-
-    ins = [torch.empty_strided(graph[i].shape, graph[i].strides).normal_() for i in graph.inputs]
-    ref = execute(build_plan(graph, Partitioner(graph).unfused().groups), ins)
+    graph, part, group, info, ins, ref = _bwd_group(fn, 45, 8)
     for cfg in (AttentionBwdConfig(16, 16), AttentionBwdConfig(16, 32, swap=True, flip=True)):
         src = generate(graph, info, cfg).source
         whole, masked = _loop_bodies(src, "no mask"), _loop_bodies(src, ": masked")

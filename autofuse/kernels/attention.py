@@ -32,7 +32,7 @@ from autofuse.kernels.attention_analysis import (
     head_block,
     scale_fold,
 )
-from autofuse.kernels.attention_bounds import key_bound, live_columns
+from autofuse.kernels.attention_bounds import key_bound, live_columns, whole_columns
 from autofuse.kernels.base import (
     FusionRefused,
     GroupInfo,
@@ -311,13 +311,7 @@ class AttentionEmitter(Emitter):
 
     def _full_lines(self) -> None:
         """``flo``, ``fhi``: the whole key tiles live on every row of the program."""
-        flo = fhi = None
-        for lim in self.limits:
-            cur = lim.render("r0", "r1", inner=True)
-            if lim.upper:
-                fhi = f"{cur} + 1" if fhi is None else f"tl.minimum({fhi}, {cur} + 1)"
-            else:
-                flo = cur if flo is None else f"tl.maximum({flo}, {cur})"
+        flo, fhi = whole_columns(self.limits, "r0", "r1")
         self.line(f"flo = tl.minimum(tl.maximum({flo or 'lo'}, lo), hi)")
         self.line("flo = ((flo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N  # whole tiles only")
         self.line(f"fhi = tl.maximum(tl.minimum({fhi or 'hi'}, hi), flo)")

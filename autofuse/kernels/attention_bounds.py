@@ -156,6 +156,19 @@ def live_columns(limits, first: str, last: str) -> tuple[str | None, str | None]
     return hi, lo
 
 
+def whole_columns(limits, first: str, last: str) -> tuple[str | None, str | None]:
+    """The columns every row ``first..last`` keeps live under every limit: (the first one,
+    the end past the last one), each None where no limit bounds that side. Unclamped."""
+    lo = hi = None
+    for lim in limits:
+        cur = lim.render(first, last, inner=True)
+        if lim.upper:
+            hi = f"{cur} + 1" if hi is None else f"tl.minimum({hi}, {cur} + 1)"
+        else:
+            lo = cur if lo is None else f"tl.maximum({lo}, {cur})"
+    return lo, hi
+
+
 _CMP = ("lt", "le", "gt", "ge")
 _NOT = {"lt": "ge", "ge": "lt", "gt": "le", "le": "gt"}
 _AND = ("logical_and", "bitwise_and")

@@ -25,7 +25,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.attention_bounds import ColumnLimit, key_bound, live_columns
+from autofuse.kernels.attention_bounds import (
+    ColumnLimit,
+    key_bound,
+    live_columns,
+    whole_columns,
+)
 from autofuse.kernels.attention_bwd_analysis import recomputed_softmax
 from autofuse.kernels.base import GroupInfo
 from autofuse.kernels.gemm import ancestors
@@ -102,15 +107,8 @@ class SkipPlan:
     def q_full(self, em, lo: str, hi: str) -> tuple[str, str]:
         """The whole key tiles (within ``lo..hi``) live on every row ``r0..r1`` of a query
         program: ``flo_q``, ``fhi_q``."""
-        bn = em.blocks()[1]
-        flo = fhi = None
-        for lim in self.limits:
-            cur = lim.render("r0", "r1", inner=True)
-            if lim.upper:
-                fhi = f"{cur} + 1" if fhi is None else f"tl.minimum({fhi}, {cur} + 1)"
-            else:
-                flo = cur if flo is None else f"tl.maximum({flo}, {cur})"
-        return self._whole(em, "q", bn, flo, fhi, lo, hi)
+        flo, fhi = whole_columns(self.limits, "r0", "r1")
+        return self._whole(em, "q", em.blocks()[1], flo, fhi, lo, hi)
 
     def kv_full(self, em, lo: str, hi: str) -> tuple[str, str]:
         """The whole row blocks (within ``lo..hi``) live for every key ``c0..c1`` of a key
