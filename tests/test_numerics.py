@@ -313,7 +313,7 @@ def test_empty_matmul_dims(fn, shapes):
 
 
 def _patch_exp_minus(monkeypatch):
-    for where in ("emitter", "gemm_row"):  # the kernel kinds that render exp(x - rowmax)
+    for where in ("rewrites", "gemm_row"):  # the modules that render exp(x - rowmax)
         monkeypatch.setattr(f"autofuse.kernels.{where}.exp_minus", _unsafe_exp_minus)
 
 
