@@ -26,8 +26,9 @@ class ValueRewrites:
         cond = at(node.inputs[0])  # the branches only once it is known constant (a branch
         if not cond.literal or cond.code not in ("0", "1"):  # may be a guarded load)
             return None
-        v, other = (at(node.inputs[1]), at(node.inputs[2]))[:: 1 if cond.code == "1" else -1]
-        if v.cls < other.cls:
+        picked, other = node.inputs[1:] if cond.code == "1" else node.inputs[:0:-1]
+        v = at(picked)
+        if v.cls < 2 and v.cls < at(other).cls:  # the other one only when it may be wider
             return None
         cd = compute_dtype(node.dtype)
         if v.dtype == cd:
