@@ -7,6 +7,7 @@ products: 2.5 forwards) and the fraction of the measured bf16 matmul peak. The o
 the backward graph (``delta = rowsum(dO * O)``) are timed at their plan's config.
 
     python -m experiments.attn_bwd_sweep --out $OUT [--variants causal,gqa] [--max-configs 40]
+        [--where "c.BLOCK_M == 64 and c.num_warps == 8"]
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def sweep_variant(variant: str, a, peak: float) -> dict:
             m = timer.measure(Candidate(g.graph, k.info, k.config))
             rec["kernels"].append({"kind": k.info.kind, "name": k.name, "time_s": m.seconds})
             continue
-        r = sweep_group(g.graph, k.info, timer, a.max_configs, 0)
+        r = sweep_group(g.graph, k.info, timer, a.max_configs, 0, a.where)
         for row in r["rows"]:
             if row["time_s"]:
                 row["tflops"] = 2.5 * flops / row["time_s"] / 1e12
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--max-configs", type=int, default=40)
+    p.add_argument("--where", default="", help='keep configs c where this holds: "c.whole"')
     p.add_argument("--tag", default=None)
     a = p.parse_args(argv)
     st = stamp("cuda")

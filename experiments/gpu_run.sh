@@ -9,7 +9,8 @@
 # (experiments.host_overhead), models (experiments.bench_models, inference and training), code
 # (experiments.kernel_code: Inductor's and autofuse's kernels for CODE_FUNCTIONS, Inductor in
 # torch.compile mode CODE_MODE, CODE_WHICH=inductor for its side only), bwd_sweep
-# (experiments.attn_bwd_sweep: the attention backward kernel's configs timed, BWD_VARIANTS).
+# (experiments.attn_bwd_sweep: the attention backward kernel's configs timed, BWD_VARIANTS,
+# BWD_CONFIGS at most, those where the Python condition BWD_WHERE on the config c holds).
 # Each stage's seconds: STAGE_S_<stage> (e.g. STAGE_S_attention=300); the cold stage's workloads
 # and repeats: COLD_WORKLOADS, COLD_REPEATS (its record is written after each workload); a subset
 # of the tuned workloads: MODEL_WORKLOADS, SUITE_WORKLOADS (comma-separated names); the models
@@ -51,7 +52,8 @@ for s in $stages; do
                     --dump-code --tag "models_$C" --budget-s "$(( $(limit models 540) - 30 ))" \
                     2>&1 | tail -14 ;;
         bwd_sweep) timeout "$(limit bwd_sweep 150)" python3 -m experiments.attn_bwd_sweep --out "$OUT" \
-                       --variants "${BWD_VARIANTS:-causal}" --max-configs "${BWD_CONFIGS:-28}" 2>&1 | tail -16 ;;
+                       --variants "${BWD_VARIANTS:-causal}" --max-configs "${BWD_CONFIGS:-28}" \
+                       ${BWD_WHERE:+--where "$BWD_WHERE"} 2>&1 | tail -16 ;;
         code) timeout "$(limit code 150)" python3 -m experiments.kernel_code --out "$OUT/kernel_code" \
                   --mode "${CODE_MODE:-default}" --which "${CODE_WHICH:-inductor,autofuse}" \
                   ${CODE_FUNCTIONS:-column_stats lm_cross_entropy group_norm_silu gpt2_split_heads} 2>&1 | tail -8 ;;

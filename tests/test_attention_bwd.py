@@ -9,7 +9,7 @@ import torch
 from autofuse.frontend import dynamo
 from autofuse.ir.graph import Graph
 from autofuse.kernels import analyze_group, generate
-from autofuse.kernels.attention_bwd import AttentionBwdConfig
+from autofuse.kernels.attention_bwd import AttentionBwdConfig, attention_bwd_configs
 from autofuse.partition import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 from experiments.model_functions import eager_attention, eager_attention_gqa
@@ -276,15 +276,22 @@ def _loop_bodies(source: str, marker: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("fn", [eager_attention, sliding_window])
 def test_whole_tiles_are_computed_without_the_mask(fn):
-    """Tiles the mask leaves live on every element (below the diagonal, inside the window)
-    run in their own loop of each program kind, with neither the mask nor its backward (the
-    select on the same condition), and the gradients still equal eager's for every config."""
+    """With ``whole``, the row blocks the mask leaves live for all of a key program's keys
+    (below the diagonal, inside the window) run in a loop of their own with neither the mask
+    nor its backward (the select on the same condition); the configs with and without it are
+    in the space, and the gradients equal eager's for each."""
     torch.manual_seed(4)
     graph, part, group, info, ins, ref = _bwd_group(fn, 45, 8)
-    for cfg in (AttentionBwdConfig(16, 16), AttentionBwdConfig(16, 32, swap=True, flip=True)):
+    space = attention_bwd_configs(graph, info)
+    assert any(c.whole for c in space) and any(not c.whole for c in space)
+    for cfg in (
+        AttentionBwdConfig(16, 16, whole=True),
+        AttentionBwdConfig(16, 32, swap=True, flip=True, whole=True),
+        AttentionBwdConfig(16, 16),
+    ):
         src = generate(graph, info, cfg).source
         whole, masked = _loop_bodies(src, "no mask"), _loop_bodies(src, ": masked")
-        assert len(whole) == 2 and len(masked) == 4, src  # one middle, two edges, each role
+        assert (len(whole), len(masked)) == ((1, 2) if cfg.whole else (0, 0)), src
         assert all("tl.where(tmp" in "\n".join(b) for b in masked)
         assert not any("tl.where(tmp" in "\n".join(b) or "# bitwise_not" in "\n".join(b)
                        for b in whole), src  # fmt: skip
@@ -292,3 +299,10 @@ def test_whole_tiles_are_computed_without_the_mask(fn):
         out = execute(build_plan(graph, part.groups, configs), ins)
         for o, r in zip(out, ref):
             assert_close(o, r, torch.float32, cfg.label())
+
+
+def test_without_an_index_expression_mask_no_config_is_whole():
+    """``whole`` needs an exact index-expression mask (here there is none: every tile is
+    visited and none is split)."""
+    graph, _, _, info, _, _ = _bwd_group(plain_attention, 21, 8)
+    assert not any(c.whole for c in attention_bwd_configs(graph, info))

@@ -24,7 +24,7 @@ such a program visits every tile.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
@@ -64,9 +64,15 @@ class AttentionBwdConfig(TileConfig):
     # the key programs compute their tiles turned over (keys by rows, as the Triton tutorial's
     # backward does): P^T and dS^T feed dV and dK with no transpose of a computed tile
     flip: bool = False
+    # the key programs run the row blocks an exact index-expression mask leaves live for all
+    # their keys in a loop of their own, without the mask (fewer ops a tile, more code: ptxas
+    # spills more at some tiles; the query programs' own split spilled far more, so they keep
+    # one loop)
+    whole: bool = False
 
     def label(self) -> str:
-        return super().label() + (" swap" if self.swap else "") + (" flip" if self.flip else "")
+        flags = [f for f in ("swap", "flip", "whole") if getattr(self, f)]
+        return " ".join([super().label(), *flags])
 
 
 def role_block_names(config: AttentionBwdConfig, role: str) -> tuple[str, str]:
@@ -354,11 +360,10 @@ class BwdEmitter(Emitter):
     def _live_loops(self, role: str, lo: str, hi: str, body, what: str, held: str) -> None:
         """The live tiles ``lo..hi``: with exact limits, the whole ones without the mask,
         between the masked edges."""
-        if not self.skip.exact:
+        if not (self.skip.exact and self.cfg.whole and role == "kv"):
             self._loop(role, lo, hi, body, f"the {what} these {held}")
             return
-        full = self.skip.q_full if role == "q" else self.skip.kv_full
-        flo, fhi = full(self, lo, hi)
+        flo, fhi = self.skip.kv_full(self, lo, hi)
         some, every = f"{what} some of the {held}: masked", f"{what} all the {held}: no mask"
         self._loop(role, lo, flo, body, some)
         dots = self.dots  # the metadata counts the dots of a tile once
@@ -529,8 +534,11 @@ def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdCon
     stages, within about 160 fp32 registers per thread for the tiles (P, dP, dS) and the
     accumulators, and within shared memory for the operand tiles; where BLOCK_M < BLOCK_N,
     also with ``swap`` (every program holds BLOCK_N and steps by BLOCK_M, as the Triton
-    tutorial's backward does: 128 held, 32 a step); each also with ``flip``."""
+    tutorial's backward does: 128 held, 32 a step); each also with ``flip``, and under an exact
+    index-expression mask with ``whole``."""
     parts = bwd_parts(graph, frozenset(info.nodes))
+    skip = BwdEmitter(graph, info, AttentionBwdConfig(16, 16), parts).skip
+    whole = skip is not None and skip.exact  # an exact mask: each config also with ``whole``
     item = max(ITEM.get(graph[graph[m].inputs[0]].dtype, 2) for m in info.matmuls)
     heads = [head_block(gm.free_extent(graph)) for gm in parts.grads]
     dh = max([*heads, *(head_block(graph[graph[t].inputs[0]].shape[-1]) for t in parts.tiles)])
@@ -555,6 +563,8 @@ def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdCon
                         out.append(AttentionBwdConfig(bm, bn, w, st, flip=flip))
                         if bm < bn <= cap_m and bm <= cap_n:  # query programs hold bn rows
                             out.append(AttentionBwdConfig(bm, bn, w, st, swap=True, flip=flip))
+    if whole:
+        out += [replace(c, whole=True) for c in out]
     return out or [AttentionBwdConfig(16, 16, 1, 1)]
 
 
