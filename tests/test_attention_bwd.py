@@ -9,7 +9,9 @@ import torch
 from autofuse.frontend import dynamo
 from autofuse.ir.graph import Graph
 from autofuse.kernels import analyze_group, generate
-from autofuse.kernels.attention_bwd import AttentionBwdConfig, attention_bwd_configs
+from autofuse.kernels import attention_bwd_space as ab
+from autofuse.kernels.attention_bwd import AttentionBwdConfig
+from autofuse.kernels.attention_bwd_space import attention_bwd_configs
 from autofuse.partition import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 from experiments.model_functions import eager_attention, eager_attention_gqa
@@ -306,3 +308,39 @@ def test_without_an_index_expression_mask_no_config_is_whole():
     visited and none is split)."""
     graph, _, _, info, _, _ = _bwd_group(plain_attention, 21, 8)
     assert not any(c.whole for c in attention_bwd_configs(graph, info))
+
+
+TMA_CASES = {
+    "causal": (eager_attention, lambda: _qkv(32, 16), torch.float32),
+    "causal_bf16": (eager_attention, lambda: _qkv(32, 16, torch.bfloat16), torch.bfloat16),
+    "sliding_window": (sliding_window, lambda: _qkv(32, 16), torch.float32),
+    "bool_mask_tensor": (bool_mask_attention, lambda: [*_qkv(32, 16), _keep(32)], torch.float32),
+    "gqa_additive": (
+        eager_attention_gqa,
+        lambda: [*_qkv(32, 16, hk=1), _hidden_rows(32)],
+        torch.float32,
+    ),
+}
+
+
+@pytest.mark.parametrize("cfg", [AttentionBwdConfig(16, 16, TMA=True),
+                                 AttentionBwdConfig(16, 32, swap=True, flip=True, TMA=True)],
+                         ids=lambda c: c.label())  # fmt: skip
+@pytest.mark.parametrize("case", sorted(TMA_CASES))
+def test_tma_configs_read_tiles_through_descriptors_and_match_eager(case, cfg, monkeypatch):
+    """With ``TMA``, the tiles of Q, dO, K and V (held or read a step at a time, transposed
+    where the kernel reads them head dim first; grouped-query K and V through their expand
+    views) come through tensor descriptors, the kernel asks for the scratch allocator, and a
+    training step's gradients equal eager's; configs whose tiles would run past the sequence
+    are not offered."""
+    fn, make, dtype = TMA_CASES[case]
+    monkeypatch.setattr(ab, "attention_bwd_default", lambda graph, info: cfg)
+    monkeypatch.setattr(dynamo, "_PLANS", {})  # plans are cached by graph: this one's config
+    torch.manual_seed(5)
+    bw = _run(fn, make(), dtype)
+    (k,) = [k for k in bw.plan.kernels if k.info.kind == "attention_bwd"]
+    assert k.config == cfg and k.meta.needs_allocator
+    assert k.source.count("make_tensor_descriptor") >= 4 and "tl.load(in_ptr0 + " not in k.source
+    space = attention_bwd_configs(bw.plan.graph, k.info)
+    assert any(c.TMA for c in space)
+    assert all(32 % max(c.BLOCK_M, c.BLOCK_N) == 0 for c in space if c.TMA)

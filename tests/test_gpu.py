@@ -252,3 +252,37 @@ def test_a_restored_binary_launches_without_tritons_launcher():
     run([x, z, 1000])
     torch.cuda.synchronize()
     assert torch.equal(z, y)
+
+
+@pytest.mark.parametrize("variant", ["causal", "gqa"])
+def test_attention_backward_tma_configs_on_gpu(variant):
+    """The attention backward's TMA configs (tiles through tensor descriptors) compile and
+    match eager on the GPU (bf16, d = 128, causal and grouped-query with a mask tensor), beside
+    the configs with the key programs' whole-tile loop."""
+    from autofuse.frontend import dynamo
+    from autofuse.kernels import analyze_group
+    from autofuse.kernels.attention_bwd import AttentionBwdConfig
+    from autofuse.kernels.attention_bwd_space import attention_bwd_configs
+    from autofuse.measure import Candidate, verify_candidate
+    from autofuse.partition import Partitioner
+    from experiments.attention_bench import make
+
+    fn, args, _, _ = make(variant, 2, 8, 256, 128)
+    for a in args[:3]:
+        a.requires_grad_()
+    backend = dynamo.make_backend()
+    torch.compile(fn, backend=backend)(*args).float().sum().backward()
+    graph = [r for r in backend.records if r.kind == "backward"][-1].plan.graph
+    (group,) = [g for g in Partitioner(graph).greedy().groups
+                if sum(graph[m].kind == "matmul" for m in g) > 2]  # fmt: skip
+    info = analyze_group(graph, group)
+    space = attention_bwd_configs(graph, info)
+    picked = [c for c in space if c.TMA and c in {
+        AttentionBwdConfig(64, 64, 8, 3, TMA=True), AttentionBwdConfig(64, 32, 8, 3, TMA=True),
+        AttentionBwdConfig(128, 64, 8, 2, TMA=True), AttentionBwdConfig(32, 64, 8, 3, swap=True, TMA=True),
+        AttentionBwdConfig(64, 64, 8, 3, flip=True, TMA=True),
+        AttentionBwdConfig(64, 64, 8, 3, whole=True, TMA=True), AttentionBwdConfig(64, 64, 8, 3, whole=True),
+    }]  # fmt: skip
+    assert len(picked) >= 5, [c.label() for c in space]
+    for cfg in picked:
+        assert verify_candidate(Candidate(graph, info, cfg), "cuda") is None, cfg.label()

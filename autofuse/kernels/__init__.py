@@ -15,7 +15,8 @@ from typing import Any
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels.attention import AttentionConfig, AttentionKind
-from autofuse.kernels.attention_bwd import AttentionBwdConfig, AttentionBwdKind
+from autofuse.kernels.attention_bwd import AttentionBwdConfig
+from autofuse.kernels.attention_bwd_space import AttentionBwdKind
 from autofuse.kernels.base import (
     INLINE_OPS,
     FusionRefused,

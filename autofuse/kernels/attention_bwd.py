@@ -24,10 +24,11 @@ such a program visits every tile.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
+from autofuse.kernels import attention_bwd_tma
 from autofuse.kernels.attention_analysis import head_block
 from autofuse.kernels.attention_bwd_analysis import BwdParts, GradMatmul, bwd_parts, tile_index
 from autofuse.kernels.attention_bwd_skip import SkipPlan, skip_plan
@@ -40,16 +41,13 @@ from autofuse.kernels.base import (
     describe,
     kernel_name,
     loaded_nodes,
-    nearest_config,
-    next_pow2,
     stored_nodes,
 )
 from autofuse.kernels.emitter import Emitter, Loop, Scope
-from autofuse.kernels.gemm import ITEM
-from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
-from autofuse.kernels.pointwise import check_pow2
 from autofuse.kernels.render import TL_DTYPE, Val, cast, kernel_header, literal
 from autofuse.kernels.views import broadcast_index, view_source_index
+
+KIND = "attention_bwd"  # the plugin's name (AttentionBwdKind, attention_bwd_space.py)
 
 
 @dataclass(frozen=True, order=True)
@@ -64,6 +62,8 @@ class AttentionBwdConfig(TileConfig):
     # the key programs compute their tiles turned over (keys by rows, as the Triton tutorial's
     # backward does): P^T and dS^T feed dV and dK with no transpose of a computed tile
     flip: bool = False
+    # the tiles read through TMA tensor descriptors where they qualify (attention_bwd_tma.py)
+    TMA: bool = False
     # the key programs run the row blocks an exact index-expression mask leaves live for all
     # their keys in a loop of their own, without the mask (fewer ops a tile, more code: ptxas
     # spills more at some tiles; the query programs' own split spilled far more, so they keep
@@ -71,7 +71,7 @@ class AttentionBwdConfig(TileConfig):
     whole: bool = False
 
     def label(self) -> str:
-        flags = [f for f in ("swap", "flip", "whole") if getattr(self, f)]
+        flags = [f for f in ("swap", "flip", "whole", "TMA") if getattr(self, f)]
         return " ".join([super().label(), *flags])
 
 
@@ -116,7 +116,7 @@ def analyze_attention_bwd_group(graph: Graph, members: frozenset[int]) -> GroupI
         )
     info = GroupInfo(
         nodes=tuple(sorted(members)),
-        kind=AttentionBwdKind.name,
+        kind=KIND,
         domain=parts.domain,
         reduce_dims=(len(parts.domain) - 1,),
         stored=stored,
@@ -154,6 +154,7 @@ class BwdEmitter(Emitter):
         self.held: dict[int, str] = {}  # operand node -> the variable loaded before the loop
         self.skip: SkipPlan | None = skip_plan(graph, info, parts, self.full)
         self.pass_tile = False  # emitting a whole tile: the mask passes every element
+        self.descriptors: set[str] = set()  # TMA descriptors made (attention_bwd_tma.py)
 
     def value(self, i: int, index) -> Val:
         """On a whole tile the mask is its passed input, and a select's condition a constant
@@ -260,12 +261,14 @@ class BwdEmitter(Emitter):
         var = f"{'h' if fixed else 'o'}{self.n_tmp}"
         self.n_tmp += 1
         masked = f", {mask}, other=0.0" if mask else ""
-        code = f"{var} = tl.load({self.ptr[base]} + ({off.render()}){masked})"
+        desc = attention_bwd_tma.tile(self, base, off, pair, mask)
+        code = f"{var} = {desc or f'tl.load({self.ptr[base]} + ({off.render()}){masked})'}"
+        note = f"{self.g[base].name}{', TMA' if desc else ''}"
         if fixed:
-            self.loops[-1].before(self, code + f"  # {self.g[base].name}, held")
+            self.loops[-1].before(self, code + f"  # {note}, held")
             self.held[j] = var
         else:
-            self.line(code + f"  # {self.g[base].name}")
+            self.line(code + f"  # {note}")
             self.scopes[-1].cache[key] = var
         return var
 
@@ -520,94 +523,10 @@ def generate_attention_bwd(
         layout=tuple(layout),
         grid=(programs, parts.heads),
         launch_kw=kw,
-        meta=KernelMeta(load_passes=em.load_passes(), dots=em.dots, work=work),
+        meta=KernelMeta(
+            load_passes=em.load_passes(),
+            dots=em.dots,
+            work=work,
+            needs_allocator=bool(em.descriptors),
+        ),
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Configs and the plugin
-# ---------------------------------------------------------------------------------------------
-
-
-def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdConfig]:
-    """BLOCK_M / BLOCK_N 16..128 (16 and 32 only for short sequences), 4 or 8 warps, 1..3
-    stages, within about 160 fp32 registers per thread for the tiles (P, dP, dS) and the
-    accumulators, and within shared memory for the operand tiles; where BLOCK_M < BLOCK_N,
-    also with ``swap`` (every program holds BLOCK_N and steps by BLOCK_M, as the Triton
-    tutorial's backward does: 128 held, 32 a step); each also with ``flip``, and under an exact
-    index-expression mask with ``whole``."""
-    parts = bwd_parts(graph, frozenset(info.nodes))
-    skip = BwdEmitter(graph, info, AttentionBwdConfig(16, 16), parts).skip
-    whole = skip is not None and skip.exact  # an exact mask: each config also with ``whole``
-    item = max(ITEM.get(graph[graph[m].inputs[0]].dtype, 2) for m in info.matmuls)
-    heads = [head_block(gm.free_extent(graph)) for gm in parts.grads]
-    dh = max([*heads, *(head_block(graph[graph[t].inputs[0]].shape[-1]) for t in parts.tiles)])
-    cap_m, cap_n = max(16, next_pow2(parts.t)), max(16, next_pow2(parts.tk))
-    out = []
-    for bm in (16, 32, 64, 128):
-        if bm > cap_m or (bm < 32 and cap_m > 64):
-            continue
-        for bn in (16, 32, 64, 128):
-            if bn > cap_n or (bn < 32 and cap_n > 64):
-                continue
-            for w in (4, 8):
-                accs = max(bm, bn) * sum(heads)
-                regs = (3 * bm * bn + accs) // (32 * w)
-                if regs > 160:
-                    continue
-                for st in (1, 2, 3):
-                    smem = st * (bm + bn) * dh * 2 * item + bm * bn * (item + 4)
-                    if smem > HOPPER_SMEM_BYTES:
-                        continue
-                    for flip in (False, True):
-                        out.append(AttentionBwdConfig(bm, bn, w, st, flip=flip))
-                        if bm < bn <= cap_m and bm <= cap_n:  # query programs hold bn rows
-                            out.append(AttentionBwdConfig(bm, bn, w, st, swap=True, flip=flip))
-    if whole:
-        out += [replace(c, whole=True) for c in out]
-    return out or [AttentionBwdConfig(16, 16, 1, 1)]
-
-
-def attention_bwd_default(graph: Graph, info: GroupInfo) -> AttentionBwdConfig:
-    """The flash-attention 2 backward's usual tiles on Hopper (64 x 64, 4 warps, 2 stages for
-    head dims up to 64; 8 warps and 3 stages above: the best of the whole space for causal
-    d = 128 on the H200, results/h200/attn_bwd_sweep_a760a14.json): the nearest config that
-    fits this group."""
-    parts = bwd_parts(graph, frozenset(info.nodes))
-    big = max(gm.free_extent(graph) for gm in parts.grads) > 64
-    want = (64, 64, 8, 3) if big else (64, 64, 4, 2)
-    return nearest_config(attention_bwd_configs(graph, info), want)
-
-
-class AttentionBwdKind:
-    name = "attention_bwd"
-    library_first = False
-    config_class = AttentionBwdConfig
-
-    def claims(self, graph: Graph, members: frozenset[int]) -> bool:
-        return sum(graph[m].kind == "matmul" for m in members) >= 3
-
-    def analyze(self, graph: Graph, members: frozenset[int]) -> GroupInfo:
-        return analyze_attention_bwd_group(graph, members)
-
-    def config_space(self, graph: Graph, info: GroupInfo) -> list[AttentionBwdConfig]:
-        return attention_bwd_configs(graph, info)
-
-    def default_config(self, graph: Graph, info: GroupInfo) -> AttentionBwdConfig:
-        return attention_bwd_default(graph, info)
-
-    def check_config(self, info: GroupInfo, config: AttentionBwdConfig) -> None:
-        if not isinstance(config, AttentionBwdConfig):
-            raise ValueError(
-                f"an attention backward kernel takes an AttentionBwdConfig, got {config!r}"
-            )
-        check_pow2(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, num_warps=config.num_warps)
-
-    def prefix(self, info: GroupInfo, config: AttentionBwdConfig) -> str:
-        return "attbwd"
-
-    def generate(
-        self, graph: Graph, info: GroupInfo, config: AttentionBwdConfig, index: int
-    ) -> Kernel:
-        self.check_config(info, config)
-        return generate_attention_bwd(graph, info, config, index)
