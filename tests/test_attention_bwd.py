@@ -344,3 +344,18 @@ def test_tma_configs_read_tiles_through_descriptors_and_match_eager(case, cfg, m
     space = attention_bwd_configs(bw.plan.graph, k.info)
     assert any(c.TMA for c in space)
     assert all(32 % max(c.BLOCK_M, c.BLOCK_N) == 0 for c in space if c.TMA)
+
+
+def test_the_search_times_tma_flip_and_whole_beside_the_default():
+    """The tuner's fixed first trials switch one option of the default config at a time: the
+    backward's TMA reads, its flipped key programs and its whole-tile loop are each timed
+    against it (their worth is the machine's register allocation)."""
+    from autofuse.kernels.attention_bwd_space import attention_bwd_default
+    from autofuse.tune.climb import _option_switches
+
+    graph, _, _, info, _, _ = _bwd_group(eager_attention, 64, 16)
+    space = attention_bwd_configs(graph, info)
+    default = attention_bwd_default(graph, info)
+    switched = {f for c in _option_switches(default, space) for f in ("TMA", "flip", "whole")
+                if getattr(c, f) != getattr(default, f)}  # fmt: skip
+    assert switched == {"TMA", "flip", "whole"}

@@ -9,8 +9,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-# config fields that switch a feature
-OPTIONS = ("TMA", "PERSISTENT", "SKIP", "PIPELINE", "HOIST", "ONE_STAGE")
+# config fields that switch a feature (the attention backward's ``flip`` orientation and
+# ``whole``-tile loop too: their worth is the machine's register allocation, measured)
+OPTIONS = ("TMA", "PERSISTENT", "SKIP", "PIPELINE", "HOIST", "ONE_STAGE", "flip", "whole")
 
 
 def _one_field_changes(cfg: Any, space: Sequence[Any]) -> dict[str, list[Any]]:
