@@ -90,14 +90,23 @@ def spec(kernel: Any, graph: Any) -> dict:
             "config": kernel.config.label()}  # fmt: skip
 
 
+def _aligned(signature: dict[str, str]) -> dict:
+    """Triton's specialization of a launch on 16-byte aligned buffers (what the JIT passes for
+    them, and what lets loads be vectorized and pipelined with ``cp.async``): every pointer
+    parameter divisible by 16."""
+    return {(k,): [["tt.divisibility", 16]] for k, t in enumerate(signature.values())
+            if t.startswith("*")}  # fmt: skip
+
+
 def compile_spec(sp: dict, arch: int = 90) -> dict:
     """Registers, spills and shared memory of one kernel ``spec`` compiled for ``sm_<arch>``
-    (in this process: it must not have run Triton's interpreter)."""
+    on aligned buffers (in this process: it must not have run Triton's interpreter)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     fn = _import_compiled(sp["source"], sp["name"])
-    src = triton.compiler.ASTSource(fn=fn, signature=sp["signature"], constexprs=sp["constexprs"])
+    src = triton.compiler.ASTSource(fn=fn, signature=sp["signature"], constexprs=sp["constexprs"],
+                                    attrs=_aligned(sp["signature"]))  # fmt: skip
     c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=sp["options"])
     rep = _ptxas_report(c.asm["ptx"], arch)
     rep["shared_bytes"] = c.metadata.shared
@@ -107,16 +116,18 @@ def compile_spec(sp: dict, arch: int = 90) -> dict:
     return rep
 
 
-def resources(specs: list[dict], arch: int = 90) -> list[dict]:
-    """``compile_spec`` of each spec, in a fresh process without the interpreter; a spec that
-    does not compile gives its error."""
+def resources(specs: list[dict], arch: int = 90, python: str | None = None) -> list[dict]:
+    """``compile_spec`` of each spec, in a fresh process without the interpreter (``python``:
+    another interpreter, e.g. one with the Triton version of the GPU host; it needs only
+    Triton); a spec that does not compile gives its error."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "specs.json"
         path.write_text(json.dumps(specs))
         res = subprocess.run(
-            [sys.executable, "-m", "experiments.kernel_resources", "--compile", str(path),
-             "--arch", str(arch)],
+            [python or sys.executable, "-m", "experiments.kernel_resources", "--compile",
+             str(path), "--arch", str(arch)],
             capture_output=True, text=True, env=env, check=False,
         )  # fmt: skip
         out = Path(d) / "specs.out.json"
@@ -173,13 +184,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.add_argument("--triton-python", default=None,
+                   help="compile with this Python interpreter (another Triton version)")  # fmt: skip
     p.add_argument("--compile", default=None, help=argparse.SUPPRESS)  # the child process
     a = p.parse_args(argv)
     if a.compile:
         _compile_all(a.compile, a.arch)
         return []
     graph, kernels = attention_bwd_kernels(a.variant, a.seq, a.head_dim)
-    rows = resources([spec(k, graph) for k in kernels], a.arch)
+    rows = resources([spec(k, graph) for k in kernels], a.arch, a.triton_python)
     for r in rows:
         print(json.dumps(r), flush=True)
     if a.out:

@@ -4,10 +4,10 @@ Every tile the backward kernel loads (Q, dO and K, V, held by a program or read 
 time) is a block of consecutive sequence positions by the whole head dim of one (batch, head):
 rows of ``d`` contiguous elements at a pitch. A 2-D descriptor over the buffer seen as rows of
 that pitch loads it with the copy engine (``desc.load([first row, 0])``, transposed where the
-kernel reads it head dim first): no pointer tile of 64-bit addresses per element, which is what
-holds most of the registers at head dim 128 (``experiments/kernel_resources.py``: the causal
-backward spills 300-400 bytes at 64 x 32 and 128 x 64 tiles with pointer loads, none with
-descriptors).
+kernel reads it head dim first), with no address arithmetic per element. Whether that is faster
+than the pipelined pointer loads is the machine's to say (the search times it: ``TMA`` is one
+of its option switches); ptxas for sm_90 gives mixed register counts (Triton 3.6, causal
+d = 128: 173 against 206 registers at 32 x 64 swapped tiles, more spilled bytes at 64 x 64).
 
 A tile is read this way where it needs no bounds mask (its rows never run past the sequence, so
 a tile never reaches into the next head's rows, and the head dim is one power-of-two block),
