@@ -65,11 +65,21 @@ def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdCon
                         out.append(AttentionBwdConfig(bm, bn, w, st, flip=flip))
                         if bm < bn <= cap_m and bm <= cap_n:  # query programs hold bn rows
                             out.append(AttentionBwdConfig(bm, bn, w, st, swap=True, flip=flip))
-    if skip is not None and skip.exact:  # an exact mask: each config also with ``whole``
-        out += [replace(c, whole=True) for c in out]
+    wholes = [replace(c, whole=True) for c in out] if skip is not None and skip.exact else []
+    tma = []
     if _tma_reads(graph, info, parts):  # tiles that never run past the sequence
-        out += [replace(c, TMA=True) for c in out if _whole_tiles(parts, c)]
-    return out or [AttentionBwdConfig(16, 16, 1, 1)]
+        tma = [replace(c, TMA=True) for c in out + wholes if _whole_tiles(parts, c)]
+    out += [c for c in wholes if not _ptxas_fails(c)]
+    return out + tma or [AttentionBwdConfig(16, 16, 1, 1)]
+
+
+def _ptxas_fails(c: AttentionBwdConfig) -> bool:
+    """``whole`` configs with pointer loads that Triton 3.6's ptxas crashes on (error -11) for
+    the causal d = 128 backward (experiments/kernel_resources.py: 17 of 360 configs, all of
+    them these): 64 x 128 / 128 x 64 tiles and flipped key programs over wider key blocks,
+    with 2 or 3 stages. Their TMA variants compile."""
+    wide = c.BLOCK_M * c.BLOCK_N >= 8192 or (c.flip and c.BLOCK_M < c.BLOCK_N)
+    return wide and c.num_stages >= 2
 
 
 def _whole_tiles(parts: BwdParts, c: AttentionBwdConfig) -> bool:
