@@ -30,7 +30,7 @@ _PTR = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16", "int64": "*
 def signature(kernel: Any, graph: Any) -> dict[str, str]:
     """Triton's signature of the kernel's parameters: buffers by their node's dtype, extents
     as 32-bit integers, the launch constants as constexprs."""
-    fn_params = re.search(r"def \w+\((.*?)\):", kernel.source, re.S).group(1)
+    fn_params = re.search(rf"def {kernel.name}\((.*?)\):", kernel.source, re.S).group(1)
     names = [p.split(":")[0].strip() for p in fn_params.split(",") if p.strip()]
     info, out = kernel.info, {}
     consts = dict(kernel.launch_kw)
