@@ -25,7 +25,7 @@ limit() { local v="STAGE_S_$1"; echo "${!v:-$2}"; }
 for s in $stages; do
     t0=$(date +%s)
     case $s in
-        tests) timeout "$(limit tests 150)" python3 -m pytest -m gpu -q -p no:warnings -rf \
+        tests) timeout "$(limit tests 240)" python3 -m pytest -m gpu -q -p no:warnings -rf \
                    > "$OUT/gpu_tests_$C.txt" 2>&1
                grep -E "passed|failed|^FAILED" "$OUT/gpu_tests_$C.txt" | tail -20 ;;
         attention) timeout "$(limit attention 360)" python3 -m experiments.attention_bench \

@@ -104,6 +104,102 @@ def test_direct_launch_binds_torch_static_launcher_and_matches_triton(monkeypatc
         reload_settings()
 
 
+def test_a_restored_binary_launches_without_tritons_launcher():
+    """A binary restored from its record (as a cache entry holds it) is loaded and launched by
+    the direct path alone: Triton never loads it nor builds its launcher (the compile a new
+    process would otherwise pay per kernel signature), and the result is Triton's."""
+    import triton
+    import triton.language as tl
+
+    from autofuse.cache.binaries import compiled_from_record, record_from_compiled
+    from autofuse.plan import direct_launch
+
+    @triton.jit
+    def _scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 3.0, mask=i < n)
+
+    x = torch.randn(1000, device="cuda")
+    y = torch.empty_like(x)
+    compiled = _scale[(8,)](x, y, 1000, BLOCK=128)
+    record = record_from_compiled(compiled)
+    assert record is not None
+    restored = compiled_from_record(_scale, record)
+    run = direct_launch.bind(restored, (8, 1, 1), n_args=3, device=0)
+    assert run is not None and getattr(restored, "module", None) is None
+    z = torch.zeros_like(x)
+    run([x, z, 1000])
+    torch.cuda.synchronize()
+    assert torch.equal(z, y)
+
+
+@pytest.mark.parametrize("variant", ["causal", "gqa"])
+def test_attention_backward_tma_configs_on_gpu(variant):
+    """The attention backward's TMA configs (tiles through tensor descriptors) compile and
+    match eager on the GPU (bf16, d = 128, causal and grouped-query with a mask tensor), beside
+    the configs with the key programs' whole-tile loop."""
+    from autofuse.frontend import dynamo
+    from autofuse.kernels import analyze_group
+    from autofuse.kernels.attention_bwd import AttentionBwdConfig
+    from autofuse.kernels.attention_bwd_space import attention_bwd_configs
+    from autofuse.measure import Candidate, verify_candidate
+    from autofuse.partition import Partitioner
+    from experiments.attention_bench import make
+
+    fn, args, _, _ = make(variant, 2, 8, 256, 128)
+    for a in args[:3]:
+        a.requires_grad_()
+    backend = dynamo.make_backend()
+    torch.compile(fn, backend=backend)(*args).float().sum().backward()
+    graph = [r for r in backend.records if r.kind == "backward"][-1].plan.graph
+    (group,) = [g for g in Partitioner(graph).greedy().groups
+                if sum(graph[m].kind == "matmul" for m in g) > 2]  # fmt: skip
+    info = analyze_group(graph, group)
+    space = attention_bwd_configs(graph, info)
+    picked = [c for c in space if c.TMA and c in {
+        AttentionBwdConfig(64, 64, 8, 3, TMA=True), AttentionBwdConfig(64, 32, 8, 3, TMA=True),
+        AttentionBwdConfig(128, 64, 8, 2, TMA=True), AttentionBwdConfig(32, 64, 8, 3, swap=True, TMA=True),
+        AttentionBwdConfig(64, 64, 8, 3, flip=True, TMA=True),
+        AttentionBwdConfig(64, 64, 8, 3, whole=True, TMA=True), AttentionBwdConfig(64, 64, 8, 3, whole=True),
+    }]  # fmt: skip
+    assert len(picked) >= 5, [c.label() for c in space]
+    for cfg in picked:
+        assert verify_candidate(Candidate(graph, info, cfg), "cuda") is None, cfg.label()
+
+
+def test_one_stage_looped_reduction_and_kept_loads_on_cuda():
+    """A looped reduction launched with num_stages=1 (``ONE_STAGE``) and with Triton's default
+    give eager's values on CUDA; so does RoPE with its cos/sin loaded ``evict_last``; both
+    plans' later calls take the C-level input guard."""
+    import dataclasses
+
+    from autofuse.capture.trace import capture
+    from autofuse.kernels import config_space
+    from autofuse.partition.partitioner import Partitioner
+    from autofuse.plan.runtime import build_plan, execute, input_guard
+    from experiments.model_functions import rope_apply
+
+    def seed(x):
+        return (x * 2.0).sum(-1) + 1.0
+
+    x = torch.randn(64, 3000, device="cuda", dtype=torch.bfloat16)
+    graph = capture(seed, (x,)).graph
+    (group,) = Partitioner(graph).greedy().groups
+    info = Partitioner(graph).check(group)
+    looped = next(c for c in config_space(info, graph) if c.RBLOCK == 1024 and c.num_warps == 4)
+    for cfg in (looped, dataclasses.replace(looped, ONE_STAGE=True)):
+        plan = build_plan(graph, [group], [cfg])
+        for _ in range(2):
+            assert_close(execute(plan, [x])[0], seed(x), torch.bfloat16, cfg.label())
+        assert type(input_guard(plan).fast).__name__ == "TensorGuards"
+    q, k = (torch.randn(2, 4, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = (torch.randn(2, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    opt = autofuse.optimize(rope_apply, (q, k, cos, sin))
+    assert opt.plan.kernels[0].meta.kept_loads
+    for got, want in zip(opt(q, k, cos, sin), rope_apply(q, k, cos, sin)):
+        assert_close(got, want, torch.bfloat16, "rope_apply")
+
+
 @pytest.mark.parametrize("name", ["masked", "causal"])
 def test_gemm_row_configs_on_gpu(name):
     """Every kind of row-GEMM config (row loop or whole row, one K step or a K loop) compiles
@@ -190,99 +286,3 @@ def test_untuned_attention_times_the_fused_and_the_cublas_plans_on_cuda():
     assert choice is not None and len(choice.times) == 2, choice
     assert all(t is not None for _, t in choice.times), choice.why
     assert_close(opt(q, k, v), attention(q, k, v), torch.bfloat16)
-
-
-def test_one_stage_looped_reduction_and_kept_loads_on_cuda():
-    """A looped reduction launched with num_stages=1 (``ONE_STAGE``) and with Triton's default
-    give eager's values on CUDA; so does RoPE with its cos/sin loaded ``evict_last``; both
-    plans' later calls take the C-level input guard."""
-    import dataclasses
-
-    from autofuse.capture.trace import capture
-    from autofuse.kernels import config_space
-    from autofuse.partition.partitioner import Partitioner
-    from autofuse.plan.runtime import build_plan, execute, input_guard
-    from experiments.model_functions import rope_apply
-
-    def seed(x):
-        return (x * 2.0).sum(-1) + 1.0
-
-    x = torch.randn(64, 3000, device="cuda", dtype=torch.bfloat16)
-    graph = capture(seed, (x,)).graph
-    (group,) = Partitioner(graph).greedy().groups
-    info = Partitioner(graph).check(group)
-    looped = next(c for c in config_space(info, graph) if c.RBLOCK == 1024 and c.num_warps == 4)
-    for cfg in (looped, dataclasses.replace(looped, ONE_STAGE=True)):
-        plan = build_plan(graph, [group], [cfg])
-        for _ in range(2):
-            assert_close(execute(plan, [x])[0], seed(x), torch.bfloat16, cfg.label())
-        assert type(input_guard(plan).fast).__name__ == "TensorGuards"
-    q, k = (torch.randn(2, 4, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    cos, sin = (torch.randn(2, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    opt = autofuse.optimize(rope_apply, (q, k, cos, sin))
-    assert opt.plan.kernels[0].meta.kept_loads
-    for got, want in zip(opt(q, k, cos, sin), rope_apply(q, k, cos, sin)):
-        assert_close(got, want, torch.bfloat16, "rope_apply")
-
-
-def test_a_restored_binary_launches_without_tritons_launcher():
-    """A binary restored from its record (as a cache entry holds it) is loaded and launched by
-    the direct path alone: Triton never loads it nor builds its launcher (the compile a new
-    process would otherwise pay per kernel signature), and the result is Triton's."""
-    import triton
-    import triton.language as tl
-
-    from autofuse.cache.binaries import compiled_from_record, record_from_compiled
-    from autofuse.plan import direct_launch
-
-    @triton.jit
-    def _scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 3.0, mask=i < n)
-
-    x = torch.randn(1000, device="cuda")
-    y = torch.empty_like(x)
-    compiled = _scale[(8,)](x, y, 1000, BLOCK=128)
-    record = record_from_compiled(compiled)
-    assert record is not None
-    restored = compiled_from_record(_scale, record)
-    run = direct_launch.bind(restored, (8, 1, 1), n_args=3, device=0)
-    assert run is not None and getattr(restored, "module", None) is None
-    z = torch.zeros_like(x)
-    run([x, z, 1000])
-    torch.cuda.synchronize()
-    assert torch.equal(z, y)
-
-
-@pytest.mark.parametrize("variant", ["causal", "gqa"])
-def test_attention_backward_tma_configs_on_gpu(variant):
-    """The attention backward's TMA configs (tiles through tensor descriptors) compile and
-    match eager on the GPU (bf16, d = 128, causal and grouped-query with a mask tensor), beside
-    the configs with the key programs' whole-tile loop."""
-    from autofuse.frontend import dynamo
-    from autofuse.kernels import analyze_group
-    from autofuse.kernels.attention_bwd import AttentionBwdConfig
-    from autofuse.kernels.attention_bwd_space import attention_bwd_configs
-    from autofuse.measure import Candidate, verify_candidate
-    from autofuse.partition import Partitioner
-    from experiments.attention_bench import make
-
-    fn, args, _, _ = make(variant, 2, 8, 256, 128)
-    for a in args[:3]:
-        a.requires_grad_()
-    backend = dynamo.make_backend()
-    torch.compile(fn, backend=backend)(*args).float().sum().backward()
-    graph = [r for r in backend.records if r.kind == "backward"][-1].plan.graph
-    (group,) = [g for g in Partitioner(graph).greedy().groups
-                if sum(graph[m].kind == "matmul" for m in g) > 2]  # fmt: skip
-    info = analyze_group(graph, group)
-    space = attention_bwd_configs(graph, info)
-    picked = [c for c in space if c.TMA and c in {
-        AttentionBwdConfig(64, 64, 8, 3, TMA=True), AttentionBwdConfig(64, 32, 8, 3, TMA=True),
-        AttentionBwdConfig(128, 64, 8, 2, TMA=True), AttentionBwdConfig(32, 64, 8, 3, swap=True, TMA=True),
-        AttentionBwdConfig(64, 64, 8, 3, flip=True, TMA=True),
-        AttentionBwdConfig(64, 64, 8, 3, whole=True, TMA=True), AttentionBwdConfig(64, 64, 8, 3, whole=True),
-    }]  # fmt: skip
-    assert len(picked) >= 5, [c.label() for c in space]
-    for cfg in picked:
-        assert verify_candidate(Candidate(graph, info, cfg), "cuda") is None, cfg.label()
