@@ -351,3 +351,24 @@ def test_multi_output_op_with_numbers_runs_in_eager_and_fuses_around():
     torch.testing.assert_close(opt(x), f(x))
     fast = torch.compile(f, backend="autofuse")
     torch.testing.assert_close(fast(x), f(x))
+
+
+def test_outputs_get_their_traced_strides_back_on_every_call():
+    """An output the plan lays out otherwise than the traced graph is copied to the traced
+    strides on each call; after a call whose inputs passed the C-level guard, which outputs need
+    it is known (the same on every such call) and the others are not checked again."""
+
+    def f(x):
+        return (x * 2.0,)
+
+    backend = dynamo.make_backend()
+    x = torch.randn(6, 5)
+    torch.compile(f, backend=backend)(x)
+    (g,) = backend.records
+    g._out_strides = ((1, 6),)  # as if the traced output were column-major
+    g._restride_when_checked = None
+    for _ in range(3):
+        (out,) = g([x])
+        assert out.stride() == (1, 6)
+        assert_close(out, x * 2.0, torch.float32)
+    assert g._restride_when_checked == (0,) and g.restrided == 3

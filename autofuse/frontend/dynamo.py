@@ -109,6 +109,9 @@ class CompiledGraph:
     plan_choice: Any = field(default=None, repr=False)  # untuned: fused vs cuBLAS matmuls timed
     _out_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
     _in_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+    # after a call whose inputs passed the C-level guard: the outputs that needed their traced
+    # strides back (the same ones on every such call: layouts follow the inputs' alone)
+    _restride_when_checked: tuple[int, ...] | None = field(default=None, repr=False)
 
     # AOTAutograd passes the arguments as one list, except where the backward compiler's result
     # is wrapped by Dynamo (then as separate arguments): __call__ takes both
@@ -165,15 +168,26 @@ class CompiledGraph:
                 outs = self._run(ins, checked)
         else:
             outs = self._run(ins, checked)
-        for k, (t, strides) in enumerate(zip(outs, self._out_strides)):
-            if (
-                t.stride() != strides
-                and not self._out_base_is_input[k]
-                and not same_layout(t, t.shape, strides)
-            ):
-                outs[k] = restride(t, strides)
-                self.restrided += 1
+        known = self._restride_when_checked if checked else None
+        if known is None:
+            known = self._restride_outputs(outs)
+            if checked:
+                self._restride_when_checked = known
+        for k in known:
+            outs[k] = restride(outs[k], self._out_strides[k])
+            self.restrided += 1
         return [outs[v] if tag == "node" else v for tag, v in p.outputs]
+
+    def _restride_outputs(self, outs: list[Any]) -> tuple[int, ...]:
+        """The outputs not laid out with their traced strides (a view of an input keeps the
+        input's layout)."""
+        return tuple(
+            k
+            for k, (t, strides) in enumerate(zip(outs, self._out_strides))
+            if t.stride() != strides
+            and not self._out_base_is_input[k]
+            and not same_layout(t, t.shape, strides)
+        )
 
 
 # (graph key, device, tuned) -> (plan, tuning, the untuned plan's measured choice)
