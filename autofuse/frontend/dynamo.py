@@ -109,8 +109,8 @@ class CompiledGraph:
     plan_choice: Any = field(default=None, repr=False)  # untuned: fused vs cuBLAS matmuls timed
     _out_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
     _in_strides: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
-    # after a call whose inputs passed the C-level guard: the outputs that needed their traced
-    # strides back (the same ones on every such call: layouts follow the inputs' alone)
+    # after a call whose inputs passed the C-level guard (exactly the plan's layouts): the
+    # outputs that needed their traced strides back (the same ones on every such call)
     _restride_when_checked: tuple[int, ...] | None = field(default=None, repr=False)
 
     # AOTAutograd passes the arguments as one list, except where the backward compiler's result
@@ -157,7 +157,9 @@ class CompiledGraph:
                 )
         ins = [args[k] for k in p.tensor_args]
         ins += p.constants
-        checked = input_guard(self.plan)(ins)  # the C-level check: every layout is the plan's
+        guard = input_guard(self.plan)
+        exact = guard.exact(ins)  # the C-level check: every layout is the plan's
+        checked = exact or guard(ins)  # or, in Python, the same up to size-1 dims' strides
         if not checked:
             g = self.plan.graph
             for k, (x, strides) in enumerate(zip(ins, self._in_strides)):
@@ -168,10 +170,10 @@ class CompiledGraph:
                 outs = self._run(ins, checked)
         else:
             outs = self._run(ins, checked)
-        known = self._restride_when_checked if checked else None
+        known = self._restride_when_checked if exact else None
         if known is None:
             known = self._restride_outputs(outs)
-            if checked:
+            if exact:
                 self._restride_when_checked = known
         for k in known:
             outs[k] = restride(outs[k], self._out_strides[k])

@@ -458,6 +458,12 @@ class InputGuard:
         self.plan = plan
         self.fast: Any = None
 
+    def exact(self, inputs: Sequence[Any]) -> bool:
+        """The C-level check alone: every input has the shape, strides, dtype and device the
+        plan first accepted (False before a first accepted call)."""
+        fast = self.fast
+        return fast is not None and fast.check(*inputs)
+
     def __call__(self, inputs: Sequence[Any]) -> bool:
         fast = self.fast
         if fast is not None and fast.check(*inputs):
