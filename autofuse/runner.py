@@ -114,8 +114,14 @@ class OptimizedFunction:
         # the common call: plain tensors with exactly the captured shapes, dtypes and strides
         # (one guard check), none requiring grad: no routing, no re-check, no pytree
         ts = None if kwargs else self._plain_tensors(args)
-        if ts is not None and input_guard(self.plan)(ts):
-            if not (torch.is_grad_enabled() and any(a.requires_grad for a in ts)):
+        if ts is not None:
+            guard = input_guard(self.plan)
+            if guard.grad_free and guard.exact(ts):  # the C check: no input requires grad
+                outs = None if self.graphs is None else self.graphs(ts)
+                return self._wrap(
+                    outs if outs is not None else run_plan(self.plan, ts, guard.device)
+                )
+            if guard(ts) and not (torch.is_grad_enabled() and any(a.requires_grad for a in ts)):
                 outs = None if self.graphs is None else self.graphs(ts)
                 if outs is None:
                     outs = run_plan(self.plan, ts)

@@ -71,6 +71,8 @@ def test_the_input_check_is_dynamos_c_guard_after_the_first_accepted_call():
 
     opt(*args)
     assert type(guard.fast).__name__ == "TensorGuards", guard.fast  # torch 2.11 and 2.13
+    assert guard.grad_free and guard.exact(args)  # the plain call's one check
+    assert not guard.exact((args[0].clone().requires_grad_(), args[1]))  # grad: rejected
     runtime._inputs_match = counted
     try:
         for _ in range(3):

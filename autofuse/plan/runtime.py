@@ -457,6 +457,10 @@ class InputGuard:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.fast: Any = None
+        # of the inputs the C-level check was built from (so of every input it passes): none
+        # requires grad, and their device
+        self.grad_free = False
+        self.device: torch.device | None = None
 
     def exact(self, inputs: Sequence[Any]) -> bool:
         """The C-level check alone: every input has the shape, strides, dtype and device the
@@ -472,6 +476,8 @@ class InputGuard:
             return False
         if fast is None:
             self.fast = _tensor_guards(inputs)
+            self.grad_free = not any(getattr(x, "requires_grad", False) for x in inputs)
+            self.device = inputs[0].device if inputs else None
         return True
 
 
@@ -490,9 +496,13 @@ def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return run_plan(plan, inputs)
 
 
-def run_plan(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def run_plan(
+    plan: Plan, inputs: Sequence[torch.Tensor], device: torch.device | None = None
+) -> list[torch.Tensor]:
     """``execute`` without the input check (the caller has made it): the plan's program
-    (``program.py``: its steps with every lookup made once) on these inputs."""
-    device = inputs[0].device if inputs else torch.device("cpu")
+    (``program.py``: its steps with every lookup made once) on these inputs (on ``device``,
+    where the caller knows it)."""
+    if device is None:
+        device = inputs[0].device if inputs else torch.device("cpu")
     run = _Run(plan, device, dict(zip(plan.graph.inputs, inputs)))
     return program(plan, run_kernel_step, _BROKEN)(run)
