@@ -207,6 +207,8 @@ def _launch(step, loads, stored, specs, slow, broken) -> Op:
     tail = (
         [v for buf, v in arg_spec[n:]] if ordered and not any(b for b, _ in arg_spec[n:]) else None
     )
+    if plain and tail is not None and len(fresh) == 1:
+        return _launch_one(step, loads, stored[0], fresh[0], tail, slow, broken)
 
     def op(run: Any) -> None:
         launcher = step.__dict__.get("launcher")
@@ -234,6 +236,26 @@ def _launch(step, loads, stored, specs, slow, broken) -> Op:
             return slow(run, step)
         for s, t in zip(stored, outs):
             env[s] = t
+
+    return op
+
+
+def _launch_one(step, loads, s, fresh, tail, slow, broken) -> Op:
+    """``_launch`` for the commonest step: one new output, the usual argument layout."""
+    key = (step.kernel.source, step.kernel.name)
+    shape, strides, dtype = fresh
+
+    def op(run: Any) -> None:
+        launcher = step.__dict__.get("launcher")
+        if launcher is None or launcher.scratch or (broken and key in broken):
+            return slow(run, step)  # first use, TMA alignment checks, broken
+        env = run.env
+        out = run.alloc(shape, strides, dtype)
+        try:
+            launcher([env[i] for i in loads] + [out] + tail)
+        except Exception:  # noqa: BLE001 - the slow path decides (eager fallback, or raise)
+            return slow(run, step)
+        env[s] = out
 
     return op
 
