@@ -235,12 +235,16 @@ class InputError(TypeError):
     """Inputs that do not match what a plan was built for."""
 
 
-@dataclass
 class _Run:
-    plan: Plan
-    device: torch.device
-    env: dict[int, torch.Tensor] = field(default_factory=dict)
-    alloc: Any = None  # the program's allocator for this call (program.allocator)
+    """One call's state: the plan, the device, the values so far, the program's allocator for
+    this call (``program.allocator``). A plain class with slots: made on every call."""
+
+    __slots__ = ("plan", "device", "env", "alloc")
+
+    def __init__(self, plan: Plan, device: torch.device, env: dict | None = None) -> None:
+        self.plan, self.device = plan, device
+        self.env: dict[int, torch.Tensor] = {} if env is None else env
+        self.alloc: Any = None
 
     def get(self, i: int) -> torch.Tensor:
         if i in self.env:
