@@ -360,8 +360,8 @@ class BwdEmitter(Emitter):
         self.held = {}
 
     def _live_loops(self, role: str, lo: str, hi: str, body, what: str, held: str) -> None:
-        """The live tiles ``lo..hi``: with exact limits, the whole ones without the mask,
-        between the masked edges."""
+        """The live tiles ``lo..hi``: in a key program under ``whole`` (exact limits), the
+        whole ones without the mask, between the masked edges."""
         if not (self.skip.exact and self.cfg.whole and role == "kv"):
             self._loop(role, lo, hi, body, f"the {what} these {held}")
             return

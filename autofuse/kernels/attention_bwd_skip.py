@@ -15,8 +15,8 @@ Limits ``col <= row + b`` / ``col >= row + b`` (causal, sliding windows) and row
 
 When the limits are exact (the mask is just their conjunction), the tiles inside every limit for
 all the tile's rows and keys are *whole*: the mask passes the scores on each of their elements,
-so the kernel computes them without the mask (``q_full`` / ``kv_full`` split each live loop in
-masked edges and an unmasked middle, as the forward kernel does).
+so a key program can compute them without the mask (``kv_full`` splits its live loop in masked
+edges and an unmasked middle, as the forward kernel does; config ``whole``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from autofuse.kernels.attention_bounds import (
     ColumnLimit,
     key_bound,
     live_columns,
-    whole_columns,
 )
 from autofuse.kernels.attention_bwd_analysis import recomputed_softmax
 from autofuse.kernels.base import GroupInfo
@@ -103,12 +102,6 @@ class SkipPlan:
             "hi_k = lo_k + ((hi_k - lo_k + BLOCK_M - 1) // BLOCK_M) * BLOCK_M  # whole row blocks"
         )
         return "lo_k", "hi_k"
-
-    def q_full(self, em, lo: str, hi: str) -> tuple[str, str]:
-        """The whole key tiles (within ``lo..hi``) live on every row ``r0..r1`` of a query
-        program: ``flo_q``, ``fhi_q``."""
-        flo, fhi = whole_columns(self.limits, "r0", "r1")
-        return self._whole(em, "q", em.blocks()[1], flo, fhi, lo, hi)
 
     def kv_full(self, em, lo: str, hi: str) -> tuple[str, str]:
         """The whole row blocks (within ``lo..hi``) live for every key ``c0..c1`` of a key

@@ -481,7 +481,7 @@ class InputGuard:
         if fast is None:
             self.fast = _tensor_guards(inputs)
             self.grad_free = not any(getattr(x, "requires_grad", False) for x in inputs)
-            self.device = inputs[0].device if inputs else None
+            self.device = getattr(inputs[0], "device", None) if inputs else None
         return True
 
 
