@@ -116,15 +116,13 @@ class OptimizedFunction:
         ts = None if kwargs else self._plain_tensors(args)
         if ts is not None:
             guard = input_guard(self.plan)
-            if guard.grad_free and guard.exact(ts):  # the C check: no input requires grad
-                outs = None if self.graphs is None else self.graphs(ts)
-                return self._wrap(
-                    outs if outs is not None else run_plan(self.plan, ts, guard.device)
-                )
-            if guard(ts) and not (torch.is_grad_enabled() and any(a.requires_grad for a in ts)):
+            fast = guard.grad_free and guard.exact(ts)  # the C check: no input requires grad
+            if fast or (
+                guard(ts) and not (torch.is_grad_enabled() and any(a.requires_grad for a in ts))
+            ):
                 outs = None if self.graphs is None else self.graphs(ts)
                 if outs is None:
-                    outs = run_plan(self.plan, ts)
+                    outs = run_plan(self.plan, ts, guard.device if fast else None)
                 return self._wrap(outs)
         if kwargs or self._training is not None or torch.is_grad_enabled():
             from autofuse.frontend.routing import call_routed, route

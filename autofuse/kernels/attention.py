@@ -32,7 +32,12 @@ from autofuse.kernels.attention_analysis import (
     head_block,
     scale_fold,
 )
-from autofuse.kernels.attention_bounds import key_bound, live_columns, whole_columns
+from autofuse.kernels.attention_bounds import (
+    key_bound,
+    live_columns,
+    whole_columns,
+    whole_range_lines,
+)
 from autofuse.kernels.base import (
     FusionRefused,
     GroupInfo,
@@ -312,10 +317,7 @@ class AttentionEmitter(Emitter):
     def _full_lines(self) -> None:
         """``flo``, ``fhi``: the whole key tiles live on every row of the program."""
         flo, fhi = whole_columns(self.limits, "r0", "r1")
-        self.line(f"flo = tl.minimum(tl.maximum({flo or 'lo'}, lo), hi)")
-        self.line("flo = ((flo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N  # whole tiles only")
-        self.line(f"fhi = tl.maximum(tl.minimum({fhi or 'hi'}, hi), flo)")
-        self.line("fhi = tl.maximum((fhi // BLOCK_N) * BLOCK_N, flo)")
+        whole_range_lines(self.line, ("flo", "fhi"), flo, fhi, "lo", "hi", "BLOCK_N")
 
     def _loop(self, start: str, end: str, const: bool, note: str) -> None:
         self.line(f"for start_n in range({start}, {end}, BLOCK_N):  # {note}")

@@ -169,6 +169,17 @@ def whole_columns(limits, first: str, last: str) -> tuple[str | None, str | None
     return lo, hi
 
 
+def whole_range_lines(line, names, flo, fhi, lo: str, hi: str, step: str) -> None:
+    """Emit (through ``line``) ``names``, the whole ``step`` tiles within ``lo..hi`` (``lo`` a
+    multiple of ``step``) between the unrounded limits ``flo`` and ``fhi`` (None: ``lo`` /
+    ``hi``): the tiles a loop runs without the mask."""
+    a, b = names
+    line(f"{a} = tl.minimum(tl.maximum({flo or lo}, {lo}), {hi})")
+    line(f"{a} = (({a} + {step} - 1) // {step}) * {step}  # whole tiles only")
+    line(f"{b} = tl.maximum(tl.minimum({fhi or hi}, {hi}), {a})")
+    line(f"{b} = tl.maximum(({b} // {step}) * {step}, {a})")
+
+
 _CMP = ("lt", "le", "gt", "ge")
 _NOT = {"lt": "ge", "ge": "lt", "gt": "le", "le": "gt"}
 _AND = ("logical_and", "bitwise_and")

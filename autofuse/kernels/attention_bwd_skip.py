@@ -29,6 +29,7 @@ from autofuse.kernels.attention_bounds import (
     ColumnLimit,
     key_bound,
     live_columns,
+    whole_range_lines,
 )
 from autofuse.kernels.attention_bwd_analysis import recomputed_softmax
 from autofuse.kernels.base import GroupInfo
@@ -120,16 +121,8 @@ class SkipPlan:
                 flo = cur if flo is None else f"tl.maximum({flo}, {cur})"
             else:
                 fhi = cur if fhi is None else f"tl.minimum({fhi}, {cur})"
-        return self._whole(em, "k", "BLOCK_M", flo, fhi, lo, hi)
-
-    @staticmethod
-    def _whole(em, tag: str, step: str, flo, fhi, lo: str, hi: str) -> tuple[str, str]:
-        a, b = f"flo_{tag}", f"fhi_{tag}"
-        em.line(f"{a} = tl.minimum(tl.maximum({flo or lo}, {lo}), {hi})")
-        em.line(f"{a} = {lo} + (({a} - {lo} + {step} - 1) // {step}) * {step}  # whole tiles only")
-        em.line(f"{b} = tl.maximum(tl.minimum({fhi or hi}, {hi}), {a})")
-        em.line(f"{b} = tl.maximum({a} + (({b} - {a}) // {step}) * {step}, {a})")
-        return a, b
+        whole_range_lines(em.line, ("flo_k", "fhi_k"), flo, fhi, lo, hi, "BLOCK_M")
+        return "flo_k", "fhi_k"
 
     def work(self, *tiles: tuple[int, int]) -> float:
         """The fraction of the tiles the live loops visit, over the kinds of programs whose
