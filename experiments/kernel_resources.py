@@ -142,7 +142,7 @@ def _compile_all(path: str, arch: int) -> None:
         try:
             rows.append({"config": sp["config"], **compile_spec(sp, arch)})
         except Exception as e:  # noqa: BLE001 - a config that does not compile is a row too
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            first = (str(e).strip().splitlines() or [""])[0]  # no paths of this machine
             rows.append({"config": sp["config"], "error": f"{type(e).__name__}: {first[:300]}"})
     Path(path).with_suffix(".out.json").write_text(json.dumps(rows))
 

@@ -21,11 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofuse.ir.graph import buffer_strides
 from autofuse.ir.indexing import Expr
-from autofuse.kernels.attention_analysis import head_block
-from autofuse.kernels.attention_tma import _split
-from autofuse.kernels.gemm import ITEM
+from autofuse.kernels.attention_tma import _split, descriptor_rows
 
 _SEQ = ("offs_m", "offs_n")
 
@@ -43,15 +40,12 @@ def tile(em: Any, base: int, off: Expr, pair: tuple[Expr, Expr], mask: str | Non
     size = head[0].terms[0][0].size
     (head_name,) = head[0].vars
     split = _split(off, seq[0], head_name)
-    node = em.g[base]
-    item = ITEM.get(node.dtype)
-    if split is None or item is None or size is None or size != head_block(size):
+    rows = None if split is None else descriptor_rows(em.g[base], split[0], size)
+    if rows is None:
         return None
     pitch, row = split
-    if (pitch * item) % 16 or size * item < 16 or pitch < size:
-        return None
     block = _block(em, seq[0])
-    desc = _descriptor(em, base, pitch, size, block)
+    desc = _descriptor(em, base, pitch, rows, size, block)
     start = _start(em, seq[0])
     code = f"{desc}.load([{row.render()} + {start}, 0])"
     return code if seq[0].endswith("[:, None]") else f"tl.trans({code})"
@@ -70,16 +64,16 @@ def _start(em: Any, seq: str) -> str:
     return "start_k" if em.role == "kv" else "start_n"
 
 
-def _descriptor(em: Any, base: int, pitch: int, size: int, block: str) -> str:
-    """The role's descriptor over ``base`` for tiles of ``block`` rows, made before the role's
-    first loop the first time a tile needs it (names differ between the roles' branches)."""
+def _descriptor(em: Any, base: int, pitch: int, rows: int, size: int, block: str) -> str:
+    """The role's descriptor over ``base`` (``rows`` of ``pitch``) for tiles of ``block`` rows,
+    made before the role's first loop the first time a tile needs it (names differ between the
+    roles' branches)."""
     name = f"{em.role}_desc{em.info.loads.index(base)}_{block.lower()}"
     if name not in em.descriptors:
         node = em.g[base]
-        extent = 1 + sum((s - 1) * st for s, st in zip(node.shape, buffer_strides(node)))
         em.loops[-1].before(
             em,
-            f"{name} = tl.make_tensor_descriptor({em.ptr[base]}, shape=[{-(-extent // pitch)}, "
+            f"{name} = tl.make_tensor_descriptor({em.ptr[base]}, shape=[{rows}, "
             f"{size}], strides=[{pitch}, 1], block_shape=[{block}, {size}])  # {node.name}, "
             f"rows of {pitch}",
         )

@@ -71,15 +71,22 @@ def operand(em: Any, which: str) -> Operand | None:
     index = (*em.bh3, dim_e, key_e) if which == "k" else (*em.bh3, key_e, dim_e)
     base, off = em.operand_offset(em.parts.operand(em.g, which), index)
     split = _split(off, key, dim)
-    node = em.g[base]
+    rows = None if split is None else descriptor_rows(em.g[base], split[0], size)
+    return None if rows is None else Operand(base, split[0], rows, split[1])
+
+
+def descriptor_rows(node: Any, pitch: int, size: int) -> int | None:
+    """The rows of ``pitch`` elements a 2-D descriptor over ``node``'s buffer spans, for rows
+    read ``size`` contiguous elements at a time; None where a descriptor cannot read them (an
+    element type it does not take, ``size`` not one power-of-two block, a pitch or a row under
+    16 bytes, a pitch shorter than the row)."""
     item = ITEM.get(node.dtype)
-    if split is None or item is None or size != head_block(size):
+    if item is None or size is None or size != head_block(size):
         return None
-    pitch, row = split
-    extent = 1 + sum((s - 1) * st for s, st in zip(node.shape, buffer_strides(node)))
     if (pitch * item) % 16 or size * item < 16 or pitch < size:
         return None
-    return Operand(base, pitch, -(-extent // pitch), row)
+    extent = 1 + sum((s - 1) * st for s, st in zip(node.shape, buffer_strides(node)))
+    return -(-extent // pitch)
 
 
 def readable(em: Any) -> bool:
