@@ -139,6 +139,22 @@ def _af_hypot(a, b):
     return tl.where((x == float("inf")) | (y == float("inf")), float("inf"), h)
 """,
 )
+IPOW = Helper(
+    "_af_ipow",
+    """@triton.jit
+def _af_ipow(x, e: tl.constexpr):
+    # x ** e for an integer x and a constant e >= 0 by repeated squaring, each product in x's
+    # dtype: it wraps around exactly as torch's integer pow does
+    r = x * 0 + 1
+    b = x
+    for i in tl.static_range(63):
+        if (e >> i) & 1:
+            r = r * b
+        if (e >> (i + 1)) > 0:
+            b = b * b
+    return r
+""",
+)
 PROD = Helper("_af_prod", "@triton.jit\ndef _af_prod(a, b):\n    return a * b\n")
 MAX = Helper(
     "_af_max",
@@ -201,6 +217,11 @@ def _bitwise_not(node: Any, c: list[str], dt: str) -> str:
     return f"{c[0]} == 0" if dt == "bool" else f"~{c[0]}"
 
 
+def _add(node: Any, c: list[str], dt: str) -> str:
+    # bool + bool is logical or in torch (True + True is True); tl.int1 addition wraps to 0
+    return f"{c[0]} | {c[1]}" if dt == "bool" else f"{c[0]} + {c[1]}"
+
+
 def _copysign(node: Any, c: list[str], dt: str) -> str:
     # |a| with b's sign bit (so -0.0 and a negative NaN give a negative result, as torch)
     bits = "tl.int64" if dt == "float64" else "tl.int32"
@@ -222,8 +243,10 @@ class NoLowering(Exception):
 
 def _pow(node: Any, c: list[str], dt: str) -> str:
     a, e = c[0], node.attr("exponent")
-    if not is_float(dt) and not (e == int(e) and 0 <= e <= 8):
-        raise NoLowering(f"pow of an integer tensor by {e}: no Triton lowering")
+    if not is_float(dt):
+        if not (e == int(e) and e >= 0):
+            raise NoLowering(f"pow of an integer tensor by {e}: no Triton lowering")
+        return f"_af_ipow({a}, {int(e)})"  # wraps around in the dtype, as torch
     if e == 0.5:
         return f"tl.sqrt({a})"
     if e == -0.5:
@@ -449,7 +472,7 @@ _ENTRIES: tuple[OpDef, ...] = (
     _unary("isnan", "{a} != {a}", torch.isnan, operands="raw"),
     _unary("copy", "{a}", torch.clone, aten=("clone",)),
     # binary pointwise
-    _binary("add", "{a} + {b}", torch.add),
+    _binary("add", _add, torch.add),
     _binary("sub", "{a} - {b}", torch.sub),
     _binary("mul", "{a} * {b}", torch.mul),
     _binary("div", "{a} / {b}", torch.div, cost=SFU),
@@ -472,7 +495,7 @@ _ENTRIES: tuple[OpDef, ...] = (
     # pointwise ops with attributes (captured by their own rules in capture/)
     OpDef("where", "pointwise", 3, (), _plain(torch.where), "tl.where({a}, {b}, {c})", "where"),
     OpDef("clamp", "pointwise", 1, (), _eager_clamp, _clamp),
-    OpDef("pow_scalar", "pointwise", 1, (), _eager_pow, _pow, cost=SFU),
+    OpDef("pow_scalar", "pointwise", 1, (), _eager_pow, _pow, cost=SFU, helper=IPOW),
     OpDef("cast", "pointwise", 1, (), _plain(lambda x: x), _cast, "cast"),
     OpDef("const", "pointwise", 0),
     OpDef("iota", "pointwise", 0),

@@ -1,0 +1,89 @@
+"""Regression tests: plans give eager's values where integer, bool, slice and layout semantics
+are easy to get subtly wrong (bool arithmetic, integer wrap-around, empty slices, strides an
+eager op reads, bitcast views), through both front ends: ``autofuse.optimize`` and
+``torch.compile(backend="autofuse")``. Integer and bool results must be equal bit for bit."""
+
+import pytest
+import torch
+
+import autofuse
+from tests.helpers import assert_close
+
+aten = torch.ops.aten
+
+
+def _same(got, want, what):
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want), what
+        for k, (g, w) in enumerate(zip(got, want)):
+            _same(g, w, f"{what} out {k}")
+        return
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, eager gives {want.dtype}"
+    if want.dtype.is_floating_point:
+        assert_close(got, want, want.dtype, what)
+    else:
+        assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+        assert torch.equal(got, want), f"{what}: {got.flatten()[:8]} != {want.flatten()[:8]}"
+
+
+def both(fn, inputs, *, kernels=True, compile_too=True):
+    """``fn`` through optimize (and the backend) equals eager; ``kernels``: the plan runs at
+    least one generated kernel (the case is not passed by running everything in eager)."""
+    want = fn(*[x.clone() for x in inputs])
+    fast = autofuse.optimize(fn, inputs)
+    _same(fast(*inputs), want, f"optimize({fn.__name__})")
+    if kernels:
+        assert fast.plan.kernels, f"{fn.__name__}: no generated kernel ran"
+    if compile_too:
+        torch._dynamo.reset()
+        _same(torch.compile(fn, backend="autofuse")(*inputs), want, f"compile({fn.__name__})")
+    return fast
+
+
+# ---------------------------------------------------------------------------------------------
+# bool and integer arithmetic
+# ---------------------------------------------------------------------------------------------
+
+A = torch.tensor([True, False, True, False, True])
+B = torch.tensor([True, True, False, False, True])
+
+
+def test_bool_add_is_logical_or():
+    def bool_add(a, b):
+        return a + b
+
+    both(bool_add, (A, B))
+
+
+def test_bool_mul_sum_and_int_cast():
+    def bool_ops(a, b):
+        s = a + b
+        return a * b, s.sum(), s.to(torch.int32) + 1, (s * a).to(torch.int64).cumsum(0)
+
+    both(bool_ops, (A, B))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_integer_pow_by_a_scalar_wraps_around(dtype):
+    lo = 0 if dtype == torch.uint8 else -100
+
+    def int_pow(x):
+        return torch.pow(x, 87), x**3, torch.pow(x, 0), torch.pow(x + 1, 12)
+
+    both(int_pow, (torch.arange(lo, lo + 200, dtype=dtype),), compile_too=dtype == torch.int32)
+
+
+def test_integer_division_and_remainder_signs():
+    def int_div(x, y):
+        return (
+            x // y,
+            x % y,
+            torch.div(x, y, rounding_mode="trunc"),
+            x / y,
+            torch.remainder(x, 3),
+            x << 2,
+            x >> 1,
+        )
+
+    x = torch.arange(-10, 10)
+    both(int_div, (x, torch.tensor([3, -3, 7, -2] * 5)))
