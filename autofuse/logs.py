@@ -1,7 +1,7 @@
 """Logging controlled by ``AUTOFUSE_LOGS`` (a comma-separated list, like ``TORCH_LOGS``; an
 unknown topic raises, naming the valid ones).
 
-- ``output_code``: print each kernel of a plan with the file it is imported from (when tuning,
+- ``output_code``: print each kernel of a plan with a readable copy's file (when tuning,
   the final plan's only).
 - ``search``: one line per trial of the search: number, time in µs or why it failed, params.
 - ``cache``: plan cache hits and misses (and continued studies).
@@ -13,7 +13,6 @@ Times a person reads are in µs.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import sys
 import threading
@@ -62,12 +61,13 @@ def no_output_code() -> Iterator[None]:
 
 
 def kernel_file(source: str, name: str) -> str:
-    """The file ``source`` is imported from (written there if it is not yet)."""
-    from autofuse.kernels.loader import _write_checked, kernel_dir
+    """A readable copy of ``source`` (the kernel runs from the verified text itself)."""
+    from autofuse.kernels.loader import kernel_file as copy
 
-    path = kernel_dir() / f"{name}_{hashlib.sha256(source.encode()).hexdigest()[:20]}.py"
-    _write_checked(path, source.encode())
-    return str(path)
+    try:
+        return str(copy(source, name))
+    except OSError as e:
+        return f"(no readable copy: {e})"
 
 
 def output_code(plan: Any) -> None:

@@ -4,11 +4,12 @@
 them again, for tests and for programs that change the environment on purpose):
 
 - ``AUTOFUSE_CACHE_DIR``: the cache home: plans with their kernels and compiled binaries
-  (``plans/``), kernel sources to import (``kernels/``) and tuning studies (the SQLite file);
+  (``plans/``), readable copies of kernel sources (``kernels/``) and tuning studies (the SQLite file);
   default a per-user folder, ``$XDG_CACHE_HOME/autofuse`` or ``~/.cache/autofuse``. A
   ``cache_dir=`` argument overrides it; ``cache_dir=None`` everywhere means the home
   (``cache_home()``).
-- ``AUTOFUSE_KERNEL_DIR``: where generated kernel sources are written to be imported; default
+- ``AUTOFUSE_KERNEL_DIR``: where readable copies of generated kernels are written for
+  ``output_code`` (kernels run from their verified text, never from these files); default
   ``<cache home>/kernels``.
 - ``AUTOFUSE_STRICT``: a kernel that fails to build raises instead of running its ops in eager.
 - ``AUTOFUSE_LEAN_LAUNCH``: after a kernel's first call, launch its binary directly (default on).

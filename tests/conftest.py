@@ -57,3 +57,20 @@ def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A private cache home and kernel folder, no signing key; fresh loader / launcher caches."""
+    from autofuse import settings as af_settings
+
+    monkeypatch.setenv("AUTOFUSE_CACHE_DIR", str(tmp_path / "home"))
+    for name in ("AUTOFUSE_KERNEL_DIR", "AUTOFUSE_STRICT", "AUTOFUSE_SIGNING_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    af_settings.reload_settings()
+    from tests.helpers import fresh_runtime
+
+    fresh_runtime(monkeypatch)
+    yield tmp_path / "home"
+    monkeypatch.undo()
+    af_settings.reload_settings()

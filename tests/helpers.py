@@ -75,3 +75,13 @@ def check_partitions(
         f"{fn.__name__}: no checked partition fuses anything"
     )
     return len(parts), checked
+
+
+def fresh_runtime(monkeypatch):
+    """As a new process would: no kernel imported, launched or marked broken yet."""
+    from autofuse.kernels import loader
+    from autofuse.plan import runtime
+
+    monkeypatch.setattr(loader, "_LOADED", {})
+    monkeypatch.setattr(runtime, "_LAUNCHERS", {})
+    monkeypatch.setattr(runtime, "_BROKEN", {})
