@@ -87,3 +87,26 @@ def test_integer_division_and_remainder_signs():
 
     x = torch.arange(-10, 10)
     both(int_div, (x, torch.tensor([3, -3, 7, -2] * 5)))
+
+
+# ---------------------------------------------------------------------------------------------
+# empty, reversed and out-of-range slices
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("start,end", [(2, 0), (5, 5), (-3, -7), (-100, 2), (8, 100), (-2, None)])
+def test_slice_scatter_with_empty_reversed_and_clamped_bounds(start, end):
+    def scatter_slice(a, b):
+        return aten.slice_scatter(a * 2, b + 1, 1, start, end)
+
+    a = torch.randn(3, 10)
+    n = len(range(10)[slice(start, end)])
+    both(scatter_slice, (a, torch.randn(3, n)), compile_too=(start, end) == (2, 0))
+
+
+def test_slices_with_reversed_and_out_of_range_negative_bounds():
+    def slices(a):
+        y = a + 1
+        return y[:, -100:3] * 2, y[:, 5:2] * 3, y[-50:, -4:] - 1, y[:, -100:-90] + 1
+
+    both(slices, (torch.randn(4, 10),))

@@ -311,7 +311,7 @@ def _convert_view(b, packet, overload, args, val, name):  # noqa: C901
         dim = (args[1] if len(args) > 1 else 0) % len(shape)
         start = args[2] if len(args) > 2 and args[2] is not None else 0
         step = args[4] if len(args) > 4 else 1
-        start = start + shape[dim] if start < 0 else min(start, shape[dim])
+        start = max(start + shape[dim], 0) if start < 0 else min(start, shape[dim])
         return b.view("slice", src, val.shape, name, dim=dim, start=start, step=step)
     if packet == "select" and overload == "int":
         src = env[args[0]]

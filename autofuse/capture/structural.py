@@ -214,7 +214,8 @@ def _slice_scatter(b, args, kwargs, val, name):
     size = shape[dim]
     lo = 0 if start is None else (start + size if start < 0 else start)
     hi = size if end is None else (end + size if end < 0 else end)
-    lo, hi = max(0, min(lo, size)), max(0, min(hi, size))
+    lo = max(0, min(lo, size))
+    hi = max(lo, min(hi, size))  # an end before the start: an empty slice at ``lo``
     if b.nodes[src].shape[dim] != max(hi - lo, 0):
         return None
     parts = []
