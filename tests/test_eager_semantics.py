@@ -110,3 +110,41 @@ def test_slices_with_reversed_and_out_of_range_negative_bounds():
         return y[:, -100:3] * 2, y[:, 5:2] * 3, y[-50:, -4:] - 1, y[:, -100:-90] + 1
 
     both(slices, (torch.randn(4, 10),))
+
+
+# ---------------------------------------------------------------------------------------------
+# dtypes kernels do not compute in: eager steps beside the generated kernels
+# ---------------------------------------------------------------------------------------------
+
+
+def test_complex_tensors_run_as_eager_steps():
+    def complex_ops(z, x):
+        w = torch.add(z, z, alpha=2) * 3 + 1j
+        return w, w.abs() + x, torch.view_as_complex(torch.stack([x, x * 2], -1)) * z
+
+    z = torch.tensor([1 + 1j, -1 + 1j, -2 + 2j, 3 - 3j, 0, 1j, 1, -1])
+    x = torch.randn(8)
+    want = complex_ops(z, x)
+    for got in (
+        autofuse.optimize(complex_ops, (z, x))(z, x),
+        torch.compile(complex_ops, backend="autofuse")(z, x),
+    ):
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_casts_run_as_eager_steps(fp8):
+    def to_fp8(x):
+        y = (x * 2 + 1).to(fp8)
+        return y, y.float() * 3
+
+    x = torch.randn(16)
+    want = to_fp8(x)
+    fast = autofuse.optimize(to_fp8, (x,))
+    for got in (fast(x), torch.compile(to_fp8, backend="autofuse")(x)):
+        assert got[0].dtype == fp8
+        assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+        assert torch.equal(got[1], want[1])
+    assert fast.plan.kernels

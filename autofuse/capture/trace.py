@@ -22,6 +22,7 @@ from autofuse.capture.decompositions import decomposition_table
 from autofuse.capture.rules import Call, convert, dtype_name
 from autofuse.capture.structural import convert_multi, convert_structural, mutates
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
+from autofuse.ir.ops import TL_DTYPE
 from autofuse.ir.split import split_for_pipeline
 
 aten = torch.ops.aten
@@ -251,7 +252,7 @@ def _convert(b: _Builder, n: torch.fx.Node) -> Any:
         return b.like("getitem", (src,), val, name, index=args[1])
     packet = _packet(target)
     overload = getattr(target, "_overloadname", "")
-    if isinstance(val, torch.Tensor):
+    if isinstance(val, torch.Tensor) and _kernel_dtypes(n):
         out_dtype = dtype_name(val.dtype)
         converted = _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name)
         if converted is None:
@@ -287,6 +288,18 @@ def _operator_getitem():
     return operator.getitem
 
 
+def _kernel_dtypes(n: torch.fx.Node) -> bool:
+    """Every tensor ``n`` reads and returns has a dtype kernels compute in: a call on complex
+    or float8 tensors (no Triton arithmetic, or none in every Triton) runs as its eager op."""
+    vals = [a.meta.get("val") for a in pytree.tree_leaves((n.args, n.kwargs)) if _is_fx(a)]
+    vals.append(n.meta.get("val"))
+    return all(dtype_name(v.dtype) in TL_DTYPE for v in vals if isinstance(v, torch.Tensor))
+
+
+def _is_fx(a: Any) -> bool:
+    return isinstance(a, torch.fx.Node)
+
+
 def _convert_known(b, n, packet, overload, args, kwargs, val, out_dtype, name):
     """The IR nodes of one ATen call, by the conversion rules of its packet (``rules.py``)."""
     call = Call(b, packet, overload, tuple(args), dict(kwargs), val, out_dtype, name)
@@ -307,6 +320,8 @@ def _encode(a: Any) -> Any:
         return ("__memory_format__", str(a))
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
+    if isinstance(a, complex):  # a complex scalar operand (z * 1j): plain numbers when cached
+        return ("__complex__", a.real, a.imag)
     raise CaptureError(f"cannot record argument {a!r} of type {type(a).__name__}")
 
 

@@ -101,6 +101,8 @@ def _decode(a: Any, tensors: Sequence[Any], device: Any) -> Any:
             return torch.device(device)
         if tag == "__layout__":
             return torch.strided
+        if tag == "__complex__":
+            return complex(a[1], a[2])
         if tag == "__memory_format__":
             return getattr(torch, a[1].removeprefix("torch."))
     return a
