@@ -6,6 +6,8 @@ cast of operands, the op's own rendering, the reductions' identities and combine
 
 from __future__ import annotations
 
+import ast
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +121,8 @@ def render_op(op: str, node, args: list[Val], helpers: set[Helper]) -> str:
     cd = compute_dtype(node.dtype)
     if d.triton is None:
         raise FusionRefused(f"no Triton lowering for op {op!r}")
+    if args and all(a.literal for a in args) and (folded := _folded(node, args)) is not None:
+        return folded
     codes = _operands(cast_rule(node), args, cd)
     if d.integral_identity and not is_float(cd):
         return codes[0]  # integers are already integral: torch returns a copy
@@ -130,6 +134,29 @@ def render_op(op: str, node, args: list[Val], helpers: set[Helper]) -> str:
         return d.triton(node, codes, cd)
     except NoLowering as e:
         raise FusionRefused(str(e)) from None
+
+
+_SPECIAL = {'float("inf")': math.inf, 'float("-inf")': -math.inf, 'float("nan")': math.nan}
+
+
+def _number(code: str) -> Any:
+    """The number a literal's code writes (``literal``'s forms)."""
+    return _SPECIAL[code] if code in _SPECIAL else ast.literal_eval(code)
+
+
+def _folded(node, args: list[Val]) -> str | None:
+    """An op of constants, computed once by its eager semantics: its value in the node's
+    dtype as a literal (``0.0 / 0.0`` in the kernel's source is a Python division, which
+    raises where eager gives NaN); None where the op has no eager form of its operands."""
+    d = op_def(node.op)
+    if d.eager is None or d.indexed or d.scatter:
+        return None
+    try:
+        xs = [torch.tensor(_number(a.code), dtype=getattr(torch, a.dtype)) for a in args]
+        value = d.eager(node, *xs).to(getattr(torch, node.dtype)).item()
+    except (SyntaxError, TypeError, ValueError, RuntimeError):
+        return None  # not a Python literal, or not one of its dtype
+    return literal(value, node.dtype)
 
 
 _INT_RANGE = {
