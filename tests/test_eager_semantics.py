@@ -148,3 +148,40 @@ def test_float8_casts_run_as_eager_steps(fp8):
         assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
         assert torch.equal(got[1], want[1])
     assert fast.plan.kernels
+
+
+# ---------------------------------------------------------------------------------------------
+# division by zero and reductions of a 0-d tensor
+# ---------------------------------------------------------------------------------------------
+
+
+def test_division_of_constants_by_zero_gives_inf_and_nan():
+    def div_zero(x, zero, neg_zero):
+        z = torch.zeros_like(x)
+        return x / 0.0, x / -0.0, z / 0.0, x / z, z / z, x / zero, zero / neg_zero, z / -0.0
+
+    both(div_zero, (torch.randn(10), torch.zeros(10), -torch.zeros(10)))
+
+
+def test_integer_division_by_zero_as_eager():
+    def int_div_zero(x, y):
+        return x / y, x / 0, torch.zeros_like(x) / 0
+
+    both(int_div_zero, (torch.arange(-4, 4), torch.zeros(8, dtype=torch.int64)))
+
+
+def test_reductions_of_a_0d_tensor():
+    def reduce_0d(x, i):
+        y = x + 1
+        return (
+            y.mean(0),
+            y.sum(-1, keepdim=True),
+            y.amax(0),
+            y.max(),
+            y.prod(0),
+            (i + 1).sum(0),
+            y.var(),
+            y.std(0),
+        )
+
+    both(reduce_0d, (torch.tensor(3.0), torch.tensor(4)))

@@ -30,8 +30,16 @@ def _moment_mean(x, dims, n):
     return torch.where(s.abs() == math.inf, m, m.clamp(fi.min, fi.max))
 
 
+def _reduced_dims(x, dim) -> list[int]:
+    """The dims a var / std reduces: every dim for None; none for a 0-d tensor (whose only
+    allowed dims, 0 and -1, name the tensor itself)."""
+    if x.dim() == 0:
+        return []
+    return list(range(x.dim())) if dim is None else [d % x.dim() for d in dim]
+
+
 def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None):
-    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
+    dims = _reduced_dims(x, dim)
     n = math.prod(x.shape[d] for d in dims) if dims else 1
     corr = 1 if correction is None else correction
     mean = _moment_mean(x, dims, n) if mean is None else mean
@@ -40,7 +48,7 @@ def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None):
 
 
 def _var_mean_decomp(x, dim=None, *, correction=None, keepdim=False):
-    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
+    dims = _reduced_dims(x, dim)
     mean = _moment_mean(x, dims, math.prod(x.shape[d] for d in dims) if dims else 1)
     var = _var_decomp(x, dims, correction=correction, keepdim=keepdim, mean=mean)
     return var, (mean if keepdim else mean.squeeze(dims))

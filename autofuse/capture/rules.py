@@ -166,6 +166,8 @@ def _max_min(c: Call) -> Any:
         return None
     x = c.node(0)
     dims = tuple(range(len(c.b.nodes[x].shape)))
+    if not dims:  # max of a 0-d tensor: its value
+        return c.like("cast", (x,), dtype=c.out_dtype)
     return c.like("amax" if c.packet == "max" else "amin", (x,), dims=dims, keepdim=False)
 
 
@@ -273,6 +275,8 @@ def _convert_reduction(b, packet, overload, args, kwargs, val, out_dtype, name):
             name + "_cast",
             dtype=dtype_name(dtype_kw),
         )
+    if ndim == 0:  # a 0-d tensor (``dim`` 0 or -1 allowed): the reduction is its value
+        return b.like("cast", (x,), val, name, dtype=dtype_name(val.dtype))
     return b.like(packet, (x,), val, name, dims=dims, keepdim=bool(keepdim))
 
 
