@@ -163,3 +163,54 @@ def test_a_private_fallback_folder_is_made_owner_only(home, tmp_path, monkeypatc
     assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
     path = loader.kernel_file("x = 1\n", "k")
     assert path.parent == fallback and path.read_text() == "x = 1\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The code generator's identity in every key
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_generator_id_hashes_the_package_sources(tmp_path):
+    import shutil
+
+    from autofuse.cache import keys
+
+    pkg = Path(keys.__file__).resolve().parents[1]
+    assert keys.generator_id() == keys.source_hash(pkg) and keys.generator_id.cache_info().hits >= 0
+    copy = tmp_path / "autofuse"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert keys.source_hash(copy) == keys.generator_id()
+    render = copy / "kernels" / "render.py"
+    render.write_text(render.read_text() + "\n# a rounding fix\n")
+    assert keys.source_hash(copy) != keys.generator_id()
+
+
+def test_an_entry_of_another_generator_is_not_served(home, monkeypatch):
+    from autofuse.cache import calls, keys
+
+    args = _args()
+    with monkeypatch.context() as m:  # cached by other code: another generator id
+        m.setattr(keys, "generator_id", lambda: "0ther0generat0r")
+        m.setattr(calls, "generator_id", lambda: "0ther0generat0r")
+        _, key, _ = _stored()
+        assert cache.load(f, args, strict=True).plan is not None  # served to its own code
+    assert key != cache.key_for(capture(f, args), args)
+    fresh_runtime(monkeypatch)
+    with pytest.raises(cache.CacheMiss):
+        cache.load(f, args, strict=True)
+    with pytest.raises(cache.CacheMiss):
+        cache.load(f, args, strict=True, retrace=True)
+
+
+def test_a_bundle_of_another_generator_is_refused_even_loose(home, tmp_path, monkeypatch):
+    from autofuse.cache import bundle
+
+    _stored()
+    out = tmp_path / "b.afz"
+    bundle.export_bundle(out, None, None)
+    here = bundle.here()
+    monkeypatch.setattr(bundle, "here", lambda: {**here, "generator": "0ther0generat0r"})
+    for loose in (False, True):
+        with pytest.raises(bundle.BundleError, match="generator: bundle '[0-9a-f]+'"):
+            bundle.import_bundle(out, tmp_path / "dst", loose=loose)
+    assert not (tmp_path / "dst" / "plans").exists() or not any((tmp_path / "dst/plans").iterdir())

@@ -10,7 +10,8 @@ the zip holds exactly the files it lists, each file's sha256 and then each entry
 reads it (plan digest, kernel digests, binaries). An entry built for another device kind or
 other versions is refused, with a message naming what differs; with ``loose=True`` it is
 installed under the key this machine computes (its binaries dropped: the kernels are compiled
-from their verified sources here). Entries are installed atomically into the cache home.
+from their verified sources here), unless its kernels came from another code generator
+(``generator``, a hash of autofuse's sources): those are always refused. Entries are installed atomically into the cache home.
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ from autofuse.cache.keys import (
     _autofuse_version,
     _Corrupt,
     _triton_version,
+    generator_id,
     key_of_parts,
 )
 
 BUNDLE_FORMAT = 1
 MANIFEST = "manifest.json"
-BUILD_FIELDS = ("device", "torch", "triton", "autofuse")
+BUILD_FIELDS = ("device", "torch", "triton", "autofuse", "generator")
 _REL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?$")
 
 
@@ -62,6 +64,7 @@ def here() -> dict[str, str]:
         "torch": str(torch.__version__),
         "triton": _triton_version(),
         "autofuse": _autofuse_version(),
+        "generator": generator_id(),
     }
 
 
@@ -70,7 +73,7 @@ def entry_build(meta: dict) -> dict[str, Any]:
     parts = meta.get("key_parts") if isinstance(meta.get("key_parts"), dict) else {}
     return {
         "device": parts.get("device") or meta.get("gpu") or "cpu-interpreter",
-        **{k: parts.get(k) or meta.get(k) for k in ("torch", "triton", "autofuse")},
+        **{k: parts.get(k) or meta.get(k) for k in ("torch", "triton", "autofuse", "generator")},
     }
 
 
@@ -218,23 +221,42 @@ def _rekey(entry: Path, old_key: str, local: dict) -> str:
     return key
 
 
+def _refuse_builds(path: Any, entries: dict, local: dict, loose: bool) -> None:
+    """Raise naming every entry built elsewhere (``loose`` admits all but another generator's:
+    its kernels are what another autofuse generated, whatever they are compiled with)."""
+    refused, generators = [], False
+    for key, e in entries.items():
+        build = e.get("build") or {}
+        diff = differences(build, local)
+        other = build.get("generator") != local["generator"]
+        if diff and (not loose or other):
+            generators |= other
+            refused.append(f"entry {key} ({e.get('function') or '?'}): " + "; ".join(diff))
+    if refused:
+        hint = (
+            ""
+            if loose
+            else ("\nimport it with --loose (loose=True) to recompile its kernels from source here")
+        )
+        if generators:
+            hint += (
+                "\nkernels made by another autofuse (generator) are never installed, "
+                "even loose: tune them again with this one"
+            )
+        raise BundleError(
+            f"bundle {os.fspath(path)} was built for another device or other versions:\n  "
+            + "\n  ".join(refused)
+            + hint
+        )
+
+
 def import_bundle(
     path: str | os.PathLike, cache_dir: Any = None, loose: bool = False
 ) -> list[tuple[str, str]]:
     """Check the bundle ``path`` and install its entries; returns (key in bundle, key here)."""
     manifest, blobs = read_bundle(path)
     local = here()
-    refused = []
-    for key, e in manifest["entries"].items():
-        diff = differences(e.get("build") or {}, local)
-        if diff and not loose:
-            refused.append(f"entry {key} ({e.get('function') or '?'}): " + "; ".join(diff))
-    if refused:
-        raise BundleError(
-            f"bundle {os.fspath(path)} was built for another device or other versions:\n  "
-            + "\n  ".join(refused)
-            + "\nimport it with --loose (loose=True) to recompile its kernels from source here"
-        )
+    _refuse_builds(path, manifest["entries"], local, loose)
     root = plans_dir(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     staged: list[tuple[str, str, Path]] = []

@@ -34,6 +34,7 @@ from autofuse.cache.keys import (
     DeviceInfo,
     _autofuse_version,
     _triton_version,
+    generator_id,
     inputs_device,
     key_options,
 )
@@ -167,7 +168,12 @@ def call_key(fn: Any, example_inputs: Any, options: dict | None = None) -> str |
             "inputs": _inputs(example_inputs),
             "grad": torch.is_grad_enabled(),
             "device": DeviceInfo.current(inputs_device(example_inputs)).tag(),
-            "versions": [str(torch.__version__), _triton_version(), _autofuse_version()],
+            "versions": [
+                str(torch.__version__),
+                _triton_version(),
+                _autofuse_version(),
+                generator_id(),
+            ],  # fmt: skip
             "options": repr(sorted((str(k), repr(v)) for k, v in key_options(options).items())),
         }
     except (Opaque, RecursionError, TypeError, ValueError, RuntimeError):

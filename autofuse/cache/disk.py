@@ -54,6 +54,7 @@ from autofuse.cache.keys import (
     _check_key,
     _Corrupt,
     _triton_version,
+    generator_id,
     inputs_device,
     key_for,
     key_parts,
@@ -97,6 +98,7 @@ def _default_metadata() -> dict[str, Any]:
         "torch": str(torch.__version__),
         "triton": _triton_version(),
         "autofuse": _autofuse_version(),
+        "generator": generator_id(),
         "cuda": torch.version.cuda,
         "python": sys.version.split()[0],
     }

@@ -3,6 +3,7 @@ versions, options) hashed into an entry name; and the cache's errors and warning
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -124,6 +125,26 @@ def _autofuse_version() -> str:
     return str(getattr(autofuse, "__version__", "unknown"))
 
 
+def source_hash(root: Path) -> str:
+    """A hash of the ``.py`` files under ``root`` (their paths and bytes, in path order)."""
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def generator_id() -> str:
+    """The code generator's identity: a hash of the package's source files (computed once per
+    process). Every key holds it, so a plan cached by other code (a rounding fix, a new
+    kernel template) is never served by this one, whatever ``__version__`` says."""
+    try:
+        return source_hash(Path(__file__).resolve().parents[1])
+    except OSError:  # pragma: no cover - sources that cannot be read: the version alone
+        return "unknown"
+
+
 def key_options(options: dict[str, Any] | None) -> dict[str, Any]:
     """The options that take part in the key: all but :data:`TUNING_OPTIONS`."""
     return {k: v for k, v in (options or {}).items() if k not in TUNING_OPTIONS}
@@ -149,6 +170,7 @@ def key_parts(captured: Captured, device: DeviceInfo, options: dict | None = Non
         "torch": str(torch.__version__),
         "triton": _triton_version(),
         "autofuse": _autofuse_version(),
+        "generator": generator_id(),
         "options": repr(sorted((str(k), repr(v)) for k, v in opts.items())),
     }
 
