@@ -17,11 +17,13 @@ random ops...) are eager steps of that plan.
 
 Shapes: one plan per concrete shape. A graph whose example inputs are static compiles once;
 when Dynamo hands over a graph with symbolic sizes (after a shape change, Dynamo's automatic
-dynamic shapes, or ``dynamic=True``), the backend returns a dispatcher that specializes it: on
-each call it looks the concrete sizes (and integer arguments) up and, on a miss, compiles the
-graph through AOTAutograd for exactly those sizes, so every plan is static (``dynamic=False``
-semantics inside the backend). Plans are also memoized per IR graph, so a shape seen before
-(in another Dynamo cache entry) reuses its plan.
+dynamic shapes, or ``dynamic=True``) or one that reads an input's value with ``.item()``, the
+backend returns a dispatcher (``specialize.py``): on each call it looks the concrete sizes (and
+integer arguments, and the values read) up and, on a miss, compiles the graph through
+AOTAutograd for exactly those, so every plan is static (``dynamic=False`` semantics inside the
+backend). Data-dependent ops (``.item()`` of a computed tensor, ``nonzero``) do not abort the
+capture: such a graph runs in eager. Plans are also memoized per IR graph, so a shape seen
+before (in another Dynamo cache entry) reuses its plan.
 
 Options (``options={...}`` of ``torch.compile``, or keywords of :func:`make_backend`): those of
 ``autofuse.optimize``'s tuning (``trials``, ``time_budget``, ``cache_dir``, ``storage``,
@@ -61,6 +63,7 @@ from autofuse.plan.runtime import input_guard, run_plan
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
 from .options import BACKEND, check_options, wants_tuning
+from .specialize import SpecializedGraph, needs_specializing
 
 __all__ = [
     "AutofuseBackend",
@@ -246,8 +249,8 @@ class AutofuseBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw: Any):
         if kw.get("options"):
             check_options(kw["options"], BACKEND, "torch.compile(backend='autofuse')")
-        if any(is_symbolic(x) for x in example_inputs):
-            return _Specializer(self, gm)
+        if needs_specializing(gm, any(is_symbolic(x) for x in example_inputs)):
+            return SpecializedGraph(self.aot, gm)
         return self.aot(gm, list(example_inputs))
 
     def aot(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -354,31 +357,6 @@ def _choose_replay(plan: Plan, metas: Sequence[Any]) -> GraphChoice:
             )
     except Exception as e:  # noqa: BLE001 - a measurement never fails the compile: no replay
         return GraphChoice(False, None, None, f"not timed: {type(e).__name__}: {e}"[:300])
-
-
-class _Specializer:
-    """Runs a graph with symbolic sizes through one static compilation per concrete shape."""
-
-    def __init__(self, backend: AutofuseBackend, gm: torch.fx.GraphModule) -> None:
-        self.backend, self.gm = backend, gm
-        self.compiled: dict[tuple, Callable[..., Any]] = {}
-
-    @staticmethod
-    def key(args: Sequence[Any]) -> tuple:
-        out: list[Any] = [torch.is_grad_enabled()]
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                out.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad))
-            else:
-                out.append((type(a).__name__, a))
-        return tuple(out)
-
-    def __call__(self, *args: Any) -> Any:
-        k = self.key(args)
-        fn = self.compiled.get(k)
-        if fn is None:
-            fn = self.compiled[k] = self.backend.aot(self.gm, list(args))
-        return fn(*args)
 
 
 # ---------------------------------------------------------------------------------------------
