@@ -8,7 +8,11 @@ Every refused merge keeps its reason (:class:`Refusal`), which the report shows.
 
 A group is legal when it is convex (no path leaves it and comes back), holds only pointwise and
 reduction ops, and lowers to one kernel (``codegen.analyze_group``: one iteration domain, every
-reduced value read on its own row).
+reduced value read on its own row). Convex groups alone do not make a runnable partition: two
+groups can each be convex and still need each other's results (one reads a value of the other
+that is computed from its own), a cycle no order of kernels runs. A partition is therefore also
+checked as a whole (:meth:`Partitioner.acyclic`), and where the decisions' groups form such a
+cycle they are built again one merge at a time, each merge refused that would close one.
 """
 
 from __future__ import annotations
@@ -115,6 +119,51 @@ class Partitioner:
             u += 1
         return True
 
+    def acyclic(self, groups: list[frozenset[int]] | tuple[frozenset[int], ...]) -> bool:
+        """Whether ``groups`` (every other compute node alone) run in some order: no group
+        needs, through other groups or nodes, a value computed from its own results."""
+        g = self.graph
+        unit = {n: k for k, grp in enumerate(groups) for n in grp}
+        for n in g.compute_nodes():
+            unit.setdefault(n, len(unit) + len(groups))
+        deps: dict[int, set[int]] = {}
+        for n in g.compute_nodes():
+            for u in g.compute_users[n]:
+                if unit[u] != unit[n]:
+                    deps.setdefault(unit[u], set()).add(unit[n])
+        indeg = {u: len(d) for u, d in deps.items()}
+        users: dict[int, list[int]] = {}
+        for u, d in deps.items():
+            for p in d:
+                users.setdefault(p, []).append(u)
+        ready = [u for u in set(unit.values()) if not indeg.get(u)]
+        placed = 0
+        while ready:
+            placed += 1
+            for u in users.get(ready.pop(), ()):
+                indeg[u] -= 1
+                if not indeg[u]:
+                    ready.append(u)
+        return placed == len(set(unit.values()))
+
+    def _closes_cycle(self, merged: frozenset[int], owner: dict) -> bool:
+        """Whether a path leaves ``merged`` and comes back into it when every node of another
+        group (``owner``: node -> its group; others alone) counts as one step: entering a
+        group reaches all of its outputs."""
+        users = self.graph.compute_users
+        todo = [u for m in merged for u in users[m] if u not in merged]
+        seen = set(todo)
+        while todo:
+            n = todo.pop()
+            for m in owner.get(n, (n,)):
+                for u in users[m]:
+                    if u in merged:
+                        return True
+                    if u not in seen:
+                        seen.add(u)
+                        todo.append(u)
+        return False
+
     # -- legality ----------------------------------------------------------------------------
     def check(self, group: frozenset[int]) -> GroupInfo | str:
         """The group's info if it can be one kernel, else the reason it cannot."""
@@ -163,23 +212,47 @@ class Partitioner:
         the terse ``Edge.name``); a missing edge is not fused."""
         names = self.edge_names
         chosen = [e for e in self.edges if fuse.get(names[e], fuse.get(e.name, False))]
-        comp = _union_find(self.nodes, chosen)
+        comp = sorted(_union_find(self.nodes, chosen), key=min)
+        groups, refusals = self._build(comp, chosen, None)
+        if not self.acyclic(groups):
+            groups, refusals = self._build(comp, chosen, {})
+        return Partition(tuple(sorted(groups, key=min)), tuple(refusals))
+
+    def _build(
+        self, comp: list[frozenset[int]], chosen: list[Edge], owner: dict | None
+    ) -> tuple[list[frozenset[int]], list[Refusal]]:
+        """The groups of the components ``comp`` of the ``chosen`` edges, each component split
+        (:meth:`_repair`) where it is not one legal kernel. With ``owner`` (node -> its group
+        so far, filled here) a group that would close a cycle with those built before it is
+        split too."""
         groups: list[frozenset[int]] = []
         refusals: list[Refusal] = []
         for members in comp:
-            if self.legal(members):
-                groups.append(members)
-                continue
-            inner = [e for e in chosen if e.a in members and e.b in members]
-            g, r = self._repair(members, inner)
-            groups += g
-            refusals += r
-        return Partition(tuple(sorted(groups, key=min)), tuple(refusals))
+            if self.legal(members) and (owner is None or not self._closes_cycle(members, owner)):
+                found = [members]
+            else:
+                inner = [e for e in chosen if e.a in members and e.b in members]
+                found, r = self._repair(members, inner, owner)
+                refusals += r
+            groups += found
+            for grp in found if owner is not None else ():
+                owner.update(dict.fromkeys(grp, grp))
+        return groups, refusals
 
-    def _repair(self, members: frozenset[int], edges: list[Edge]):
+    def _merge_refusal(self, merged: frozenset[int], cluster: dict, owner: dict | None):
+        """Why ``merged`` cannot be one group beside the current ``cluster`` (this component's
+        groups so far) and ``owner`` (the groups built before it), or its info if it can."""
+        why = self.check(merged)
+        if isinstance(why, GroupInfo) and owner is not None:
+            if self._closes_cycle(merged, {**owner, **cluster}):
+                return CYCLE_REASON
+        return why
+
+    def _repair(self, members: frozenset[int], edges: list[Edge], owner: dict | None = None):
         """Merge along ``edges`` in order, each merge checked; a refused edge is tried again
         after the others (a partial group can be illegal where the larger one is not: an
-        index mask stored beside the values it masks, before both join their scatter)."""
+        index mask stored beside the values it masks, before both join their scatter). With
+        ``owner`` (see :meth:`_build`) a merge that closes a cycle between groups is refused."""
         cluster = {m: frozenset({m}) for m in members}
         refusals = []
         chosen = set(edges)
@@ -187,6 +260,9 @@ class Partitioner:
             inside = [e for e in self.edges if e.a in seed and e.b in seed]
             if not inside or not chosen.issuperset(inside):
                 continue  # the decisions keep some of it apart
+            if why is None and owner is not None:
+                why = self._merge_refusal(seed, cluster, owner)
+                why = None if isinstance(why, GroupInfo) else why
             if why is not None:
                 refusals.append(Refusal(inside[0], why))
             elif all(len(cluster[m]) == 1 for m in seed):
@@ -200,7 +276,7 @@ class Partitioner:
                 if ca is cb:
                     continue
                 merged = ca | cb
-                why = self.check(merged)
+                why = self._merge_refusal(merged, cluster, owner)
                 if isinstance(why, GroupInfo):
                     merged_any = True
                     for m in merged:
@@ -362,7 +438,9 @@ class Partitioner:
             if count[0] > limit * 20:
                 raise TooManyPartitions(f"more than {limit} partitions to visit")
             if k == len(self.nodes):
-                if all(self._connected(g) and self.legal(g) for g in groups):
+                if all(self._connected(g) and self.legal(g) for g in groups) and self.acyclic(
+                    groups
+                ):
                     out.append(Partition(tuple(sorted(groups, key=min))))
                     if len(out) > limit:
                         raise TooManyPartitions(f"more than {limit} legal partitions")
@@ -417,6 +495,13 @@ class Partitioner:
             return self.enumerate(limit=max_enumerate)
         except TooManyPartitions:
             return self.sample(sample, seed)
+
+
+CYCLE_REASON = (
+    "cycle between groups: each group is convex, but this merge would make two groups need "
+    "each other's results (one reads a value computed from the other's), which no order of "
+    "kernels runs"
+)
 
 
 def _union_find(nodes, edges) -> list[frozenset[int]]:
