@@ -11,6 +11,9 @@ them again, for tests and for programs that change the environment on purpose):
 - ``AUTOFUSE_KERNEL_DIR``: where readable copies of generated kernels are written for
   ``output_code`` (kernels run from their verified text, never from these files); default
   ``<cache home>/kernels``.
+- ``AUTOFUSE_SIGNING_KEY``: a secret (16 characters or more) that signs cache entries, call
+  records, binaries and bundle manifests (HMAC-SHA256); when set, ``load`` and
+  ``cache import`` accept only what it signed (``autofuse/cache/trust.py``, ``docs/trust.md``).
 - ``AUTOFUSE_STRICT``: a kernel that fails to build raises instead of running its ops in eager.
 - ``AUTOFUSE_LEAN_LAUNCH``: after a kernel's first call, launch its binary directly (default on).
 - ``AUTOFUSE_DIRECT_LAUNCH``: on the lean path, launch the binary with torch's static CUDA
@@ -31,7 +34,7 @@ for the interpreter and the cost model. It is passed down instead of asking torc
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
 
@@ -75,6 +78,7 @@ class Settings:
     direct_launch: bool = True
     split_reductions: str = "auto"  # "auto" (CUDA inputs), "on", "off"
     split_min_rnumel: int = 4096
+    signing_key: bytes | None = field(default=None, repr=False)
 
 
 def _split_mode() -> str:
@@ -97,7 +101,20 @@ def settings() -> Settings:
         logs=parse_logs(os.environ.get("AUTOFUSE_LOGS", "")),
         split_reductions=_split_mode(),
         split_min_rnumel=int(os.environ.get("AUTOFUSE_SPLIT_MIN_RNUMEL", "4096")),
+        signing_key=_signing_key(),
     )
+
+
+def _signing_key() -> bytes | None:
+    value = os.environ.get("AUTOFUSE_SIGNING_KEY")
+    if not value:
+        return None
+    if len(value) < 16:
+        raise ValueError(
+            f"AUTOFUSE_SIGNING_KEY is {len(value)} characters long; a signing key needs 16 or "
+            "more (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)"
+        )
+    return value.encode()
 
 
 def cache_home(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -31,6 +31,7 @@ import torch
 
 from autofuse.cache.codec import _canonical, _sha
 from autofuse.cache.keys import CacheWarning, _triton_version
+from autofuse.cache.trust import BINARY_LIMIT, read_bounded, sign, signature_problem
 from autofuse.files import write_atomic
 from autofuse.settings import settings
 
@@ -134,14 +135,21 @@ def read_binary(path: Path, source_sha256: str) -> dict:
     """A binary record, checked (its own digest, the binary's, the source it was built from);
     raises ValueError naming the problem."""
     try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raw = read_bounded(path, BINARY_LIMIT)
+    except OSError as e:
+        raise ValueError(f"cannot be read: {e}") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"is not valid JSON (truncated or corrupted?): {e}") from None
     if not isinstance(doc, dict) or doc.get("autofuse_binary") != BINARY_FORMAT:
         raise ValueError("is not an autofuse binary of this format")
     payload = doc.get("payload")
     if not isinstance(payload, dict) or _sha(_canonical(payload)) != doc.get("payload_sha256"):
         raise ValueError("does not match its sha256 (the file was modified)")
+    forged = signature_problem("binary", doc["payload_sha256"], doc.get("signature"))
+    if forged is not None:
+        raise ValueError(forged)
     if payload.get("source_sha256") != source_sha256:
         raise ValueError("was compiled from another source")
     try:
@@ -155,6 +163,9 @@ def read_binary(path: Path, source_sha256: str) -> dict:
 
 def write_binary(path: Path, payload: dict) -> None:
     doc = {"autofuse_binary": BINARY_FORMAT, "payload_sha256": _sha(_canonical(payload))}
+    signature = sign("binary", doc["payload_sha256"])
+    if signature is not None:
+        doc["signature"] = signature
     doc["payload"] = payload
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(doc, sort_keys=True).encode(), hidden=True)

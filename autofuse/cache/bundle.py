@@ -34,7 +34,14 @@ import torch
 
 from autofuse.cache.binaries import BIN_DIR
 from autofuse.cache.codec import _canonical, _sha
-from autofuse.cache.disk import _decode_plan, _publish, _read_doc, _read_entry, plans_dir
+from autofuse.cache.disk import (
+    _decode_plan,
+    _publish,
+    _read_doc,
+    _read_entry,
+    plan_text,
+    plans_dir,
+)
 from autofuse.cache.keys import (
     _KEY_RE,
     CACHE_FORMAT,
@@ -45,6 +52,13 @@ from autofuse.cache.keys import (
     _triton_version,
     generator_id,
     key_of_parts,
+)
+from autofuse.cache.trust import (
+    BUNDLE_LIMIT,
+    MEMBER_LIMIT,
+    open_regular,
+    sign,
+    signature_problem,
 )
 
 BUNDLE_FORMAT = 1
@@ -130,6 +144,9 @@ def export_bundle(
         "entries": entries,
     }
     manifest["manifest_sha256"] = _sha(_canonical(manifest))
+    signature = sign("bundle", manifest["manifest_sha256"])
+    if signature is not None:
+        manifest["manifest_hmac"] = signature
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -149,14 +166,38 @@ def _corrupt(path: Any, why: str) -> BundleError:
     return BundleError(f"bundle {os.fspath(path)} is corrupted: {why}")
 
 
+def _read_members(path: Any) -> dict[str, bytes]:
+    """Every member of the zip ``path``, each checked against its declared size before it is
+    decompressed (a member over :data:`MEMBER_LIMIT`, all over :data:`BUNDLE_LIMIT`, a name
+    twice: refused), and never decompressed past that size."""
+    with open_regular(Path(path), BUNDLE_LIMIT) as f, zipfile.ZipFile(f) as z:
+        infos = z.infolist()
+        names = [i.filename for i in infos]
+        if len(set(names)) != len(names):
+            raise _corrupt(path, "a file name appears twice in the zip")
+        if MANIFEST not in names:
+            raise _corrupt(path, "it has no manifest.json")
+        total = sum(i.file_size for i in infos)
+        big = [i.filename for i in infos if i.file_size > MEMBER_LIMIT]
+        if big or total > BUNDLE_LIMIT:
+            raise _corrupt(path, f"its files unpack to {total} bytes (over the limits: {big})")
+        blobs = {}
+        for i in infos:
+            with z.open(i) as member:
+                data = member.read(i.file_size + 1)
+            if len(data) != i.file_size:
+                raise _corrupt(path, f"{i.filename} does not unpack to its declared size")
+            blobs[i.filename] = data
+    return blobs
+
+
 def read_bundle(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
-    """(manifest, files by name), every digest checked; raises BundleError."""
+    """(manifest, files by name), every digest (and signature, with a signing key) checked;
+    raises BundleError."""
     try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-            if MANIFEST not in names:
-                raise _corrupt(path, "it has no manifest.json")
-            blobs = {n: z.read(n) for n in names}
+        blobs = _read_members(path)
+    except BundleError:
+        raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise BundleError(f"no bundle at {os.fspath(path)}") from None
@@ -169,17 +210,13 @@ def read_bundle(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
         raise _corrupt(path, f"manifest.json is not valid JSON: {e}") from None
     if not isinstance(manifest, dict) or manifest.get("autofuse_bundle") != BUNDLE_FORMAT:
         raise _corrupt(path, "manifest.json is not an autofuse bundle manifest of this format")
-    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    body = {k: v for k, v in manifest.items() if k not in ("manifest_sha256", "manifest_hmac")}
     if _sha(_canonical(body)) != manifest.get("manifest_sha256"):
         raise _corrupt(path, "manifest.json does not match its sha256 (modified)")
-    listed: dict[str, str] = {}
-    for key, e in manifest["entries"].items():
-        if not _KEY_RE.match(key):
-            raise _corrupt(path, f"invalid entry key {key!r}")
-        for rel, digest in e["files"].items():
-            if not _REL_RE.match(rel) or ".." in rel.split("/"):
-                raise _corrupt(path, f"invalid file name {rel!r} in entry {key}")
-            listed[f"plans/{key}/{rel}"] = digest
+    forged = signature_problem("bundle", manifest["manifest_sha256"], manifest.get("manifest_hmac"))
+    if forged is not None:
+        raise BundleError(f"bundle {os.fspath(path)} is refused: its manifest {forged}")
+    listed = _listed_files(path, manifest)
     if set(listed) != set(blobs):
         extra, missing = sorted(set(blobs) - set(listed)), sorted(set(listed) - set(blobs))
         raise _corrupt(path, f"files not in the manifest {extra}, missing files {missing}")
@@ -187,6 +224,32 @@ def read_bundle(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
         if _sha(blobs[name]) != digest:
             raise _corrupt(path, f"{name} does not match its sha256")
     return manifest, blobs
+
+
+def _listed_files(path: Any, manifest: dict) -> dict[str, str]:
+    """``plans/<key>/<file>`` -> sha256 for every file the manifest lists; one-line errors
+    for a manifest of the wrong shape."""
+    entries = manifest.get("entries")
+    if not isinstance(entries, dict) or not entries:
+        raise _corrupt(path, "manifest.json's 'entries' is not a non-empty map of entries")
+    listed: dict[str, str] = {}
+    for key, e in entries.items():
+        if not _KEY_RE.match(key):
+            raise _corrupt(path, f"invalid entry key {key!r}")
+        files = e.get("files") if isinstance(e, dict) else None
+        if not isinstance(files, dict) or not files:
+            raise _corrupt(path, f"entry {key} has no map of files in manifest.json")
+        if not isinstance(e.get("build", {}), dict):
+            raise _corrupt(path, f"entry {key}'s 'build' in manifest.json is not a map")
+        for rel, digest in files.items():
+            if not _REL_RE.match(rel) or ".." in rel.split("/"):
+                raise _corrupt(path, f"invalid file name {rel!r} in entry {key}")
+            if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise _corrupt(path, f"entry {key}: {rel}'s digest is not a sha256")
+            if rel.split("/")[0] in files and "/" in rel:
+                raise _corrupt(path, f"entry {key} lists both {rel.split('/')[0]!r} and {rel!r}")
+            listed[f"plans/{key}/{rel}"] = digest
+    return listed
 
 
 def differences(build: dict, local: dict | None = None) -> list[str]:
@@ -213,10 +276,7 @@ def _rekey(entry: Path, old_key: str, local: dict) -> str:
     meta["imported_from"] = {"key": old_key, "build": entry_build(meta)}
     meta["key_parts"] = parts
     payload["key"] = key
-    body = _canonical(payload)
-    doc = {"autofuse_plan_cache": CACHE_FORMAT, "key": key, "payload_sha256": _sha(body)}
-    doc["payload"] = payload
-    (entry / PLAN_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    (entry / PLAN_FILE).write_text(plan_text(key, payload))  # signed here, where a key is set
     shutil.rmtree(entry / BIN_DIR, ignore_errors=True)  # built for another GPU / versions
     return key
 
@@ -291,8 +351,8 @@ def bundle_summary(path: str | os.PathLike) -> str:
     """What a bundle holds (for messages)."""
     manifest, _ = read_bundle(path)
     buf = io.StringIO()
-    prov = manifest["provenance"]
+    prov = manifest.get("provenance") if isinstance(manifest.get("provenance"), dict) else {}
     print(f"bundle from {prov.get('host')} at {prov.get('created_iso')}", file=buf)
     for key, e in manifest["entries"].items():
-        print(f"  {key}  {e.get('function') or '?'}  {e['build']}", file=buf)
+        print(f"  {key}  {e.get('function') or '?'}  {e.get('build')}", file=buf)
     return buf.getvalue()

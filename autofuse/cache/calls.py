@@ -30,6 +30,7 @@ import torch.utils._pytree as pytree
 
 from autofuse.cache.codec import _canonical, _sha
 from autofuse.cache.keys import (
+    _KEY_RE,
     CACHE_FORMAT,
     DeviceInfo,
     _autofuse_version,
@@ -38,6 +39,7 @@ from autofuse.cache.keys import (
     inputs_device,
     key_options,
 )
+from autofuse.cache.trust import CALL_LIMIT, read_bounded, sign, signature_problem
 from autofuse.files import write_atomic
 
 CALLS_DIR = "calls"
@@ -193,6 +195,7 @@ def write_call(cache_dir: str | os.PathLike, ck: str | None, plan_key: str, capt
         return
     try:
         payload = {
+            "call_key": ck,
             "plan_key": plan_key,
             "graph_key": captured.graph.key,
             "in_spec": pytree.treespec_dumps(captured.in_spec),
@@ -202,11 +205,11 @@ def write_call(cache_dir: str | os.PathLike, ck: str | None, plan_key: str, capt
             "param_names": list(captured.param_names),
             "source_name": captured.source_name,
         }
-        doc = {
-            "autofuse_call": CACHE_FORMAT,
-            "sha256": _sha(_canonical(payload)),
-            "payload": payload,
-        }
+        doc = {"autofuse_call": CACHE_FORMAT, "sha256": _sha(_canonical(payload))}
+        signature = sign("call", doc["sha256"])
+        if signature is not None:
+            doc["signature"] = signature
+        doc["payload"] = payload
         path = _path(cache_dir, ck)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(doc, sort_keys=True).encode())
@@ -226,16 +229,22 @@ def _scalar_back(item: list) -> Any:
 
 
 def read_call(cache_dir: str | os.PathLike, ck: str | None) -> dict | None:
-    """The index record of ``ck`` (checked against its digest), or None."""
+    """The index record of ``ck`` (checked against its digest, bound to ``ck``, signed where a
+    signing key is set), or None (the call is captured)."""
     if ck is None:
         return None
     try:
-        doc = json.loads(_path(cache_dir, ck).read_bytes())
+        doc = json.loads(read_bounded(_path(cache_dir, ck), CALL_LIMIT))
         payload = doc["payload"]
         if doc.get("autofuse_call") != CACHE_FORMAT or _sha(_canonical(payload)) != doc["sha256"]:
             return None
+        if not isinstance(payload.get("plan_key"), str) or not _KEY_RE.match(payload["plan_key"]):
+            return None
+        if payload.get("call_key") != ck or signature_problem("call", doc["sha256"],
+                                                              doc.get("signature")):  # fmt: skip
+            return None  # a record of another call (copied here), or one the key did not sign
         return payload
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

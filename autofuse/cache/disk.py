@@ -59,6 +59,7 @@ from autofuse.cache.keys import (
     key_for,
     key_parts,
 )
+from autofuse.cache.trust import PLAN_LIMIT, SOURCE_LIMIT, read_bounded, sign, signature_problem
 from autofuse.plan.runtime import EagerStep, KernelStep, Plan
 from autofuse.settings import cache_home, settings
 
@@ -241,6 +242,17 @@ def _sweep(root: Path) -> None:
                 pass
 
 
+def plan_text(key: str, payload: dict) -> str:
+    """plan.json for ``payload``: its digest, and its signature where a signing key is set."""
+    digest = _sha(_canonical(payload))
+    doc = {"autofuse_plan_cache": CACHE_FORMAT, "key": key, "payload_sha256": digest}
+    signature = sign("plan", digest)
+    if signature is not None:
+        doc["signature"] = signature
+    doc["payload"] = payload
+    return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+
+
 def save_plan(
     cache_dir: str | os.PathLike, key: str, plan: Plan, metadata: dict | None = None
 ) -> Path:
@@ -268,14 +280,7 @@ def save_plan(
         "steps": steps,
         "metadata": meta,
     }
-    body = _canonical(payload)
-    doc = {
-        "autofuse_plan_cache": CACHE_FORMAT,
-        "key": key,
-        "payload_sha256": _sha(body),
-        "payload": payload,
-    }
-    text = json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+    text = plan_text(key, payload)
 
     root = plans_dir(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -364,7 +369,7 @@ def _read_doc(entry: Path) -> dict:
     """plan.json, parsed and checked against its digest; raises _Corrupt."""
     file = entry / PLAN_FILE
     try:
-        raw = file.read_bytes()
+        raw = read_bounded(file, PLAN_LIMIT)
     except FileNotFoundError:
         raise _Corrupt(file, "plan.json is missing") from None
     except OSError as e:
@@ -385,6 +390,9 @@ def _read_doc(entry: Path) -> dict:
         raise _Corrupt(file, "has no payload or no payload digest")
     if _sha(_canonical(payload)) != doc["payload_sha256"]:
         raise _Corrupt(file, "the payload does not match its sha256 (the file was modified)")
+    forged = signature_problem("plan", doc["payload_sha256"], doc.get("signature"))
+    if forged is not None:
+        raise _Corrupt(file, forged)
     if payload.get("format") != CACHE_FORMAT:
         raise _Corrupt(file, f"payload format {payload.get('format')!r} != {CACHE_FORMAT}")
     return payload
@@ -409,9 +417,11 @@ def _decode_plan(entry: Path, payload: dict) -> Plan:
             k = s["kernel"]
             file = _safe_file(entry, k["source_file"])
             try:
-                data = file.read_bytes()
+                data = read_bounded(file, SOURCE_LIMIT)
             except FileNotFoundError:
                 raise _Corrupt(file, f"kernel file of {k['name']} is missing") from None
+            except OSError as e:
+                raise _Corrupt(file, f"kernel file of {k['name']} cannot be read: {e}") from None
             if _sha(data) != k["source_sha256"]:
                 raise _Corrupt(
                     file, f"kernel source of {k['name']} does not match its sha256 (modified?)"
