@@ -1,0 +1,191 @@
+"""KernelBench problems read by path (data, never copied), and the CPU mode's shape reduction.
+
+A problem file defines ``Model``, ``get_inputs()`` and ``get_init_inputs()``; its module-level
+assignments of integer literals are the problem's shapes. The reduction rewrites those literals
+before the file runs (an AST pass over the assignments alone), so shapes derived from them
+(``input_shape = (num_classes,)``, ``groups = in_channels``) stay coupled. Each stage caps:
+
+- ``batch_size`` / ``batch`` to the stage's batch;
+- spatial names (``height``, ``width``, ``depth``, ``length``, ``seq_len``, ``image_size``, ``dim1``,
+  ``dim2``, ...) to the stage's spatial cap;
+- every other integer above the stage's size cap (channels, features, hidden sizes, classes,
+  matrix sizes) to that cap; elements of tuples and lists likewise. Small integers (kernel
+  sizes, strides, paddings, dilations, groups, reduced dims, layer counts) and floats stay.
+
+Stages, tried in order until eager runs the problem: ``small`` (batch 2, spatial <= 12, sizes <=
+16), ``medium`` (batch 2, spatial <= 32, sizes <= 64: patch sizes, group counts or linear
+layers sized for the shipped input), ``batch`` (batch 2 only) and ``shipped`` (as published).
+The record names the stage and every value changed.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BATCH_NAMES = frozenset({"batch_size", "batch"})
+SPATIAL_NAMES = frozenset({
+    "height", "width", "depth", "length", "height_in", "width_in", "depth_in", "seq_len",
+    "seq_length", "sequence_length", "image_size", "max_seqlen", "dim1", "dim2", "input_length",
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    batch: int | None
+    spatial: int | None
+    size: int | None
+
+
+STAGES = (
+    Stage("small", 2, 12, 16),
+    Stage("medium", 2, 32, 64),
+    Stage("batch", 2, None, None),
+    Stage("shipped", None, None, None),
+)
+BY_STAGE = {s.name: s for s in STAGES}
+
+
+@dataclass(frozen=True)
+class Problem:
+    level: int
+    number: int
+    name: str
+    path: Path
+
+    @property
+    def key(self) -> str:
+        """``L<level>_<number>_<name>``: the record's name (a file name)."""
+        return f"L{self.level}_{self.number}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', self.name)}"
+
+
+def level_dir(root: str | Path, level: int) -> Path:
+    """``root/KernelBench/level<N>`` (a checkout of the benchmark), or ``root/level<N>``."""
+    root = Path(root)
+    for cand in (root / "KernelBench" / f"level{level}", root / f"level{level}"):
+        if cand.is_dir():
+            return cand
+    raise FileNotFoundError(f"kernelbench: no level{level} folder under {root}")
+
+
+def discover(root: str | Path, level: int, wanted: set[int] | None = None) -> list[Problem]:
+    """The level's problems (``<number>_<name>.py``) by number; ``wanted`` filters numbers."""
+    out = []
+    for p in level_dir(root, level).glob("*.py"):
+        m = re.match(r"^(\d+)_(.+)\.py$", p.name)
+        if m and (wanted is None or int(m.group(1)) in wanted):
+            out.append(Problem(level, int(m.group(1)), m.group(2), p))
+    return sorted(out, key=lambda q: q.number)
+
+
+def parse_numbers(text: str) -> set[int] | None:
+    """``"1-20,33"`` -> {1..20, 33}; empty -> None (all). A bad item raises naming it."""
+    if not text:
+        return None
+    out: set[int] = set()
+    for item in (t.strip() for t in text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        if not m:
+            raise ValueError(f"--problems: {item!r} is not a number or a range a-b")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ValueError(f"--problems: range {item!r} runs backwards")
+        out.update(range(lo, hi + 1))
+    return out
+
+
+def cap(names: list[str], value: int, stage: Stage) -> int:
+    """The reduced value of an integer assigned to ``names`` (the smallest cap any name has)."""
+    caps = []
+    for n in names:
+        if n in BATCH_NAMES:
+            caps.append(stage.batch)
+        elif n in SPATIAL_NAMES:
+            caps.append(stage.spatial)
+        elif value > (stage.size or value):
+            caps.append(stage.size)
+    caps = [c for c in caps if c is not None]
+    return min([value, *caps]) if value > 0 else value
+
+
+def reduce_value(names: list[str], value: Any, stage: Stage) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, tuple, list)):
+        return value
+    if isinstance(value, int):
+        return cap(names, value, stage)
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return type(value)(cap(["_element"], v, stage) for v in value)
+    return value
+
+
+class _Reducer(ast.NodeTransformer):
+    def __init__(self, stage: Stage) -> None:
+        self.stage = stage
+        self.changed: dict[str, tuple[Any, Any]] = {}
+
+    def reduce(self, targets: list[ast.expr], value: ast.expr) -> ast.expr:
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        if len(names) != len(targets):
+            return value
+        try:
+            old = ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError):
+            return value
+        new = reduce_value(names, old, self.stage)
+        if new == old:
+            return value
+        for n in names:
+            self.changed[n] = (old, new)
+        return ast.copy_location(ast.parse(repr(new), mode="eval").body, value)
+
+
+def load_module(problem: Problem, stage: Stage) -> tuple[types.ModuleType, dict]:
+    """The problem's module with its shapes reduced by ``stage``, and the values changed."""
+    tree = ast.parse(problem.path.read_text(), filename=str(problem.path))
+    red = _Reducer(stage)
+    for node in tree.body:  # module level only: the shapes, never code inside functions
+        if isinstance(node, ast.Assign):
+            node.value = red.reduce(node.targets, node.value)
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            node.value = red.reduce([node.target], node.value)
+    ast.fix_missing_locations(tree)
+    module = types.ModuleType(f"kernelbench_{problem.key}")
+    module.__file__ = str(problem.path)
+    exec(compile(tree, str(problem.path), "exec"), module.__dict__)  # noqa: S102 - problem data
+    return module, {k: [repr(a), repr(b)] for k, (a, b) in red.changed.items()}
+
+
+def instantiate(module: types.ModuleType, seed: int = 0, dtype: Any = None, device: str = "cpu"):
+    """``Model(*get_init_inputs())`` and ``get_inputs()`` under fixed seeds, on ``device``;
+    floating parameters and inputs cast to ``dtype`` where given. The module keeps the mode it
+    is made in (training, as the benchmark runs it: batch norms use the batch's statistics)."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = module.Model(*module.get_init_inputs())
+    torch.manual_seed(seed)
+    inputs = list(module.get_inputs())
+    model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+    return model, [cast(x, dtype, device) for x in inputs]
+
+
+def new_inputs(module: types.ModuleType, seed: int, dtype: Any = None, device: str = "cpu"):
+    """Fresh ``get_inputs()`` under ``seed`` (KernelBench checks several input draws)."""
+    import torch
+
+    torch.manual_seed(seed)
+    return [cast(x, dtype, device) for x in module.get_inputs()]
+
+
+def cast(x: Any, dtype: Any, device: str) -> Any:
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        return x
+    x = x.to(device)
+    return x.to(dtype) if dtype is not None and x.is_floating_point() else x

@@ -1,0 +1,246 @@
+"""The KernelBench runner (experiments/kernelbench*.py): the shape reduction, the GPU path with
+injected timers (interleaving, the record ``autofuse report`` reads, fast_1, the geomean over the
+better torch.compile mode), and a CPU slice of the benchmark itself where it is present."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+import autofuse
+from experiments.kernelbench import default_dir, main
+from experiments.kernelbench_check import check_problem, eager_steps, is_library
+from experiments.kernelbench_gpu import COMPILE, GpuOptions, time_problem
+from experiments.kernelbench_problems import (
+    BY_STAGE,
+    Problem,
+    discover,
+    load_module,
+    parse_numbers,
+)
+from experiments.kernelbench_summary import level_stats, records, render
+
+TOY = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+
+batch_size = 64
+dim = 300
+scale = 2.0
+input_shape = (dim,)
+
+def get_inputs():
+    return [torch.randn(batch_size, *input_shape)]
+
+def get_init_inputs():
+    return [scale]
+"""
+
+PATCHES = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, image_size, patch_size):
+        super().__init__()
+        assert image_size % patch_size == 0, "image size must be a multiple of the patch"
+        self.p = patch_size
+
+    def forward(self, x):
+        return x.unfold(2, self.p, self.p).sum(-1)
+
+image_size = 224
+patch_size = 16
+kernel_size = 3
+
+def get_inputs():
+    return [torch.rand(2, 3, image_size, image_size)]
+
+def get_init_inputs():
+    return [image_size, patch_size]
+"""
+
+
+def toy_problem(tmp_path, text=TOY, name="1_Toy.py") -> Problem:
+    folder = tmp_path / "KernelBench" / "level1"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(textwrap.dedent(text))
+    (p,) = discover(tmp_path, 1, {int(name.split("_")[0])})
+    return p
+
+
+def test_reduction_caps_shapes_and_keeps_coupled_ones(tmp_path):
+    p = toy_problem(tmp_path)
+    module, changed = load_module(p, BY_STAGE["small"])
+    assert (module.batch_size, module.dim, module.input_shape) == (2, 16, (16,))
+    assert module.scale == 2.0 and changed["dim"] == ["300", "16"]
+    module, changed = load_module(p, BY_STAGE["shipped"])
+    assert (module.batch_size, module.dim, changed) == (64, 300, {})
+
+
+def test_a_stage_that_breaks_the_problem_gives_way_to_the_next(tmp_path):
+    from experiments.kernelbench_check import choose_stage
+
+    p = toy_problem(tmp_path, PATCHES, "2_Patches.py")
+    stage, module, *_, info = choose_stage(p)
+    assert stage.name == "medium" and (module.image_size, module.patch_size) == (32, 16)
+    assert module.kernel_size == 3 and "small" in info["skipped"]
+
+
+def test_problem_numbers_parse():
+    assert parse_numbers("1-3,7") == {1, 2, 3, 7} and parse_numbers("") is None
+    with pytest.raises(ValueError, match="--problems"):
+        parse_numbers("3-1")
+    with pytest.raises(ValueError, match="--problems"):
+        parse_numbers("x")
+
+
+class FakeTimer:
+    """Fixed seconds per variant; records the order of the calls."""
+
+    def __init__(self, times):
+        self.times, self.calls = times, []
+
+    def __call__(self, label, fn, args):
+        fn(*args)
+        self.calls.append(label)
+        return self.times[label] * (1 + 0.1 * (len(self.calls) % 2))
+
+
+TIMES = {"eager": 10e-6, COMPILE[0]: 8e-6, COMPILE[1]: 6e-6, "autofuse greedy": 7e-6,
+         "autofuse tuned": 5e-6}  # fmt: skip
+
+
+def fake_compile(model, mode):
+    return lambda *xs: model(*xs)
+
+
+def greedy_only(model, inputs, **options):
+    return autofuse.optimize(model, inputs)  # the search's options ignored: no tuning on CPU
+
+
+def test_gpu_path_with_injected_timers(tmp_path):
+    p = toy_problem(tmp_path)
+    timer = FakeTimer(TIMES)
+    opts = GpuOptions(rounds=2, stage="small", correct_trials=2)
+    ceil = {"copy_bytes_per_s": 1e12, "bf16_mm_flops_per_s": 1e15}
+    rec = time_problem(p, opts, ceil, device="cpu", timer=timer, compile_fn=fake_compile,
+                       optimize_fn=greedy_only)  # fmt: skip
+    order = ["eager", *COMPILE, "autofuse greedy", "autofuse tuned"]
+    assert timer.calls == order + order[::-1]  # interleaved, every other round reversed
+    assert rec["times_us"]["autofuse tuned"]["us"] == pytest.approx(5.0)  # min of rounds
+    assert all(rec["correct"].values()) and rec["tuned_correct"] and rec["fast_1"]
+    assert rec["best_compile"] == COMPILE[1]
+    assert rec["speedup_vs_best_compile"] == pytest.approx(6 / 5)
+    assert rec["floor_us"] == pytest.approx(2 * 4 * 2 * 16 / 1e12 * 1e6)
+    assert rec["kernels"] and rec["eager_ops"] == {} and rec["workload"] == "L1_1_Toy"
+    json.dumps(rec)  # a JSON record
+
+
+def test_a_wrong_compile_mode_is_not_the_better_one(tmp_path):
+    p = toy_problem(tmp_path)
+
+    def wrong_max_autotune(model, mode):
+        return (lambda *xs: model(*xs) + 1) if "max" in mode else (lambda *xs: model(*xs))
+
+    rec = time_problem(p, GpuOptions(rounds=2, stage="small", correct_trials=1),
+                       {"copy_bytes_per_s": 1e12, "bf16_mm_flops_per_s": 1e15}, device="cpu",
+                       timer=FakeTimer(TIMES), compile_fn=wrong_max_autotune,
+                       optimize_fn=greedy_only)  # fmt: skip
+    assert rec["correct"][COMPILE[1]] is False and rec["best_compile"] == COMPILE[0]
+    assert rec["speedup_vs_best_compile"] == pytest.approx(8 / 5)
+
+
+def fake_record(number, tuned_us, best_compile_us, eager_us=10.0, correct=True):
+    times = {"eager": eager_us, COMPILE[0]: best_compile_us, COMPILE[1]: 2 * best_compile_us,
+             "autofuse greedy": tuned_us, "autofuse tuned": tuned_us}  # fmt: skip
+    from experiments.kernelbench_gpu import verdicts
+
+    rec = {"workload": f"L2_{number}_x", "complete": True, "mode": "gpu", "level": 2,
+           "number": number, "dtype": "fp32", "tuned_source": "measured", "floor_us": 1.0,
+           "times_us": {k: {"us": v, "source": "measured"} for k, v in times.items()},
+           "correct": {k: correct for k in times if k != "eager"}}  # fmt: skip
+    rec.update(verdicts(rec))
+    rec["status"] = "ok" if rec["tuned_correct"] else "wrong"
+    return rec
+
+
+def test_level_figures_fast_1_and_geomean_over_the_better_compile_mode(tmp_path):
+    recs = [fake_record(2, 4.0, 8.0), fake_record(4, 8.0, 4.0), fake_record(6, 12.0, 6.0),
+            fake_record(8, 1.0, 1.0, correct=False)]  # fmt: skip
+    s = level_stats(recs)
+    assert s["fast_1"] == pytest.approx(2 / 4)  # 4 and 8 µs beat eager's 10; 12 does not
+    assert s["faster_than_best_compile"] == pytest.approx(1 / 4)
+    assert s["geomean_vs_best_compile"] == pytest.approx((2.0 * 0.5 * 0.5) ** (1 / 3))
+    assert s["correct"] == pytest.approx(3 / 4) and s["wrong"] == 1
+    for r in recs:
+        (tmp_path / f"{r['workload']}.json").write_text(json.dumps(r))
+    (tmp_path / "run.json").write_text(json.dumps({"stamp": {"commit": "abc"}}))
+    assert len(records([tmp_path])) == 4 and "| 2 | gpu | fp32 | 4 |" in render(recs)
+    from autofuse.tune.runreport import write_report
+
+    md, _ = write_report(tmp_path)  # `autofuse report` reads the run folder
+    assert "L2_2_x" in md.read_text()
+
+
+def test_eager_steps_name_the_op_a_getitem_takes_from():
+    def f(x):
+        return torch.nn.functional.max_pool2d(x, 2, return_indices=True)[1].float() + 1
+
+    opt = autofuse.optimize(f, [torch.randn(1, 2, 4, 4)])
+    steps = eager_steps(opt.plan)
+    assert all(k.startswith(("getitem(max_pool2d", "max_pool2d")) for k in steps) or not steps
+    assert is_library("getitem(convolution)") and not is_library("max_pool2d_with_indices")
+
+
+KB = default_dir()
+SLICE = {1: [19, 28, 32, 42, 44, 47, 51, 96], 2: [10, 12, 18], 3: [1, 8]}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(KB is None, reason="no KernelBench folder (../shared/kernelbench or "
+                    "$KERNELBENCH_DIR)")  # fmt: skip
+@pytest.mark.parametrize("level", sorted(SLICE))
+def test_kernelbench_slice_is_correct_through_both_front_ends(level):
+    for p in discover(KB, level, set(SLICE[level])):
+        rec = check_problem(p)
+        assert rec["correct"], (p.key, rec)
+
+
+@pytest.mark.skipif(KB is None, reason="no KernelBench folder")
+def test_runner_command_line_writes_records_and_summary(tmp_path):
+    main([str(KB), "--level", "1", "--problems", "19", "--out", str(tmp_path), "--timeout", "0"])
+    folder = tmp_path / "L1_cpu_fp32"
+    rec = json.loads((folder / "L1_19_ReLU.json").read_text())
+    assert rec["correct"] and rec["fully_fused"] and rec["commit"]
+    assert "L1_19_ReLU" in (folder / "summary.md").read_text()
+
+
+def test_worker_bounds_each_problem_and_restarts_after_a_time_out():
+    import sys
+
+    from experiments.kernelbench_worker import Worker
+
+    child = ("import sys, time\n"
+             "from experiments.kernelbench_worker import serve\n"
+             "serve(lambda n: time.sleep(60) if n == 2 else print('did', n) or True)\n")  # fmt: skip
+    w = Worker([sys.executable, "-c", child])
+    try:
+        status, log = w.run(1, 60)
+        assert status is None and log.strip() == "did 1"
+        first = w.proc
+        assert w.run(2, 1.5)[0] == "timeout" and w.proc is None
+        assert w.run(3, 60)[0] is None and w.proc is not first  # a fresh child
+    finally:
+        w.stop()
