@@ -2,26 +2,32 @@
 capture (capture imports Dynamo and traces: seconds in a new process).
 
 A call key hashes the function's identity and code (its bytecode and constants, its defaults
-and closure values, the simple global constants it reads and, recursively, the Python
-functions it calls by global name; for a module, its class, its forward's code, its ``repr``,
-each submodule's simple attributes and train/eval flag, and its parameters' names, shapes and
-dtypes), the inputs' structure, shapes, strides, dtypes and devices, grad mode, the device,
+and closure values, the simple global constants it reads, what it reads through modules and
+classes (``cfg.scale``, ``utils.act``) and, recursively up to 8 calls deep, the Python
+functions it calls; for a module, its class, the code and globals of its own classes' methods,
+its ``repr``, each submodule's simple attributes, hooks and train/eval flag, and its
+parameters' names, shapes and dtypes), the inputs' structure, shapes, strides, dtypes and devices, grad mode, the device,
 versions and the options that change the plan. ``<cache home>/calls/<call key>.json`` names
 the plan entry and holds what is needed to call it like the function (the captured program's
 input/output structure and scalars). It is written when a plan is tuned or first loaded by
 capture, and read (and checked against its own digest) by the next ``load``.
 
 A function that reads anything the key cannot see (a global tensor, an object whose state
-changes what it computes) gets no call key: ``load`` captures it every time, as before.
+changes what it computes, calls nested deeper) gets no call key: ``load`` captures it every
+time, with one :class:`UnkeyedCallNote`. A record names the call key it was made for: one
+copied under another function's key is ignored.
 ``load(..., retrace=True)`` always captures.
 """
 
 from __future__ import annotations
 
+import dis
 import hashlib
 import json
+import logging
 import os
 import types
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +50,8 @@ from autofuse.files import write_atomic
 
 CALLS_DIR = "calls"
 _SIMPLE = (type(None), bool, int, float, complex, str, bytes)
+_LIBRARIES = frozenset({"torch", "triton", "autofuse", "builtins", "math", "numpy", "operator"})
+_DEPTH = 8  # functions called deeper than this make the call unkeyed (captured every load)
 _MAX_CONST_NUMEL = 4096  # a small tensor constant is hashed by value; a larger one is opaque
 
 
@@ -68,6 +76,8 @@ def _value(v: Any, depth: int, seen: set[int]) -> Any:
         return ["tensor", str(v.dtype), list(v.shape), hashlib.sha256(data).hexdigest()]
     if isinstance(v, types.ModuleType):
         return ["module", v.__name__]
+    if isinstance(v, logging.Logger):
+        return ["logger", v.name]
     if isinstance(v, type):
         return ["class", f"{v.__module__}.{v.__qualname__}"]
     if isinstance(v, (types.FunctionType, types.MethodType)) or hasattr(v, "__code__"):
@@ -91,8 +101,10 @@ def _function(fn: Any, depth: int, seen: set[int]) -> list:
     name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
     if not isinstance(code, types.CodeType):
         raise Opaque(f"the callable {name}")
-    if id(fn) in seen or depth <= 0:
-        return ["fn", name]
+    if id(fn) in seen or name.split(".")[0] in _LIBRARIES:
+        return ["fn", name]  # a cycle, or a library function (its version is in the key)
+    if depth <= 0:
+        raise Opaque(f"{name}: functions called deeper than the key follows")
     seen = seen | {id(fn)}
     out: list = ["fn", name, _code(code), _value(getattr(fn, "__defaults__", None), depth, seen)]
     for cell in getattr(fn, "__closure__", None) or ():
@@ -101,7 +113,45 @@ def _function(fn: Any, depth: int, seen: set[int]) -> list:
     for n in _global_names(code):
         if n in glb:
             out.append([n, _value(glb[n], depth - 1, seen)])
+    for chain in _attribute_chains(code):
+        if chain[0] in glb:
+            out.append(_through_modules(glb[chain[0]], chain, depth - 1, seen))
     return out
+
+
+def _attribute_chains(co: types.CodeType) -> list[tuple[str, ...]]:
+    """``(g, a, b)`` for every ``g.a.b`` the code reads from a global (nested code too)."""
+    chains: set[tuple[str, ...]] = set()
+    chain: list[str] = []
+    for ins in dis.get_instructions(co):
+        if ins.opname == "LOAD_GLOBAL":
+            chain = [str(ins.argval)]
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and chain:
+            chain.append(str(ins.argval))
+        else:
+            if len(chain) > 1:
+                chains.add(tuple(chain))
+            chain = []
+    if len(chain) > 1:
+        chains.add(tuple(chain))
+    for c in co.co_consts:
+        if isinstance(c, types.CodeType):
+            chains.update(_attribute_chains(c))
+    return sorted(chains)
+
+
+def _through_modules(v: Any, chain: tuple[str, ...], depth: int, seen: set[int]) -> list:
+    """What ``g.a.b`` reads: followed through modules and classes to the first value that is
+    neither (a module attribute such as ``cfg.scale``, a helper ``utils.act``), which is keyed."""
+    for i, attr in enumerate(chain[1:], 1):
+        home = getattr(v, "__name__", "") if isinstance(v, types.ModuleType) else \
+            getattr(v, "__module__", "") if isinstance(v, type) else None  # fmt: skip
+        if home is None or str(home).split(".")[0] in _LIBRARIES:
+            return [".".join(chain[:i]), _value(v, depth, seen)]
+        if not hasattr(v, attr):
+            return [".".join(chain[: i + 1]), "missing"]
+        v = getattr(v, attr)
+    return [".".join(chain), _value(v, depth, seen)]
 
 
 def _global_names(co: types.CodeType) -> list[str]:
@@ -124,12 +174,32 @@ def _module(m: torch.nn.Module) -> list:
                 attrs.append([k, _value(v, 1, seen)])
             except Opaque:
                 attrs.append([k, _shallow(v)])
-        fwd = type(sub).forward
-        out.append(
-            [name, sub.training, _code(fwd.__code__) if hasattr(fwd, "__code__") else "", attrs]
-        )
+        out.append([name, sub.training, _class_code(type(sub)), attrs, _hooks(sub)])
     for name, t in [*m.named_parameters(), *m.named_buffers()]:
         out.append([name, list(t.shape), str(t.dtype), t.requires_grad])
+    return out
+
+
+def _class_code(cls: type) -> list:
+    """The methods of a module's own classes (not torch's), with what they read: the globals of
+    ``forward`` and of the helpers it calls are part of the key."""
+    out: list = []
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] in _LIBRARIES or klass is object:
+            continue
+        for name, attr in sorted(vars(klass).items()):
+            fn = getattr(attr, "__func__", attr)
+            if isinstance(fn, types.FunctionType):
+                out.append([klass.__qualname__, name, _function(fn, _DEPTH, set())])
+    return out
+
+
+def _hooks(m: torch.nn.Module) -> list:
+    """The module's hooks (forward, pre-forward, state): each one's code changes the call."""
+    out = []
+    for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks"):
+        for h in (getattr(m, attr, None) or {}).values():
+            out.append([attr, _function(h, _DEPTH, set())])
     return out
 
 
@@ -159,11 +229,23 @@ def _inputs(example_inputs: Any) -> list:
     return out
 
 
+class UnkeyedCallNote(UserWarning):
+    """``load`` captures this function on every call: its key cannot see what it reads."""
+
+
+_NOTED: set[str] = set()
+
+
 def call_key(fn: Any, example_inputs: Any, options: dict | None = None) -> str | None:
     """The call key of ``fn`` on these inputs, or None when the key cannot see what ``fn``
     reads (it is then captured on every load)."""
+    return call_key_why(fn, example_inputs, options)[0]
+
+
+def call_key_why(fn: Any, example_inputs: Any, options: dict | None = None) -> tuple:
+    """(call key, None), or (None, what the key cannot see)."""
     try:
-        who = _module(fn) if isinstance(fn, torch.nn.Module) else _function(fn, 4, set())
+        who = _module(fn) if isinstance(fn, torch.nn.Module) else _function(fn, _DEPTH, set())
         parts = {
             "format": CACHE_FORMAT,
             "fn": who,
@@ -178,10 +260,24 @@ def call_key(fn: Any, example_inputs: Any, options: dict | None = None) -> str |
             ],  # fmt: skip
             "options": repr(sorted((str(k), repr(v)) for k, v in key_options(options).items())),
         }
-    except (Opaque, RecursionError, TypeError, ValueError, RuntimeError):
-        return None
+    except (Opaque, RecursionError, TypeError, ValueError, RuntimeError) as e:
+        return None, f"{type(e).__name__}: {e}" if not isinstance(e, Opaque) else str(e)
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+    return hashlib.sha256(blob.encode()).hexdigest()[:32], None
+
+
+def note_unkeyed(fn: Any, why: str) -> None:
+    """One note per function: it is captured on every load (what its key cannot see)."""
+    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    if name in _NOTED:
+        return
+    _NOTED.add(name)
+    warnings.warn(
+        f"autofuse.load: {name} reads {why}, which a call key cannot see; it is captured on "
+        "every load (a plan is still found by its graph)",
+        UnkeyedCallNote,
+        stacklevel=3,
+    )
 
 
 def _path(cache_dir: str | os.PathLike, ck: str) -> Path:

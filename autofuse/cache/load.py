@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autofuse import logs
-from autofuse.cache.calls import call_key, captured_from, read_call, write_call
+from autofuse.cache.calls import call_key_why, captured_from, note_unkeyed, read_call, write_call
 from autofuse.cache.disk import (
     _read_entry,
     entry_dir,
@@ -99,7 +99,9 @@ def load(
     from autofuse.runner import OptimizedFunction
 
     cache_dir = cache_home(cache_dir)
-    ck = None if retrace else call_key(fn, example_inputs, options)
+    ck, why = (None, None) if retrace else call_key_why(fn, example_inputs, options)
+    if why is not None:
+        note_unkeyed(fn, why)
     fast = _load_by_call(cache_dir, ck, fn, cuda_graph)
     if fast is not None:
         return fast
