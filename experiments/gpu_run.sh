@@ -14,7 +14,9 @@
 # Each stage's seconds: STAGE_S_<stage> (e.g. STAGE_S_attention=300); the cold stage's workloads
 # and repeats: COLD_WORKLOADS, COLD_REPEATS (its record is written after each workload); a subset
 # of the tuned workloads: MODEL_WORKLOADS, SUITE_WORKLOADS (comma-separated names); the models
-# stage's models: MODELS, and MODELS_MAX_AUTOTUNE=1 to time torch.compile's max-autotune too.
+# stage's models: MODELS, and MODELS_MAX_AUTOTUNE=1 to time torch.compile's max-autotune too;
+# serving (experiments.serving: per-request time over a length distribution, compile counts):
+# SERVING_MODELS (decoder,encoder), SERVING_MODE_S (warm-up seconds per mode), SERVING_ARGS.
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -57,7 +59,10 @@ for s in $stages; do
         code) timeout "$(limit code 150)" python3 -m experiments.kernel_code --out "$OUT/kernel_code" \
                   --mode "${CODE_MODE:-default}" --which "${CODE_WHICH:-inductor,autofuse}" \
                   ${CODE_FUNCTIONS:-column_stats lm_cross_entropy group_norm_silu gpt2_split_heads} 2>&1 | tail -8 ;;
-        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep)"; exit 2 ;;
+        serving) timeout "$(limit serving 560)" python3 -m experiments.serving --out "$OUT" \
+                     --tag "serving_$C" --models "${SERVING_MODELS:-decoder,encoder}" \
+                     --budget-s "${SERVING_MODE_S:-40}" ${SERVING_ARGS:-} 2>&1 | grep -v Warning | tail -16 ;;
+        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving)"; exit 2 ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done
