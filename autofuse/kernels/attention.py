@@ -133,6 +133,7 @@ class AttentionEmitter(Emitter):
         super().__init__(graph, info, config)
         self.parts = parts
         self.dims = attention_dims(graph, info)
+        self.scalar_vars = frozenset({"bh"})
         dom = info.domain
         self.full = (
             *domain_index(dom[:-2], "bh"),
@@ -468,8 +469,8 @@ class AttentionEmitter(Emitter):
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
         off = linearize((*self.bh3, self.full[-2], dv), contiguous_strides(node.shape), node.shape)
         mask = "xmask" + ("" if d.dv == head_block(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
-        out = self.out_ptr[mm2]
-        self.line(f"tl.store({out} + ({off.render()}), out.to({TL_DTYPE[node.dtype]}), {mask})")
+        ptr = _row_block(f"{self.out_ptr[mm2]} + ({off.render()})", off, "BLOCK_DV")
+        self.line(f"tl.store({ptr}, out.to({TL_DTYPE[node.dtype]}), {mask})")
         self._store_stats()
 
     def _store_stats(self) -> None:
@@ -486,7 +487,17 @@ class AttentionEmitter(Emitter):
             shape = node.shape[:-1] if len(node.shape) == len(self.info.domain) else node.shape
             off = linearize(rows, contiguous_strides(shape), shape)
             val = f"{var}[:, None].to({TL_DTYPE[node.dtype]})"
-            self.line(f"tl.store({self.out_ptr[i]} + ({off.render()}), {val}, xmask)")
+            ptr = _row_block(f"{self.out_ptr[i]} + ({off.render()})", off, "1")
+            self.line(f"tl.store({ptr}, {val}, xmask)")
+
+
+def _row_block(ptr: str, off: Expr, cols: str) -> str:
+    """``ptr`` as a ``[BLOCK_M, cols]`` block: a single query row (a decode step against a
+    cache) has no row term in its address, yet the program stores a whole row tile (rows past
+    the first masked off)."""
+    if any(v.startswith(("xindex", "offs_m")) for v in off.vars):
+        return ptr
+    return f"tl.broadcast_to({ptr}, (BLOCK_M, {cols}))"
 
 
 def generate_attention(

@@ -149,6 +149,7 @@ class BwdEmitter(Emitter):
         self.keys = Expr.dim("rindex", 1, p.tk, True)
         self.full = tile_index(p.domain, p.heads, len(p.domain), self.rows, self.keys)
         self.bh3 = (Expr.dim("bh", 1, p.heads, True),)
+        self.scalar_vars = frozenset({"bh"})
         self.role = ""  # "kv": the program holds keys; "q": it holds rows
         self.held: dict[int, str] = {}  # operand node -> the variable loaded before the loop
         self.skip: SkipPlan | None = skip_plan(graph, info, parts, self.full)
@@ -484,10 +485,12 @@ class BwdEmitter(Emitter):
             )
             mask = self.mask(**{side: "[None, :]"}, head=(e, "[:, None]"))
         index = (*self.bh3, *pair) if len(node.shape) == 3 else pair
-        off = linearize(index, contiguous_strides(node.shape), node.shape)
+        off = linearize(index, contiguous_strides(node.shape), node.shape).render()
+        if ext == 1:  # a single query row: no row term in the address, a whole tile stored
+            off += f" + 0 * {var}{'[:, None]' if gm.tile_pos == 0 or self.flipped else '[None, :]'}"
         masked = f", {mask}" if mask else ""
         out = f"{acc}.to({TL_DTYPE[node.dtype]})"
-        self.line(f"tl.store({self.out_ptr[gm.node]} + ({off.render()}), {out}{masked})")
+        self.line(f"tl.store({self.out_ptr[gm.node]} + ({off}), {out}{masked})")
 
 
 def generate_attention_bwd(

@@ -146,6 +146,13 @@ class Emitter(ValueRewrites):
             return "xmask & rmask"
         return "xmask"
 
+    scalar_vars: frozenset[str] = frozenset()  # index variables that are one per program
+
+    def block_offset(self, off: Expr) -> str:
+        """``off`` rendered as a block (a pointer its mask and value fit): an address with no
+        tile variable (a single query row: the row term is gone) is broadcast over xindex."""
+        return off.render() if off.vars - self.scalar_vars else f"{off.render()} + 0 * xindex"
+
     def active_mask(self, cls: int) -> str | None:
         """The lanes of class ``cls`` whose value is used: in range, and selected by every
         enclosing cat branch / in-range indirect index (``guards``) of a class it has."""
@@ -201,7 +208,7 @@ class Emitter(ValueRewrites):
         cls = self.cls_of(off)
         mask = self.active_mask(cls)
         cd = compute_dtype(node.dtype)
-        ptr = f"{self.ptr[i]} + ({off.render()})"
+        ptr = f"{self.ptr[i]} + ({self.block_offset(off) if mask else off.render()})"
         self.note_load(i)
         hint = load_hints.eviction(self, i)
         if mask is None:
@@ -320,8 +327,7 @@ class Emitter(ValueRewrites):
         if compute_dtype(node.dtype) != node.dtype or v.dtype != node.dtype:
             code = f"{code}.to({TL_DTYPE[node.dtype]})"
         mask = self.mask_for(cls) or "xmask"
-        where = off.render() if off.vars else f"{off.render()} + 0 * xindex"  # a block pointer
-        self.line(f"tl.store({self.out_ptr[i]} + ({where}), {code}, {mask})")
+        self.line(f"tl.store({self.out_ptr[i]} + ({self.block_offset(off)}), {code}, {mask})")
 
     def stored_index(self, i: int) -> tuple[tuple[Expr, ...], int]:
         shape = self.g[i].shape
