@@ -210,6 +210,20 @@ def _addmm(c: Call) -> Any:
     return c.like("add", (mm, a))
 
 
+def _view_dtype(c: Call) -> Any:
+    """``x.view(dtype)``: a bitcast between dtypes of one size (bool aside: tl.int1 is not a
+    byte); another size changes the last dim and stays an eager step (its values depend only
+    on x's values, its last dim being contiguous, as eager requires)."""
+    if c.overload != "dtype":
+        return None
+    x = c.node(0)
+    src = c.b.nodes[x].dtype
+    same_size = getattr(torch, src).itemsize == c.val.dtype.itemsize
+    if src == c.out_dtype or not same_size or "bool" in (src, c.out_dtype):
+        return c.like("cast", (x,), dtype=c.out_dtype) if src == c.out_dtype else None
+    return c.like("bitcast", (x,), src=src)
+
+
 def _table() -> dict[str, tuple[Rule, ...]]:
     rules: dict[str, tuple[Rule, ...]] = {p: (_unary,) for p in UNARY_ATEN}
     rules.update({p: (_binary,) for p in BINARY_ATEN})
@@ -222,6 +236,7 @@ def _table() -> dict[str, tuple[Rule, ...]]:
     rules.update({p: (_reduction,) for p in ("sum", "mean", "amax", "amin", "prod")})
     rules.update(max=(_max_min,), min=(_max_min,), mm=(_matmul,), bmm=(_matmul,))
     rules["addmm"] = (_addmm,)
+    rules["view"] = (_view_dtype,)
     rules.update(cumsum=(_scan,), cumprod=(_scan,), argmax=(_arg,), argmin=(_arg,))
     return rules
 
@@ -282,6 +297,8 @@ def _convert_reduction(b, packet, overload, args, kwargs, val, out_dtype, name):
 
 def _convert_view(b, packet, overload, args, val, name):  # noqa: C901
     env = b.env
+    if overload == "dtype":  # view.dtype: a bitcast (rules._view_dtype), never a reshape
+        return None
     if packet in ("view", "_unsafe_view", "reshape", "alias", "detach", "lift_fresh_copy"):
         src = env[args[0]]
         return b.view("reshape", src, val.shape, name, shape=tuple(val.shape))

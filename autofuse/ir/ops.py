@@ -263,6 +263,15 @@ def _pow(node: Any, c: list[str], dt: str) -> str:
     return f"tl.exp2({e!r} * tl.log2({a}))"
 
 
+def _bitcast(node: Any, c: list[str], dt: str) -> str:
+    # x.view(dtype) between dtypes of one size: the source's stored bits (a 16-bit float
+    # arrives in float32: rounded back to its storage type first), read as the target's
+    src, dst = node.attr("src"), node.dtype
+    bits = f"{c[0]}.to({TL_DTYPE[src]})" if src in ("float16", "bfloat16") else c[0]
+    out = f"{bits}.to({TL_DTYPE[dst]}, bitcast=True)"
+    return out if dst == dt else f"{out}.to({TL_DTYPE[dt]})"
+
+
 def _cast(node: Any, c: list[str], dt: str) -> str:
     # the operand arrives in float32 for 16-bit targets: round through the storage type, as
     # eager does; other targets arrive already cast to the compute dtype
@@ -328,6 +337,10 @@ def _view(method: str, attr: str) -> Callable[..., torch.Tensor]:
 
     run.view = (method, attr)  # type: ignore[attr-defined]  # eager.bind_node binds it once
     return run
+
+
+def _eager_bitcast(node: Any, x: torch.Tensor) -> torch.Tensor:
+    return x.view(getattr(torch, node.dtype))
 
 
 def _eager_slice(node: Any, x: torch.Tensor) -> torch.Tensor:
@@ -497,6 +510,7 @@ _ENTRIES: tuple[OpDef, ...] = (
     OpDef("clamp", "pointwise", 1, (), _eager_clamp, _clamp),
     OpDef("pow_scalar", "pointwise", 1, (), _eager_pow, _pow, cost=SFU, helper=IPOW),
     OpDef("cast", "pointwise", 1, (), _plain(lambda x: x), _cast, "cast"),
+    OpDef("bitcast", "pointwise", 1, (), _eager_bitcast, _bitcast, "raw"),
     OpDef("const", "pointwise", 0),
     OpDef("iota", "pointwise", 0),
     # values that select where to read their inputs (kernels/indexed.py)
