@@ -185,3 +185,95 @@ def test_reductions_of_a_0d_tensor():
         )
 
     both(reduce_0d, (torch.tensor(3.0), torch.tensor(4)))
+
+
+# ---------------------------------------------------------------------------------------------
+# bitcast views (x.view(dtype))
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bitcast_view_of_an_intermediate_returns_its_bits():
+    def bits(x, h):
+        f = (x + 1).float()
+        return f.view(torch.int32), f.view(torch.int32) * 2, (h * 2).view(torch.int16) + 1
+
+    x, h = torch.randn(4, 8), torch.randn(4, 8, dtype=torch.float16)
+    both(bits, (x, h))
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int32, torch.int64])
+def test_uint8_view_through_a_wider_dtype(dtype):
+    def through(x):
+        return (x + 1).view(dtype).view(torch.uint8) + 1, (x * 3).view(dtype)
+
+    both(through, (torch.randint(0, 16, (4, 32), dtype=torch.uint8),), kernels=True)
+
+
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+
+
+_FAST = {(torch.float32, torch.float16), (torch.bfloat16, torch.float32)}
+PAIRS = [
+    pytest.param(x, y, marks=() if (x, y) in _FAST else pytest.mark.exhaustive)
+    for x in FLOATS
+    for y in FLOATS
+]
+
+
+@pytest.mark.parametrize("dtype_x,dtype_y", PAIRS)
+def test_bitcast_views_feeding_matmuls(dtype_x, dtype_y):
+    def viewed_mm(x, y, x2, view_dtype):
+        a = x.view(view_dtype)
+        b = y.view(view_dtype) + 1
+        c = x2.view(view_dtype) + 1
+        return a @ b, c @ a
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 2, generator=g).to(dtype_x)
+    y = torch.rand(2, 2, generator=g).to(dtype_y)
+    ran = 0
+    for view_dtype in FLOATS:
+        try:
+            viewed_mm(x, y, x.clone(), view_dtype)
+        except RuntimeError:
+            continue  # eager rejects it (the viewed shapes do not multiply)
+        ran += 1
+        fn = lambda a, b, c, d=view_dtype: viewed_mm(a, b, c, d)  # noqa: E731
+        fn.__name__ = f"viewed_mm_{view_dtype}"
+        both(fn, (x, y, x.clone()), kernels=False)
+    assert ran, "no view dtype multiplies"
+
+
+# ---------------------------------------------------------------------------------------------
+# eager ops that read an intermediate's memory (as_strided) get it in eager's layout
+# ---------------------------------------------------------------------------------------------
+
+
+def test_as_strided_of_a_channels_last_intermediate():
+    def strided(x):
+        y = x + 1  # channels_last in eager, as x
+        return aten.as_strided(y, (2, 3, 4, 5), (60, 1, 15, 3)) + 2, aten.as_strided(
+            y, (2, 3, 10), (60, 1, 3), 2
+        ) * 3
+
+    both(strided, (torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),))
+
+
+def test_as_strided_of_views_of_an_intermediate():
+    def of_views(x):
+        y = (x * 2).t()[1:]  # a slice of a transpose: storage offset and strides not its own
+        a = aten.as_strided(y, (3, 4), (1, 8))
+        p = aten.constant_pad_nd(x - 1, [1, 1, 1, 1], 0.0)
+        b = aten.as_strided(aten.as_strided(p, (2, 5), (10, 2)), (2, 2, 2), (10, 2, 1), 3)
+        c = aten.as_strided(x.t()[2:], (2, 3), (2, 8))  # views of an input: its own storage
+        return a + 1, b * 2, c - 1
+
+    both(of_views, (torch.randn(8, 8),))
+
+
+def test_as_strided_scatter_into_a_permuted_intermediate():
+    def scatter_strided(a, b):
+        base = (a * 8 + 10).t()
+        return aten.as_strided_scatter(base, b * 2 - 4, (4, 3), (1, 8), 1) + 1
+
+    both(scatter_strided, (torch.randn(6, 8), torch.randn(4, 3)))

@@ -327,6 +327,7 @@ def _encode(a: Any) -> Any:
 
 def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
     tensor_inputs: list[int] = []
+    layouts: list[tuple[int, ...]] = []  # each tensor input's strides in eager
 
     def enc(a):
         if isinstance(a, torch.fx.Node):
@@ -337,17 +338,24 @@ def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
                 raise CaptureError(f"{n.target} reads a multi-output value directly")
             if idx not in tensor_inputs:
                 tensor_inputs.append(idx)
+                layouts.append(tuple(a.meta["val"].stride()))
             return ("__node__", tensor_inputs.index(idx))
         if isinstance(a, (list, tuple)):
             return ("__seq__", type(a).__name__, tuple(enc(x) for x in a))
         return _encode(a)
 
-    args = enc(tuple(n.args))
-    kwargs = tuple(sorted((k, enc(v)) for k, v in n.kwargs.items()))
     target = str(n.target)
+    fx_args, fx_kwargs = _of_storage_base(n) if target == _AS_STRIDED else (n.args, n.kwargs)
+    args = enc(tuple(fx_args))
+    kwargs = tuple(sorted((k, enc(v)) for k, v in fx_kwargs.items()))
+    # an op that reads its input's memory (as_strided) gets it in eager's layout, not in the
+    # contiguous one a kernel wrote it in
+    laid = {"layouts": tuple(layouts)} if target in STORAGE_READERS else {}
     val = n.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return b.like("opaque", tensor_inputs, val, n.name, target=target, args=args, kwargs=kwargs)
+        return b.like(
+            "opaque", tensor_inputs, val, n.name, target=target, args=args, kwargs=kwargs, **laid
+        )
     if (
         isinstance(val, (tuple, list))
         and all(isinstance(v, torch.Tensor) or v is None or _is_number(v) for v in val)
@@ -374,3 +382,51 @@ def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
             for i, v in enumerate(val)
         )
     raise CaptureError(f"cannot capture {target} ({n.name}): it returns {type(val).__name__}")
+
+
+_AS_STRIDED = "aten.as_strided.default"
+# eager ops whose values depend on their input's strides, not only on its values
+STORAGE_READERS = (_AS_STRIDED, "aten.as_strided_scatter.default", "aten.as_strided_copy.default")
+
+
+def _of_storage_base(n: torch.fx.Node) -> tuple[tuple, dict]:
+    """``as_strided(v, size, stride, offset)`` of a view ``v`` of a value ``base`` (a slice,
+    a permute, another as_strided): the same call on ``base`` itself, which is the storage it
+    reads (a view of an intermediate is rebuilt over a buffer a kernel wrote contiguous, so its
+    strides and offset are not eager's; ``base`` is given its eager layout instead)."""
+    src, size, stride = n.args[:3]
+    offset = n.args[3] if len(n.args) > 3 else n.kwargs.get("storage_offset")
+    chain = [src]
+    while _is_view(chain[-1]) and chain[-1].args[0].meta["val"].dtype == src.meta["val"].dtype:
+        chain.append(chain[-1].args[0])
+    if chain[-1].op == "placeholder":  # views of an input: torch takes them of the input itself
+        return n.args, n.kwargs
+    if offset is None:  # the view's own offset in its base's storage
+        offset = _replayed_offset(chain)
+    if not isinstance(offset, int):  # a symbolic offset, or views not replayable: as traced
+        return n.args, n.kwargs
+    return (chain[-1], size, stride, offset), {}
+
+
+def _replayed_offset(chain: list[torch.fx.Node]) -> int | None:
+    """The storage offset of ``chain[0]``, a view of ``chain[-1]`` through the views between:
+    the calls replayed on a meta tensor laid out as the base (traced values do not record
+    offsets)."""
+    base = chain[-1].meta["val"]
+    t = torch.empty_strided(base.shape, base.stride(), dtype=base.dtype, device="meta")
+    for v in reversed(chain[:-1]):
+        rest = pytree.tree_leaves((v.args[1:], v.kwargs))
+        if any(isinstance(a, (torch.fx.Node, torch.SymInt)) for a in rest):
+            return None
+        t = v.target(t, *v.args[1:], **v.kwargs)
+    return t.storage_offset()
+
+
+def _is_view(a: Any) -> bool:
+    """``a`` is an ATen call whose result aliases its first (tensor) argument's storage."""
+    target = getattr(a, "target", None)
+    schema = getattr(target, "_schema", None)
+    if a.op != "call_function" or schema is None or not schema.returns or not a.args:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write and isinstance(a.args[0], torch.fx.Node)

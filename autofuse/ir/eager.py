@@ -58,8 +58,14 @@ def bind_node(node: Node) -> Callable[..., Any]:
     if op == "opaque":
         fn = library_call(node.attr("target"))
         pos, kwargs = node.attr("args"), node.attr("kwargs")
-        return lambda device, *args: fn(
+        call = lambda device, *args: fn(  # noqa: E731
             *_decode(pos, args, device), **{k: _decode(v, args, device) for k, v in kwargs}
+        )
+        layouts = node.attr("layouts")  # an op that reads memory: its inputs in eager's layout
+        if layouts is None:
+            return call
+        return lambda device, *args: call(
+            device, *(conform(t, tuple(t.shape), s) for t, s in zip(args, layouts))
         )
     if op == "getitem":
         index = node.attr("index")
