@@ -277,3 +277,26 @@ def test_as_strided_scatter_into_a_permuted_intermediate():
         return aten.as_strided_scatter(base, b * 2 - 4, (4, 3), (1, 8), 1) + 1
 
     both(scatter_strided, (torch.randn(6, 8), torch.randn(4, 3)))
+
+
+# ---------------------------------------------------------------------------------------------
+# scatters whose every lane writes one place
+# ---------------------------------------------------------------------------------------------
+
+
+def test_scatter_of_a_one_element_index():
+    def scatter_one(a, index, b):
+        return aten.scatter(a * 2, -1, index, b), aten.scatter_add(a + 1, 1, index, b + 1)
+
+    both(scatter_one, (torch.zeros(2, 3), torch.tensor([[0]]), torch.ones(2, 3)))
+
+
+def test_index_put_of_one_index_in_a_fused_loop():
+    def put_one(x, i, v):
+        y = x * 2
+        y[i] = v
+        z = x + 1
+        z.index_put_((i,), v * 3, accumulate=True)
+        return y + 1, z
+
+    both(put_one, (torch.randn(5), torch.tensor([2]), torch.tensor([7.0])))

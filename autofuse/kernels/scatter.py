@@ -94,10 +94,14 @@ class ScatterEmitter(Emitter):
         # ``!= 0``: an index read once per program (a scalar) makes Triton's interpreter type
         # ``block_mask & scalar_condition`` as int32, which its stores refuse as a mask
         mask = f"({' & '.join(m for m in (self.active_mask(2), ok) if m)}) != 0"
+        # a block of pointers (as the value and the mask are) even where every lane's place is
+        # one index read once per program (a one-element domain): Triton refuses a block
+        # value stored through a scalar pointer
+        ptr = f"{self.out_ptr[s]} + ({off.render()}) + 0 * xindex"
         if node.attr("accumulate"):
-            self.line(f"tl.atomic_add({self.out_ptr[s]} + ({off.render()}), {code}, {mask})")
+            self.line(f"tl.atomic_add({ptr}, {code}, {mask})")
         else:
-            self.line(f"tl.store({self.out_ptr[s]} + ({off.render()}), {code}, {mask})")
+            self.line(f"tl.store({ptr}, {code}, {mask})")
 
 
 class ScatterKind(PointwiseKind):
