@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from autofuse.capture.trace import capture
+from autofuse.capture.trace import capture, check_callable
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.graph_choice import (
     GraphChoice,
@@ -77,6 +77,7 @@ def optimize(
     from autofuse.frontend.optimized import BackendFunction, attach
     from autofuse.frontend.options import OPTIMIZE, check_options
 
+    check_callable(fn, "autofuse.optimize")
     check_options(options, OPTIMIZE, "autofuse.optimize")
     example_kwargs = dict(options.pop("example_kwargs", None) or {})
     cuda_graph = parse_cuda_graph(options.pop("cuda_graph", False), "autofuse.optimize")
@@ -135,19 +136,9 @@ def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> No
 
 def _tuned(fn, captured, example_inputs, space, **options: Any) -> OptimizedFunction:
     """Tune (or load the plan an earlier tuning run cached) and cache the winner."""
-    from autofuse.tune.entry import tune_and_cache
+    from autofuse.tune.entry import record_call, tune_and_cache
 
     flat = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
     plan, result = tune_and_cache(captured, example_inputs, space, example_flat=flat, **options)
-    _record_call(fn, captured, example_inputs, options)
+    record_call(fn, captured, example_inputs, options.get("cache_dir"))
     return OptimizedFunction(captured, plan, fn, result)
-
-
-def _record_call(fn: Any, captured: Any, example_inputs: Sequence[Any], options: dict) -> None:
-    """Index the cached plan by this call, so ``autofuse.load`` reaches it with no capture."""
-    from autofuse.cache.calls import call_key, write_call
-    from autofuse.cache.keys import key_for
-    from autofuse.settings import cache_home
-
-    home = cache_home(options.get("cache_dir"))
-    write_call(home, call_key(fn, example_inputs), key_for(captured, example_inputs), captured)

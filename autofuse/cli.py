@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 
 def _ensure_backend() -> str:
@@ -71,8 +72,25 @@ def report(args: argparse.Namespace) -> int:
     return runreport.main(args)
 
 
+class _Version(argparse.Action):
+    """``--version``, computed only when asked (it runs git)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def version_text() -> str:
+    """``autofuse <version> (commit <sha>)``: the commit of autofuse's own folder."""
+    import autofuse
+    from autofuse.tune.roofline import autofuse_commit
+
+    return f"autofuse {autofuse.__version__} (commit {autofuse_commit()})"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="autofuse", description=__doc__)
+    p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="explain and optimize the seed article's two examples")
     d.add_argument("--trials", type=int, default=10, help="search trials (0: greedy plan only)")
@@ -80,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(func=demo)
     c = sub.add_parser("cache", help="list, show, clear, export or import cached plans")
     c.add_argument("action", choices=["list", "show", "clear", "export", "import"])
-    c.add_argument("target", nargs="?", help="KEY (show, clear, export) or a bundle (import)")
+    c.add_argument("target", nargs="?",
+                   help="KEY or a key prefix (show, clear, export), or a bundle (import)")  # fmt: skip
     c.add_argument("--all", action="store_true", help="export: every entry")
+    c.add_argument("--run", help="export: the winners of an autofuse tune run folder")
     c.add_argument("-o", "--out", help="export: the bundle file to write (e.g. plans.afz)")
     c.add_argument("--loose", action="store_true", help="import: accept entries built for "
                    "another device or versions (their kernels are recompiled here)")  # fmt: skip
@@ -95,7 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("dir", help="a run folder written by autofuse tune")
     r.set_defaults(func=report)
     args = p.parse_args(argv)
-    return args.func(args)
+    from autofuse.files import FolderNotWritable
+    from autofuse.tune.runfiles import SpecError
+
+    try:
+        return args.func(args)
+    except (FolderNotWritable, SpecError) as e:  # the user's to fix: the message, no traceback
+        msg = str(e)
+        print(msg if msg.startswith("autofuse") else f"autofuse {args.cmd}: {msg}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

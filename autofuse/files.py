@@ -22,3 +22,25 @@ def write_atomic(path: Path, data: bytes, *, hidden: bool = False) -> None:
         except OSError:
             pass
         raise
+
+
+class FolderNotWritable(OSError):
+    """A folder autofuse must write (the cache home, a run folder) that it cannot."""
+
+
+def ensure_writable(folder: str | os.PathLike, option: str) -> Path:
+    """``folder``, created if needed, after a test write; raises :class:`FolderNotWritable`
+    naming the folder and ``option`` (what to change) where that fails."""
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise FolderNotWritable(
+            e.errno,
+            f"autofuse: cannot write to the folder {path} ({e.strerror or e}); choose a "
+            f"writable one with {option} (or the AUTOFUSE_CACHE_DIR variable)",
+        ) from e
+    return path

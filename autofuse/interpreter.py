@@ -14,8 +14,43 @@ even (1000): the fourth patch rounds. Nothing changes on a GPU.
 from __future__ import annotations
 
 import os
+import warnings
 
 _APPLIED = False
+
+
+class InterpreterNote(UserWarning):
+    """``import autofuse`` found no CUDA device and turned Triton's interpreter on."""
+
+
+_SELECTED = {"by_autofuse": False, "noted": False}
+
+
+def select_for_machine() -> bool:
+    """Without CUDA, and where the user left ``TRITON_INTERPRET`` unset, turn Triton's CPU
+    interpreter on; the first kernel loaded says so (one :class:`InterpreterNote`). Triton
+    reads the variable at each kernel's definition and launch, so this holds even where Triton
+    was imported first. Returns whether it set the variable."""
+    if "TRITON_INTERPRET" in os.environ:
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    os.environ["TRITON_INTERPRET"] = "1"
+    _SELECTED["by_autofuse"] = True
+    return True
+
+
+def _note_selection() -> None:
+    if _SELECTED["by_autofuse"] and not _SELECTED["noted"]:
+        _SELECTED["noted"] = True
+        warnings.warn(
+            "autofuse: no CUDA device; generated kernels run on CPU in Triton's interpreter "
+            "(TRITON_INTERPRET=1 set for this process; set the variable yourself to choose)",
+            InterpreterNote,
+            stacklevel=4,
+        )
 
 
 def interpreting() -> bool:
@@ -26,6 +61,7 @@ def apply_patches() -> None:
     global _APPLIED
     if _APPLIED or not interpreting():
         return
+    _note_selection()
     import triton.language as tl
     from triton.runtime import interpreter as interp
 

@@ -13,7 +13,7 @@ from autofuse.capture import Captured
 from autofuse.partition import Partition
 from autofuse.plan import InputError, Plan, execute
 from autofuse.plan.graphs import GraphReplay
-from autofuse.plan.runtime import input_guard, run_plan
+from autofuse.plan.runtime import check_count, input_guard, run_plan
 from autofuse.report import format_summary, summarize
 
 
@@ -47,7 +47,7 @@ class OptimizedFunction:
         self.autograd = None
         self._training = self._module.training if self._module is not None else None
         self.__name__ = f"autofuse_{captured.source_name}"
-        n = len(captured.leaf_kinds)
+        n = self._n = len(captured.leaf_kinds)
         # the common call f(t0, t1, ...) of plain tensors needs no pytree walk
         flat = self._module is None and captured.in_spec == pytree.tree_flatten(tuple(range(n)))[1]
         self._flat_call = flat and all(k == "tensor" for k in captured.leaf_kinds)
@@ -70,11 +70,12 @@ class OptimizedFunction:
     def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
         c = self.captured
         if self._flat_call and all(type(a) is torch.Tensor for a in args):
-            if len(args) != len(c.leaf_kinds):
-                raise InputError(f"the plan takes {len(c.leaf_kinds)} tensors, got {len(args)}")
+            check_count(c.graph, args)
             return list(args)
         leaves, spec = pytree.tree_flatten(tuple(args))
         if spec != c.in_spec:
+            if self._flat_call and len(args) != len(c.leaf_kinds):
+                check_count(c.graph, args)
             raise InputError(
                 f"arguments have structure {spec}, but the plan was captured with {c.in_spec}"
             )
@@ -100,7 +101,7 @@ class OptimizedFunction:
     def _plain_tensors(self, args: tuple) -> tuple | None:
         """The tensors of a flat call whose scalars are the captured ones, else None."""
         if self._flat_call:
-            return args
+            return args if len(args) == self._n else None
         if self._mixed is None or len(args) != len(self.captured.leaf_kinds):
             return None
         at, fixed = self._mixed

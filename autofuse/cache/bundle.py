@@ -1,7 +1,8 @@
 """Export and import cache entries as one file (``autofuse cache export / import``).
 
 A bundle is a zip file: ``plans/<key>/...`` (plan.json, the kernel sources, the compiled
-binaries under ``bin/``) and ``manifest.json``: the sha256 of every file, each entry's build
+binaries under ``bin/``), optionally ``calls/<call key>.json`` (the call index's records of
+those entries, so ``load`` needs no capture) and ``manifest.json``: the sha256 of every file, each entry's build
 (device, torch / triton / autofuse versions, what its key was computed from) and the provenance
 of the export (host, time, versions). The manifest carries its own digest.
 
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from autofuse.cache.binaries import BIN_DIR
+from autofuse.cache.calls import CALLS_DIR, read_call
 from autofuse.cache.codec import _canonical, _sha
 from autofuse.cache.disk import (
     _decode_plan,
@@ -55,15 +57,20 @@ from autofuse.cache.keys import (
 )
 from autofuse.cache.trust import (
     BUNDLE_LIMIT,
+    CALL_LIMIT,
     MEMBER_LIMIT,
     open_regular,
+    read_bounded,
     sign,
     signature_problem,
 )
+from autofuse.files import write_atomic
+from autofuse.settings import cache_home
 
 BUNDLE_FORMAT = 1
 MANIFEST = "manifest.json"
 BUILD_FIELDS = ("device", "torch", "triton", "autofuse", "generator")
+_CALL_RE = re.compile(r"^[0-9a-f]{32}$")
 _REL_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?$")
 
 
@@ -101,9 +108,13 @@ def _entry_files(entry: Path) -> list[str]:
 
 
 def export_bundle(
-    out: str | os.PathLike, keys: list[str] | None = None, cache_dir: Any = None
+    out: str | os.PathLike,
+    keys: list[str] | None = None,
+    cache_dir: Any = None,
+    calls: dict[str, str] | None = None,
 ) -> dict:
-    """Write the entries ``keys`` (default: every valid entry) to the bundle ``out``."""
+    """Write the entries ``keys`` (default: every valid entry) to the bundle ``out``, with the
+    call index's records ``calls`` (call key -> entry key: ``load`` then needs no capture)."""
     root = plans_dir(cache_dir)
     if keys is None:
         keys = sorted(p.name for p in root.iterdir() if _KEY_RE.match(p.name) and p.is_dir()) \
@@ -129,6 +140,7 @@ def export_bundle(
             "function": str(meta.get("function", "")),
             "kernels": len(plan.kernels),
         }
+    call_records = _call_records(cache_dir, calls or {}, entries, blobs)
     manifest: dict[str, Any] = {
         "autofuse_bundle": BUNDLE_FORMAT,
         "cache_format": CACHE_FORMAT,
@@ -143,6 +155,8 @@ def export_bundle(
         },
         "entries": entries,
     }
+    if call_records:
+        manifest["calls"] = call_records
     manifest["manifest_sha256"] = _sha(_canonical(manifest))
     signature = sign("bundle", manifest["manifest_sha256"])
     if signature is not None:
@@ -160,6 +174,35 @@ def export_bundle(
         tmp.unlink(missing_ok=True)
         raise
     return manifest
+
+
+def _call_records(cache_dir: Any, calls: dict[str, str], entries: dict, blobs: dict) -> dict:
+    """The call records of exported entries, added to ``blobs``: call key -> its entry and
+    digest (a record whose file is gone is left out: ``load`` captures for that call)."""
+    home = cache_home(cache_dir)
+    out = {}
+    for ck, key in sorted(calls.items()):
+        if key not in entries or not _CALL_RE.match(ck):
+            continue
+        if (read_call(home, ck) or {}).get("plan_key") != key:
+            continue  # gone, damaged or now naming another entry
+        try:
+            data = read_bounded(home / CALLS_DIR / f"{ck}.json", CALL_LIMIT)
+        except OSError:
+            continue
+        blobs[f"{CALLS_DIR}/{ck}.json"] = data
+        out[ck] = {"plan_key": key, "sha256": _sha(data)}
+    return out
+
+
+def _install_calls(cache_dir: Any, manifest: dict, blobs: dict, kept: set[str]) -> None:
+    """Write the bundle's call records whose entry was installed under its own key (a
+    re-keyed entry's calls hash other versions: they would never match here)."""
+    folder = cache_home(cache_dir) / CALLS_DIR
+    for ck, rec in manifest.get("calls", {}).items():
+        if rec["plan_key"] in kept:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_atomic(folder / f"{ck}.json", blobs[f"{CALLS_DIR}/{ck}.json"], hidden=True)
 
 
 def _corrupt(path: Any, why: str) -> BundleError:
@@ -217,6 +260,7 @@ def read_bundle(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
     if forged is not None:
         raise BundleError(f"bundle {os.fspath(path)} is refused: its manifest {forged}")
     listed = _listed_files(path, manifest)
+    listed.update(_listed_calls(path, manifest))
     if set(listed) != set(blobs):
         extra, missing = sorted(set(blobs) - set(listed)), sorted(set(listed) - set(blobs))
         raise _corrupt(path, f"files not in the manifest {extra}, missing files {missing}")
@@ -249,6 +293,24 @@ def _listed_files(path: Any, manifest: dict) -> dict[str, str]:
             if rel.split("/")[0] in files and "/" in rel:
                 raise _corrupt(path, f"entry {key} lists both {rel.split('/')[0]!r} and {rel!r}")
             listed[f"plans/{key}/{rel}"] = digest
+    return listed
+
+
+def _listed_calls(path: Any, manifest: dict) -> dict[str, str]:
+    """``calls/<call key>.json`` -> sha256 for every call record the manifest lists, each of
+    an entry of the bundle."""
+    calls = manifest.get("calls", {})
+    if not isinstance(calls, dict):
+        raise _corrupt(path, "manifest.json's 'calls' is not a map of call records")
+    listed = {}
+    for ck, rec in calls.items():
+        if not _CALL_RE.match(ck) or not isinstance(rec, dict):
+            raise _corrupt(path, f"invalid call record {ck!r}")
+        if rec.get("plan_key") not in manifest["entries"]:
+            raise _corrupt(path, f"call record {ck} names no entry of the bundle")
+        if not isinstance(rec.get("sha256"), str):
+            raise _corrupt(path, f"call record {ck}'s digest is not a sha256")
+        listed[f"{CALLS_DIR}/{ck}.json"] = rec["sha256"]
     return listed
 
 
@@ -344,6 +406,7 @@ def import_bundle(
     finally:
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)
+    _install_calls(cache_dir, manifest, blobs, {old for old, new, _ in staged if old == new})
     return [(old, new) for old, new, _ in staged]
 
 

@@ -9,17 +9,23 @@ GPU, torch / triton / autofuse versions, imported from where).
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 from autofuse.cache.calls import CALLS_DIR
 from autofuse.cache.disk import _read_entry, list_entries, plans_dir
-from autofuse.cache.keys import _check_key
+from autofuse.cache.keys import PLAN_FILE, valid_key
 from autofuse.plan.runtime import KernelStep
 from autofuse.settings import cache_home, settings
+
+_KERNEL_FILE = re.compile(r"^[A-Za-z0-9_]+_[0-9a-f]{20}(\.py|[A-Za-z0-9_]*\.tmp)$")
+_CALL_FILE = re.compile(r"^[0-9a-f]{32}\.json$|^\.?[0-9a-f]{32}.*\.tmp$")
+_TEMPS = (".tmp-", ".trash-")
 
 
 def _shapes(plan: Any) -> str:
@@ -72,7 +78,7 @@ def cache_list(root: Any) -> int:
 
 
 def cache_show(root: Any, key: str) -> int:
-    _check_key(key)
+    key = resolve_key(root, key)
     plan, meta, problem = _read_entry(root, key)
     if plan is None:
         print(f"entry {key}: {problem or 'not in ' + str(plans_dir(root))}", file=sys.stderr)
@@ -96,23 +102,134 @@ def cache_show(root: Any, key: str) -> int:
     return 0
 
 
+class UnknownKey(ValueError):
+    """A key or key prefix that names no entry, or more than one."""
+
+
+def resolve_key(root: Any, prefix: str) -> str:
+    """The entry key ``prefix`` names: the key itself, or the one key it begins (as ``git``
+    takes a short hash); raises :class:`UnknownKey` naming the candidates otherwise."""
+    if not valid_key(prefix):
+        raise UnknownKey(f"{prefix!r} is not a cache key (letters, digits, '_', '-', '.')")
+    base = plans_dir(root)
+    if (base / prefix).is_dir():
+        return prefix
+    found = sorted(p.name for p in base.glob(f"{prefix}*") if p.is_dir() and _is_entry(p))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise UnknownKey(f"no entry {prefix!r} in {base} (autofuse cache list shows the keys)")
+    raise UnknownKey(f"key prefix {prefix!r} names {len(found)} entries in {base}: "
+                    f"{', '.join(k[:20] + '…' for k in found[:8])}; give more of the key")  # fmt: skip
+
+
+def _is_entry(path: Path) -> bool:
+    return valid_key(path.name) and (path / PLAN_FILE).is_file()
+
+
+def _own_kernel_file(path: Path) -> bool:
+    """A kernel source ``loader.load_kernel`` wrote (``<name>_<sha20>.py``), its temporary
+    or its compiled bytecode."""
+    name = path.name
+    if path.parent.name == "__pycache__":
+        name = name.split(".")[0] + ".py" if name.endswith(".pyc") else ""
+    return bool(_KERNEL_FILE.match(name))
+
+
+def _remove(paths: list[Path]) -> int:
+    n = 0
+    for p in paths:
+        try:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            n += 1
+        except FileNotFoundError:
+            pass
+    return n
+
+
+def _rmdir_if_empty(*folders: Path) -> None:
+    for d in folders:
+        try:
+            d.rmdir()
+        except OSError:  # not empty (something autofuse did not write), or absent
+            pass
+
+
+def clear_all(root: Any) -> tuple[int, int, int]:
+    """Remove what autofuse wrote and nothing else: the plan entries (and the temporaries of
+    killed writers), the call index's records, the kernel sources it generated; a folder is
+    removed only once empty. Returns (entries, call records, kernel files) removed."""
+    plans, calls = plans_dir(root), cache_home(root) / CALLS_DIR
+    kernels = settings().kernel_dir if root is None else cache_home(root) / "kernels"
+
+    def children(d: Path) -> list[Path]:
+        return sorted(d.iterdir()) if d.is_dir() else []
+
+    entries = [p for p in children(plans) if _is_entry(p) or p.name.startswith(_TEMPS)]
+    records = [p for p in children(calls) if _CALL_FILE.match(p.name)]
+    pyc = kernels / "__pycache__"
+    sources = [p for p in children(kernels) + children(pyc) if _own_kernel_file(p)]
+    n_entries = sum(not p.name.startswith(_TEMPS) for p in entries)
+    _remove(entries), _remove(records)
+    n_kernels = _remove(sources)
+    _rmdir_if_empty(plans, calls, pyc, kernels)
+    return n_entries, len(records), n_kernels
+
+
 def cache_clear(root: Any, key: str | None) -> int:
     if key is not None:
-        _check_key(key)
+        key = resolve_key(root, key)
         shutil.rmtree(plans_dir(root) / key)
         print(f"removed entry {key}")
         return 0
-    n = len(list_entries(root))
-    shutil.rmtree(plans_dir(root), ignore_errors=True)
-    kernels = settings().kernel_dir if root is None else cache_home(root) / "kernels"
-    shutil.rmtree(kernels, ignore_errors=True)
-    shutil.rmtree(cache_home(root) / CALLS_DIR, ignore_errors=True)
-    print(f"removed {n} entries, the call index and the kernel folder {kernels}")
+    n, calls, kernels = clear_all(root)
+    print(f"removed {n} entries, {calls} call records and {kernels} kernel files "
+          "(files autofuse did not write are left in place)")  # fmt: skip
+    return 0
+
+
+def run_keys(root: Any, folder: str) -> tuple[list[str], dict[str, str]]:
+    """The cache keys of a run folder's winners (and their call keys), each checked to be in
+    the cache; raises :class:`UnknownKey` naming what is missing."""
+    from autofuse.tune.results import workload_records
+
+    recs = workload_records(Path(folder))
+    if not recs:
+        raise UnknownKey(f"no complete workload results in {folder} (an autofuse tune run folder)")
+    keys, calls, missing = [], {}, []
+    for rec in recs:
+        key = rec.get("cache_key")
+        if not isinstance(key, str) or not (plans_dir(root) / key).is_dir():
+            missing.append(f"{rec['workload']} ({key or 'no cache key recorded'})")
+            continue
+        keys.append(key)
+        if rec.get("call_key"):
+            calls[str(rec["call_key"])] = key
+    if missing:
+        raise UnknownKey(f"the winners of {', '.join(missing)} are not in {plans_dir(root)} "
+                         "(tuned with another --cache-dir, or cleared?)")  # fmt: skip
+    return keys, calls
+
+
+def cache_export(root: Any, args: argparse.Namespace) -> int:
+    from autofuse.cache.bundle import export_bundle
+
+    chosen = sum(map(bool, (args.target, args.all, args.run)))
+    if not args.out or chosen != 1:
+        raise SystemExit("autofuse cache export: give one of KEY, --all or --run DIR, "
+                         "and -o FILE")  # fmt: skip
+    calls: dict[str, str] = {}
+    if args.run:
+        keys, calls = run_keys(root, args.run)
+    else:
+        keys = None if args.all else [resolve_key(root, args.target)]
+    m = export_bundle(args.out, keys, root, calls=calls)
+    print(f"wrote {args.out}: {len(m['entries'])} entries, {len(m.get('calls', {}))} call records")
     return 0
 
 
 def cache_command(args: argparse.Namespace) -> int:
-    from autofuse.cache.bundle import BundleError, export_bundle, import_bundle
+    from autofuse.cache.bundle import BundleError, import_bundle
 
     root = args.cache_dir
     try:
@@ -125,11 +242,7 @@ def cache_command(args: argparse.Namespace) -> int:
         if args.action == "clear":
             return cache_clear(root, args.target)
         if args.action == "export":
-            if not args.out or bool(args.target) == bool(args.all):
-                raise SystemExit("autofuse cache export: give KEY or --all, and -o FILE")
-            m = export_bundle(args.out, None if args.all else [args.target], root)
-            print(f"wrote {args.out}: {len(m['entries'])} entries")
-            return 0
+            return cache_export(root, args)
         if not args.target:
             raise SystemExit("autofuse cache import: give the bundle file")
         t0 = time.perf_counter()
@@ -138,6 +251,6 @@ def cache_command(args: argparse.Namespace) -> int:
             print(f"installed {new}{how}")
         print(f"into {plans_dir(root)} in {time.perf_counter() - t0:.2f} s")
         return 0
-    except BundleError as e:
+    except (BundleError, UnknownKey) as e:
         print(f"autofuse cache {args.action}: {e}", file=sys.stderr)
         return 2

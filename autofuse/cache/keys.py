@@ -191,6 +191,11 @@ def key_for(captured: Captured, example_inputs: Any, options: dict | None = None
     return plan_key(captured, DeviceInfo.current(inputs_device(example_inputs)), options)
 
 
+def valid_key(key: Any) -> bool:
+    """Whether ``key`` has the form of a cache key (not whether such an entry exists)."""
+    return isinstance(key, str) and bool(_KEY_RE.match(key))
+
+
 def _check_key(key: str) -> None:
     if not isinstance(key, str) or not _KEY_RE.match(key):
         raise ValueError(

@@ -72,8 +72,19 @@ def _flatten_inputs(example_inputs: Sequence[Any]) -> tuple[list[Any], Any, tupl
     return leaves, spec, tuple(kinds)
 
 
+def check_callable(fn: Any, where: str) -> None:
+    """``fn`` must be a function or an ``nn.Module`` (a clear error naming it, not a failure
+    deep inside tracing)."""
+    if not callable(fn):
+        raise TypeError(
+            f"{where}: fn must be a function or a torch.nn.Module, got {type(fn).__name__} "
+            f"({fn!r:.60})"
+        )
+
+
 def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
     """Trace ``fn(*example_inputs)`` to ATen and convert it to the IR."""
+    check_callable(fn, "autofuse")
     leaves, in_spec, kinds = _flatten_inputs(example_inputs)
     tensors = [x for x, k in zip(leaves, kinds) if k == "tensor"]
     scalars = tuple(x for x, k in zip(leaves, kinds) if k == "scalar")

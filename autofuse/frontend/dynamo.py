@@ -34,7 +34,7 @@ the weights are read in place, a new batch is copied into the graph's buffers), 
 default) only where the replay times faster end to end on CUDA (``plan/graph_choice.py``),
 ``False`` never; forward and backward graphs of training run kernel by kernel. Without a
 GPU the options are accepted and the greedy plan is used (the kernels run in Triton's
-interpreter).
+interpreter); ``trials`` / ``time_budget`` then say so once (an ``OptionNote``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.runtime import input_guard, run_plan
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
-from .options import BACKEND, check_options, wants_tuning
+from .options import BACKEND, check_options, note_backend_tuning, wants_tuning
 from .specialize import SpecializedGraph, needs_specializing
 
 __all__ = [
@@ -308,6 +308,7 @@ class AutofuseBackend:
 
     def plan_for(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any, Any]:
         tuned = wants_tuning(self.options) and torch.cuda.is_available()
+        note_backend_tuning(self.options, torch.cuda.is_available())
         key = (graph.key, _device_of(metas), tuned)
         with _PLANS_LOCK:
             hit = _PLANS.get(key)

@@ -7,6 +7,7 @@ known name): a typo such as ``trails=8`` must not silently tune nothing.
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -55,3 +56,33 @@ def check_options(options: Mapping[str, Any], known: Iterable[str], where: str) 
 
 def wants_tuning(options: Mapping[str, Any]) -> bool:
     return bool(options.get("trials") or options.get("time_budget"))
+
+
+class OptionNote(UserWarning):
+    """An option this machine cannot honour (said once per process and option)."""
+
+
+_NOTED: set[str] = set()
+
+
+def note_unhonoured(name: str, why: str) -> None:
+    """One :class:`OptionNote` per process for option ``name``: what happens instead."""
+    if name in _NOTED:
+        return
+    _NOTED.add(name)
+    warnings.warn(f"autofuse: option {name}: {why}", OptionNote, stacklevel=3)
+
+
+def note_backend_tuning(options: Mapping[str, Any], cuda: bool) -> None:
+    """The backend tunes on a GPU only: say so where ``trials`` / ``time_budget`` ask for it
+    on a machine without one."""
+    if wants_tuning(options) and not cuda:
+        asked = ", ".join(
+            f"{k}={options[k]!r}" for k in ("trials", "time_budget") if options.get(k)
+        )
+        note_unhonoured(
+            "trials",
+            f"{asked} not used: the torch.compile backend tunes only on a CUDA GPU; each graph "
+            "runs its greedy plan here (autofuse.optimize(fn, inputs, trials=...) tunes with "
+            "the cost model on CPU)",
+        )

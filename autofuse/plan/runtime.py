@@ -371,6 +371,8 @@ def _build_error(e: Exception) -> bool:
     while e is not None:  # the interpreter wraps the cause in an InterpreterError
         if {c.__name__ for c in type(e).__mro__} & build:
             return True
+        if isinstance(e, RuntimeError) and "active drivers" in str(e):
+            return True  # no Triton driver here (no GPU, the interpreter turned off)
         e = e.__cause__
     return False
 
@@ -394,9 +396,35 @@ def run_group_eagerly(run: _Run, info: GroupInfo) -> None:
         taken.add(run.env[s].untyped_storage().data_ptr())
 
 
-def check_inputs(graph: Graph, inputs: Sequence[Any], device_kind: str | None = None) -> None:
+def input_names(graph: Graph) -> str:
+    return ", ".join(graph[i].name or f"input {k}" for k, i in enumerate(graph.inputs))
+
+
+def check_count(graph: Graph, inputs: Sequence[Any]) -> None:
     if len(inputs) != len(graph.inputs):
-        raise InputError(f"the plan takes {len(graph.inputs)} tensors, got {len(inputs)}")
+        raise InputError(
+            f"the plan takes {len(graph.inputs)} tensors ({input_names(graph)}), got {len(inputs)}"
+        )
+
+
+def check_devices(graph: Graph, inputs: Sequence[Any]) -> None:
+    """Every input holds data (no meta tensor) and all share one device."""
+    first = None
+    for k, (idx, x) in enumerate(zip(graph.inputs, inputs)):
+        device = getattr(x, "device", None)
+        if device is None:
+            continue
+        label = f"input {k} ({graph[idx].name})"
+        if device.type == "meta":
+            raise InputError(f"{label} is a meta tensor (no data): pass a tensor with data")
+        if first is None:
+            first = (label, device)
+        elif device != first[1]:
+            raise InputError(f"{label} is on {device}, but {first[0]} is on {first[1]}")
+
+
+def check_inputs(graph: Graph, inputs: Sequence[Any], device_kind: str | None = None) -> None:
+    check_count(graph, inputs)
     for k, (idx, x) in enumerate(zip(graph.inputs, inputs)):
         node = graph[idx]
         label = f"input {k} ({node.name})"
@@ -414,6 +442,7 @@ def check_inputs(graph: Graph, inputs: Sequence[Any], device_kind: str | None = 
             )
         if device_kind is not None and x.device.type != device_kind:
             raise InputError(f"{label}: expected a {device_kind} tensor, got one on {x.device}")
+    check_devices(graph, inputs)
 
 
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})  # not a subclass with its own dispatch
@@ -478,6 +507,7 @@ class InputGuard:
             return True
         if not _inputs_match(self.plan, inputs):
             return False
+        check_devices(self.plan.graph, inputs)  # raises naming a meta or misplaced input
         if fast is None:
             self.fast = _tensor_guards(inputs)
             self.grad_free = not any(getattr(x, "requires_grad", False) for x in inputs)

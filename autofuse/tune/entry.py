@@ -16,6 +16,7 @@ from autofuse import logs
 from autofuse.cache.disk import load_metadata, load_plan, save_plan
 from autofuse.cache.keys import DeviceInfo, inputs_device, key_for, key_parts
 from autofuse.capture import Captured
+from autofuse.files import ensure_writable
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan
 from autofuse.settings import cache_home
@@ -52,7 +53,23 @@ def tune_and_cache(
         options["study_name"] = study_name(
             captured.source_name, captured.graph.key, f"retune-{time.time_ns()}"
         )
+    ensure_writable(cache_dir, "cache_dir")
     result = tune(captured, example_inputs, space, example_flat=example_flat, **options)
+    cache_result(captured, example_inputs, result, cache_dir, options.get("storage"), key)
+    return result.plan, result
+
+
+def cache_result(
+    captured: Captured,
+    example_inputs: Sequence[Any],
+    result: Any,
+    cache_dir: Any,
+    storage: Any = None,
+    key: str | None = None,
+) -> str:
+    """Save a tuning result's plan as the cache entry of this graph and inputs (what
+    ``autofuse.load`` finds); returns its key."""
+    key = key or key_for(captured, example_inputs)
     meta = {
         "function": captured.source_name,
         "value_s": result.value,
@@ -65,12 +82,22 @@ def tune_and_cache(
         },
         "key_parts": key_parts(captured, DeviceInfo.current(inputs_device(example_inputs))),
     }
-    storage = options.get("storage")
     if storage is None or isinstance(storage, str):
         meta["storage"] = storage
     save_plan(cache_dir, key, result.plan, meta)
+    where = f"{captured.source_name} (key {key[:16]}…) in {str(cache_dir)!r}"
     logs.emit("cache", f"saved: {where} ({result.trials} trials, study {result.study_name})")
-    return result.plan, result
+    return key
+
+
+def record_call(fn: Any, captured: Captured, example_inputs: Sequence[Any], cache_dir: Any) -> str:
+    """Index the cached plan by this call, so ``autofuse.load`` reaches it with no capture;
+    returns the call key ("" where the call has none: load captures then)."""
+    from autofuse.cache.calls import call_key, write_call
+
+    ck = call_key(fn, example_inputs)
+    write_call(cache_home(cache_dir), ck, key_for(captured, example_inputs), captured)
+    return ck or ""
 
 
 def _continued_study(meta: dict, options: dict, where: str) -> str | None:

@@ -25,7 +25,11 @@ Example::
          "inputs": lambda device: tuple(torch.randn(4096, 4096, device=device) for _ in range(3))},
     ]
 
-Each run writes ``<out>/<date>_<gpu>/`` (``run.json``: provenance and ceilings; one
+Every workload's winner is stored in the cache home (``--cache-dir``; plans, kernel sources and
+the call index, as ``optimize(trials=...)`` stores them), so ``autofuse.load`` finds it;
+``autofuse cache export --run <run dir> -o plans.afz`` bundles a run's winners for another host.
+A resumed run with more ``--trials`` than a workload was tuned with continues its study up to
+the new count (and says so). Each run writes ``<out>/<date>_<gpu>/`` (``run.json``: provenance and ceilings; one
 ``<name>.json`` per workload, written atomically when it is complete; ``summary.csv``), with the
 studies in one journal file there (``studies.journal``) unless ``--storage`` names another:
 ``optuna-dashboard <run dir>/studies.journal`` shows them. A killed run continues with
@@ -45,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autofuse.files import ensure_writable
+from autofuse.settings import cache_home
 from autofuse.tune import results
 from autofuse.tune.runfiles import (
     RUN_FILE,
@@ -82,8 +88,9 @@ def main(args: argparse.Namespace) -> int:
         workloads = [w for w in workloads if w.name in wanted]
     if args.run_dir:  # a worker started by the coordinator below
         return results.worker(args, workloads, Path(args.run_dir), args.worker_index)
+    ensure_writable(cache_home(args.cache_dir), "--cache-dir")
     folder = run_dir(args.out, args.resume, device_name())
-    folder.mkdir(parents=True, exist_ok=True)
+    ensure_writable(folder, "--out")
     _check_out(folder)
     doc = read_json(folder / RUN_FILE) or {"stamp": stamp(), "runs": []}
     storage = args.storage or str(folder / STORAGE_FILE)
@@ -126,6 +133,7 @@ def _spawn(args, workloads, folder: Path, n: int, gpus: list[str], storage: str)
         cmd = [sys.executable, "-m", "autofuse", "tune", args.spec, "--run-dir", str(folder),
                "--worker-index", str(i), "--storage", storage, "--trials", str(args.trials),
                "--polish", str(args.polish),
+               *(["--cache-dir", str(args.cache_dir)] if args.cache_dir else []),
                *(["--time-budget", str(args.time_budget)] if args.time_budget else []),
                *(["--workloads", args.workloads] if args.workloads else []),
                *(["--no-progress"] if i or not args.progress else [])]  # fmt: skip
@@ -160,6 +168,8 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--workloads", default="", help="only these (comma-separated names)")
     t.add_argument("--polish", type=int, default=16,
                    help="configs hill-climbed per kernel of the best plan (default 16)")  # fmt: skip
+    t.add_argument("--cache-dir", default=None,
+                   help="where the winners are cached (default: the cache home)")  # fmt: skip
     t.add_argument("--no-progress", dest="progress", action="store_false")
     t.add_argument("--run-dir", default="", help=argparse.SUPPRESS)
     t.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)

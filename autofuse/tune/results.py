@@ -18,7 +18,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from autofuse.tune.runfiles import RUN_FILE, Workload, is_complete, read_json, write_json
+from autofuse.tune.runfiles import RUN_FILE, Workload, read_json, write_json
 
 MODES = ("default", "max-autotune-no-cudagraphs")
 COMPILE = tuple(f"torch.compile {m}" for m in MODES)
@@ -34,13 +34,13 @@ def worker(args, workloads: list[Workload], folder: Path, index: int, storage: s
     storage = storage or args.storage
     leader = index == 0
     ceil = _ceilings(folder) if leader else None
-    todo = [w for w in workloads if not is_complete(folder / f"{w.name}.json")]
+    todo = [w for w in workloads if _to_tune(folder, w, args, leader)]
     code = 0
     bar = tqdm(total=len(workloads), initial=len(workloads) - len(todo), desc="workloads",
                unit="workload", file=sys.stderr, disable=not (leader and args.progress) or bool(args.run_dir))  # fmt: skip
     for w in todo:
         path = folder / f"{w.name}.json"
-        if is_complete(path):  # another worker's, meanwhile
+        if not _to_tune(folder, w, args, False):  # another worker's, meanwhile
             bar.update(1)
             continue
         try:
@@ -58,6 +58,25 @@ def worker(args, workloads: list[Workload], folder: Path, index: int, storage: s
         bar.update(1)
     bar.close()
     return code
+
+
+def _to_tune(folder: Path, w: Workload, args, say: bool) -> bool:
+    """Whether ``w`` needs tuning: no complete result yet, or one tuned with fewer trials than
+    now asked (its study then continues up to the new count; ``say``: print so)."""
+    doc = read_json(folder / f"{w.name}.json")
+    if doc is None or doc.get("complete") is not True:
+        return True
+    asked = w.trials if w.trials is not None else args.trials
+    before = doc.get("trials_asked", doc.get("trials"))
+    if isinstance(before, int) and asked > before:
+        if say:
+            print(f"autofuse tune: {w.name}: tuned with {before} trials; continuing its study "
+                  f"up to {asked}", file=sys.stderr, flush=True)  # fmt: skip
+        return True
+    if say and isinstance(before, int) and asked < before:
+        print(f"autofuse tune: {w.name}: kept (already tuned with {before} trials, more than "
+              f"the {asked} asked)", file=sys.stderr, flush=True)  # fmt: skip
+    return False
 
 
 def _ceilings(folder: Path) -> dict:
@@ -136,7 +155,21 @@ def tune_workload(w: Workload, args, storage: str | None, ceil: dict | None, lea
                   progress=args.progress, desc=w.name, **opts)  # fmt: skip
     tuning_s = time.perf_counter() - t0
     tuned = OptimizedFunction(captured, result.plan, target, result)
-    return _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, ceil, opts)
+    rec = _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, ceil, opts)
+    rec.update(_cache(args, w, target, captured, inputs, result, storage), trials_asked=trials)
+    return rec
+
+
+def _cache(args, w: Workload, target, captured, inputs, result, storage) -> dict:
+    """Store the winner in the cache home as ``optimize(trials=...)`` does (plan, kernel
+    sources; the call index, so ``autofuse.load`` finds it with no capture)."""
+    from autofuse.settings import cache_home
+    from autofuse.tune.entry import cache_result, record_call
+
+    home = cache_home(getattr(args, "cache_dir", None))
+    key = cache_result(captured, inputs, result, home, storage)
+    call = record_call(target, captured, inputs, home)
+    return {"cache_key": key, "call_key": call, "cache_dir": str(home)}
 
 
 def _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, ceil, opts):
@@ -268,6 +301,7 @@ def summary_row(rec: dict) -> dict:
 
     tuned = us("autofuse tuned")
     compiles = [v for v in (us(c) for c in COMPILE) if v]
+    measured_floor = rec.get("floor_source", "measured") == "measured"  # never a modeled one
 
     def ratio(base: float | None) -> float | None:
         return base / tuned if base and tuned else None
@@ -275,8 +309,10 @@ def summary_row(rec: dict) -> dict:
     return {
         "workload": rec["workload"], "eager_us": us("eager"), "compile_default_us": us(COMPILE[0]),
         "compile_max_autotune_us": us(COMPILE[1]), "greedy_us": us("autofuse greedy"),
-        "tuned_us": tuned, "tuned_source": rec.get("tuned_source"), "floor_us": rec.get("floor_us"),
-        "fraction_of_floor": rec.get("fraction_of_floor"), "speedup_vs_eager": ratio(us("eager")),
+        "tuned_us": tuned, "tuned_source": rec.get("tuned_source"),
+        "floor_us": rec.get("floor_us") if measured_floor else None,
+        "fraction_of_floor": rec.get("fraction_of_floor") if measured_floor else None,
+        "speedup_vs_eager": ratio(us("eager")),
         "speedup_vs_best_compile": ratio(min(compiles) if compiles else None),
         "speedup_vs_greedy": ratio(us("autofuse greedy")),
         "tuned_graph_us": us(GRAPHED),

@@ -61,19 +61,30 @@ def floor_s(nbytes: float, flops: float, ceil: dict) -> float:
     return max(nbytes / ceil["copy_bytes_per_s"], flops / ceil["bf16_mm_flops_per_s"])
 
 
-def git_commit() -> str:
-    """HEAD, marked ``-dirty`` when tracked files differ from it (a copied working tree can
-    carry an older .git: set AUTOFUSE_COMMIT there)."""
+def git_commit(where: str | None = None) -> str:
+    """HEAD of the checkout holding ``where`` (default the working directory), marked
+    ``-dirty`` when tracked files differ from it (a copied working tree can carry an older
+    .git: set AUTOFUSE_COMMIT there)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              timeout=30).stdout.strip()  # fmt: skip
+                              timeout=30, cwd=where).stdout.strip()  # fmt: skip
 
     try:
         head = git("rev-parse", "--short", "HEAD")
         return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
     except Exception:  # noqa: BLE001 - no git, or not a checkout
         return "unknown"
+
+
+def autofuse_commit() -> str:
+    """autofuse's own commit: ``AUTOFUSE_COMMIT``, else the git of the package's folder (not
+    of the working directory, which may be the user's project)."""
+    return os.environ.get("AUTOFUSE_COMMIT") or git_commit(_package_dir())
+
+
+def _package_dir() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def device_name() -> str:
@@ -91,7 +102,7 @@ def stamp() -> dict:
     import autofuse
 
     return {
-        "commit": os.environ.get("AUTOFUSE_COMMIT") or git_commit(),
+        "commit": autofuse_commit(),
         "gpu": device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,

@@ -37,6 +37,26 @@ class Workload:
         return self.fn if self.fn is not None else self.module()
 
 
+FIELDS = ("name", "fn", "module", "inputs", "trials", "time_budget", "flops")
+
+
+class SpecError(ValueError):
+    """A spec file that cannot be read, or a record of it that is wrong (named)."""
+
+
+def _check_fields(rec: Any, where: str) -> None:
+    """A record's keys are the known ones: a misspelt ``trails`` must not be ignored."""
+    if not isinstance(rec, dict):
+        return
+    import difflib
+
+    for key in rec:
+        if key not in FIELDS:
+            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise SpecError(f"{where}: unknown key {key!r}{hint} (known keys: {', '.join(FIELDS)})")
+
+
 def _field(rec: Any, key: str, default: Any = None) -> Any:
     return rec.get(key, default) if isinstance(rec, dict) else getattr(rec, key, default)
 
@@ -46,7 +66,7 @@ def load_spec(spec: str) -> list[Workload]:
     if spec.endswith(".py") or os.sep in spec:
         path = Path(spec)
         if not path.is_file():
-            raise FileNotFoundError(f"autofuse tune: no spec file {spec!r}")
+            raise SpecError(f"autofuse tune: no spec file {spec!r}")
         mod_spec = importlib.util.spec_from_file_location(f"autofuse_spec_{path.stem}", path)
         assert mod_spec is not None and mod_spec.loader is not None
         module = importlib.util.module_from_spec(mod_spec)
@@ -56,22 +76,23 @@ def load_spec(spec: str) -> list[Workload]:
         module = importlib.import_module(spec)
     records = getattr(module, "WORKLOADS", None)
     if not isinstance(records, (list, tuple)) or not records:
-        raise ValueError(f"autofuse tune: {spec} must define WORKLOADS, a non-empty list")
+        raise SpecError(f"autofuse tune: {spec} must define WORKLOADS, a non-empty list")
     out: list[Workload] = []
     for k, rec in enumerate(records):
         name, fn, module_f = _field(rec, "name"), _field(rec, "fn"), _field(rec, "module")
         where = f"{spec}: WORKLOADS[{k}]"
+        _check_fields(rec, where)
         if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"{where}: 'name' must be letters, digits, _ . - (got {name!r})")
+            raise SpecError(f"{where}: 'name' must be letters, digits, _ . - (got {name!r})")
         if (fn is None) == (module_f is None) or not callable(fn or module_f):
-            raise ValueError(f"{where} ({name}): give exactly one of 'fn' or 'module' (callable)")
+            raise SpecError(f"{where} ({name}): give exactly one of 'fn' or 'module' (callable)")
         if not callable(_field(rec, "inputs")):
-            raise ValueError(f"{where} ({name}): 'inputs' must be a factory of the inputs")
+            raise SpecError(f"{where} ({name}): 'inputs' must be a factory of the inputs")
         out.append(Workload(name, fn, module_f, _field(rec, "inputs"), _field(rec, "trials"),
                             _field(rec, "time_budget"), _field(rec, "flops", 0.0)))  # fmt: skip
     names = [w.name for w in out]
     if len(set(names)) != len(names):
-        raise ValueError(f"{spec}: workload names repeat: {names}")
+        raise SpecError(f"{spec}: workload names repeat: {names}")
     return out
 
 

@@ -1,8 +1,10 @@
 """``autofuse report DIR``: ``report.md`` and ``report.html`` for a folder ``autofuse tune``
 wrote: the results table, speedup bars, roofline fractions, each study's optimization history
 (best time vs trial, read from the study storage) and each chosen partition (which ops share a
-kernel). Charts need matplotlib (``pip install 'autofuse[report]'``); without it the report
-has text bars and says so.
+kernel). With matplotlib (``pip install matplotlib``) the charts are PNG images; without it
+the HTML draws them as inline SVG and the Markdown as text bars. Both carry the same caveats:
+times the cost model produced are labelled *modeled*, and a roofline is shown only where the
+run measured its ceilings on that machine (a GPU), never from another machine's constants.
 """
 
 from __future__ import annotations
@@ -91,11 +93,12 @@ def _charts(folder: Path, rows: list[dict], hists: dict[str, list]) -> dict[str,
     ax.set_xlabel("speedup of the tuned plan (x)")
     ax.legend(fontsize=8)
     out["speedups.png"] = _png(fig)
-    fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
-    ax.barh(names, [r["fraction_of_floor"] or 0 for r in rows])
-    ax.set_xlim(0, 1.05)
-    ax.set_xlabel("roofline floor / tuned time")
-    out["roofline.png"] = _png(fig)
+    if _measured_floor(rows):
+        fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+        ax.barh(names, [r["fraction_of_floor"] or 0 for r in rows])
+        ax.set_xlim(0, 1.05)
+        ax.set_xlabel("roofline floor / tuned time")
+        out["roofline.png"] = _png(fig)
     fig, ax = plt.subplots(figsize=(8, 4))
     for name, pts in hists.items():
         if pts:
@@ -148,26 +151,54 @@ COLUMNS = [("workload", "workload"), ("eager_us", "eager µs"),
 
 
 def _provenance(run: dict) -> str:
+    """The run's provenance (device, autofuse commit and version, torch, triton, date) and the
+    autofuse that wrote the report."""
+    from autofuse import __version__
+    from autofuse.tune.roofline import autofuse_commit
+
     st = run.get("stamp", {})
-    return ", ".join(f"{k} {st[k]}" for k in ("gpu", "commit", "torch", "triton", "autofuse", "date")
-                     if k in st)  # fmt: skip
+    text = ", ".join(f"{k} {st[k]}" for k in ("gpu", "commit", "torch", "triton", "autofuse",
+                                               "date") if k in st)  # fmt: skip
+    return f"run: {text or 'no provenance recorded'}; report by autofuse {__version__} " \
+        f"(commit {autofuse_commit()})"  # fmt: skip
+
+
+def _measured_floor(rows: list[dict]) -> bool:
+    return any(r["fraction_of_floor"] is not None for r in rows)
+
+
+def caveats(rows: list[dict]) -> list[str]:
+    """What the figures are and are not (the same sentences in the Markdown and the HTML)."""
+    out = []
+    if any(r["tuned_source"] == "modeled" for r in rows):
+        out.append("Times labelled *modeled* come from the cost model (no GPU): estimates, not "
+                   "measurements; torch.compile is not measured there.")  # fmt: skip
+    if not _measured_floor(rows):
+        out.append("No roofline: its ceilings were not measured on this machine (no GPU).")
+    return out
+
+
+def _columns(rows: list[dict]) -> list[tuple[str, str]]:
+    """The table's columns, less those no row has a figure for (a roofline not measured)."""
+    empty = {k for k, _ in COLUMNS if all(r[k] is None for r in rows)}
+    return [(k, h) for k, h in COLUMNS if k not in empty or k in ("eager_us", "tuned_us")]
 
 
 def _markdown(run, recs, rows, hists, have_charts: bool) -> str:
     out = ["# autofuse tune report", "", _provenance(run), ""]
-    if any(r["tuned_source"] == "modeled" for r in rows):
-        out += ["Times labelled *modeled* come from the cost model (no GPU): estimates, not "
-                "measurements; torch.compile is not measured there.", ""]  # fmt: skip
-    out += ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    for line in caveats(rows):
+        out += [line, ""]
+    cols = _columns(rows)
+    out += ["| " + " | ".join(h for _, h in cols) + " |", "|" + " --- |" * len(cols)]
     for r in rows:
-        out.append("| " + " | ".join(_fmt(r[k]) for k, _ in COLUMNS) + " |")
+        out.append("| " + " | ".join(_fmt(r[k]) for k, _ in cols) + " |")
     out += ["", "## Speedup of the tuned plan", ""]
     if have_charts:
-        out += ["![speedups](speedups.png)", "", "![roofline](roofline.png)", "",
-                "![history](history.png)", ""]  # fmt: skip
+        roof = ["![roofline](roofline.png)", ""] if _measured_floor(rows) else []
+        out += ["![speedups](speedups.png)", "", *roof, "![history](history.png)", ""]
     else:
-        out += ["(matplotlib is not installed: text bars; `pip install 'autofuse[report]'` "
-                "for charts)", ""]  # fmt: skip
+        out += ["(matplotlib is not installed: text bars here, SVG charts in report.html; "
+                "`pip install matplotlib` for PNG charts)", ""]  # fmt: skip
     top = max([r[k] or 0 for r in rows for k in ("speedup_vs_best_compile", "speedup_vs_greedy",
                                                    "speedup_vs_eager")] + [1.0])  # fmt: skip
     out.append("```")
@@ -203,23 +234,19 @@ def _html(run, recs, rows, hists, charts: dict[str, bytes] | None) -> str:
              "td:first-child{text-align:left}.k{background:#eef4ff;margin:4px;padding:4px;"
              "display:inline-block;border-radius:4px}.op{background:#fff;border:1px solid #99b;"
              "margin:2px;padding:1px 4px;display:inline-block}</style></head><body>",
-             "<h1>autofuse tune report</h1>", f"<p>{e(_provenance(run))}</p>", "<table><tr>"]  # fmt: skip
-    parts += [f"<th>{e(h)}</th>" for _, h in COLUMNS] + ["</tr>"]
+             "<h1>autofuse tune report</h1>", f"<p>{e(_provenance(run))}</p>"]  # fmt: skip
+    parts += [f"<p><i>{e(line.replace('*', ''))}</i></p>" for line in caveats(rows)]
+    cols = _columns(rows)
+    parts += ["<table><tr>"] + [f"<th>{e(h)}</th>" for _, h in cols] + ["</tr>"]
     for r in rows:
-        parts.append("<tr>" + "".join(f"<td>{e(_fmt(r[k]))}</td>" for k, _ in COLUMNS) + "</tr>")
+        parts.append("<tr>" + "".join(f"<td>{e(_fmt(r[k]))}</td>" for k, _ in cols) + "</tr>")
     parts.append("</table>")
     if charts:
         for name, data in charts.items():
             b64 = base64.b64encode(data).decode()
             parts.append(f"<h2>{e(name[:-4])}</h2><img src='data:image/png;base64,{b64}'>")
     else:
-        parts.append("<p>matplotlib is not installed: no charts (pip install "
-                     "'autofuse[report]').</p>")  # fmt: skip
-        for r in rows:
-            w = int(200 * min(r["fraction_of_floor"] or 0, 1))
-            parts.append(f"<div>{e(r['workload'])} floor/tuned <span style='display:inline-block;"
-                         f"width:{w}px;background:#48c'>&nbsp;</span> "
-                         f"{e(_fmt(r['fraction_of_floor'], 3))}</div>")  # fmt: skip
+        parts += _svg_charts(rows, hists)
     parts.append("<h2>Chosen partitions</h2>")
     for rec in recs:
         parts.append(f"<h3>{e(rec['workload'])}</h3><div>")
@@ -230,6 +257,26 @@ def _html(run, recs, rows, hists, charts: dict[str, bytes] | None) -> str:
         parts.append("</div>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _svg_charts(rows: list[dict], hists: dict[str, list]) -> list[str]:
+    """The charts as inline SVG (no matplotlib): speedups, the roofline where measured, each
+    study's best time by trial."""
+    from autofuse.tune import svg
+
+    keys = [("speedup_vs_eager", "vs eager"), ("speedup_vs_best_compile", "vs best torch.compile"),
+            ("speedup_vs_greedy", "vs greedy plan")]  # fmt: skip
+    keys = [(k, label) for k, label in keys if any(r[k] for r in rows)]
+    out = ["<p>(matplotlib is not installed: charts drawn as SVG; pip install matplotlib for "
+           "PNG charts)</p>", "<h2>Speedup of the tuned plan</h2>"]  # fmt: skip
+    out.append(svg.bars([(r["workload"], [r[k] for k, _ in keys]) for r in rows],
+                        [label for _, label in keys]))  # fmt: skip
+    if _measured_floor(rows):
+        out += ["<h2>Roofline floor / tuned time</h2>",
+                svg.bars([(r["workload"], [r["fraction_of_floor"]]) for r in rows],
+                         ["floor / tuned"], unit="", mark=None)]  # fmt: skip
+    out += ["<h2>Optimization history (best µs so far, by trial)</h2>", svg.steps(hists)]
+    return out
 
 
 def main(args: Any) -> int:
