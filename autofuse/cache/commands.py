@@ -157,7 +157,7 @@ def _rmdir_if_empty(*folders: Path) -> None:
 
 def clear_all(root: Any) -> tuple[int, int, int]:
     """Remove what autofuse wrote and nothing else: the plan entries (and the temporaries of
-    killed writers), the call index's records, the kernel sources it generated; a folder is
+    killed writers), the call index's records, the readable kernel copies it wrote; a folder is
     removed only once empty. Returns (entries, call records, kernel files) removed."""
     plans, calls = plans_dir(root), cache_home(root) / CALLS_DIR
     kernels = settings().kernel_dir if root is None else cache_home(root) / "kernels"
