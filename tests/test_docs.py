@@ -41,13 +41,22 @@ def test_relative_links_lead_to_files(page):
             assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
 
 
-@pytest.mark.slow  # a fresh process per page, kernels through the interpreter: ~10 s each
-@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)
-def test_python_examples_run_as_a_script_on_cpu(page, tmp_path):
-    script = tmp_path / f"{page.stem}_examples.py"
-    script.write_text("\n\n".join(python_blocks(page)))
+@pytest.mark.slow  # one fresh process, kernels through the interpreter: ~40 s of CPU
+def test_python_examples_run_as_scripts_on_cpu(tmp_path):
+    """Each page's blocks, in order, as one script run as ``__main__`` (its own globals); the
+    pages one after the other in one process (the README's first, with no variable set)."""
+    scripts = []
+    for page in PAGES:
+        if python_blocks(page):
+            script = tmp_path / f"{page.stem}_examples.py"
+            script.write_text("\n\n".join(python_blocks(page)))
+            scripts.append(str(script))
+    assert scripts[0].endswith("README_examples.py") and len(scripts) >= 5
+    runner = "import runpy, sys\nfor s in sys.argv[1:]:\n    print('running', s, flush=True)\n" \
+        "    runpy.run_path(s, run_name='__main__')\n"  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "AUTOFUSE_"))}
     env.update(PYTHONPATH=str(ROOT), AUTOFUSE_CACHE_DIR=str(tmp_path / "cache"))
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, text=True,
-                         capture_output=True, timeout=600)  # fmt: skip
-    assert out.returncode == 0, f"{page.name}'s examples failed:\n{out.stdout}\n{out.stderr}"
+    out = subprocess.run([sys.executable, "-c", runner, *scripts], cwd=tmp_path, env=env,
+                         text=True, capture_output=True, timeout=900)  # fmt: skip
+    assert out.returncode == 0, f"the docs' examples failed:\n{out.stdout}\n{out.stderr}"
+    assert out.stdout.count("running ") == len(scripts)
