@@ -37,9 +37,10 @@ STRICT_TOL = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}
 
 
 def op_name(target: Any) -> str:
-    """``aten.max_pool2d_with_indices.default`` -> ``max_pool2d_with_indices``."""
+    """``aten.max_pool2d_with_indices.default`` -> ``max_pool2d_with_indices`` (``prims.x.default``
+    likewise)."""
     parts = str(target).split(".")
-    return parts[1] if len(parts) >= 3 and parts[0] == "aten" else parts[-1]
+    return parts[-2] if len(parts) >= 3 else parts[-1]
 
 
 def eager_steps(plan: Any) -> collections.Counter:

@@ -2,7 +2,8 @@
 
 Core ATen's decompositions, plus softmax, log_softmax, layer_norm, gelu, silu, ... and norms
 (vector_norm, batch_norm, group_norm) taken to sums / maxima the reduction kernels compute; var,
-var_mean and std by moments that stay finite where eager's do.
+var_mean and std by moments that stay finite where eager's do; hardtanh, log10, and pools and
+constant pads as window offsets (``pooling.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import math
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
+
+from autofuse.capture.pooling import pooling_decompositions
 
 aten = torch.ops.aten
 
@@ -75,6 +78,11 @@ def _group_norm_decomp(x, weight, bias, n, c, hw, group, eps):
     return y.to(x.dtype), mean.reshape(n, group).to(x.dtype), rstd.reshape(n, group).to(x.dtype)
 
 
+def _log10(x):
+    """log10 as log / ln(10) (a generated op; within an ulp or two of eager's)."""
+    return torch.log(x) / math.log(10.0)
+
+
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(
@@ -93,6 +101,7 @@ def decomposition_table() -> dict:
                 aten.addcmul,
                 aten.addcdiv,
                 aten.leaky_relu,
+                aten.hardtanh,
                 aten.elu,
                 aten.softplus,
                 aten.mish,
@@ -110,4 +119,6 @@ def decomposition_table() -> dict:
     table[aten.var_mean.correction] = _var_mean_decomp
     table[aten.std.correction] = _std_decomp
     table[aten.native_group_norm.default] = _group_norm_decomp
+    table[aten.log10.default] = _log10
+    table.update(pooling_decompositions())  # pools and constant pads (capture/pooling.py)
     return table
