@@ -14,9 +14,12 @@ def _ensure_backend() -> str:
     """Use the GPU when there is one, else Triton's interpreter on CPU tensors."""
     import torch
 
+    from autofuse.interpreter import note_given
+
     if torch.cuda.is_available():
         return "cuda"
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    note_given()  # each command says where its kernels run
     return "cpu"
 
 
@@ -60,7 +63,9 @@ def cache_cmd(args: argparse.Namespace) -> int:
 
 
 def tune(args: argparse.Namespace) -> int:
-    _ensure_backend()  # TRITON_INTERPRET before triton is imported, on a machine without GPU
+    if _ensure_backend() == "cpu" and not args.run_dir:
+        print("autofuse tune: no GPU: kernels run in Triton's interpreter, times are modeled "
+              "by the cost model", file=sys.stderr, flush=True)  # fmt: skip
     from autofuse.tune import overnight
 
     return overnight.main(args)

@@ -42,6 +42,11 @@ def select_for_machine() -> bool:
     return True
 
 
+def note_given() -> None:
+    """The caller told the user itself (the CLI prints the device): no InterpreterNote."""
+    _SELECTED["noted"] = True
+
+
 def _note_selection() -> None:
     if _SELECTED["by_autofuse"] and not _SELECTED["noted"]:
         _SELECTED["noted"] = True
