@@ -94,6 +94,9 @@ def test_tune_export_import_load_in_a_fresh_process(tmp_path, capsys, monkeypatc
     monkeypatch.chdir(tmp_path)  # the CLI in this process, relative paths as a user types them
     assert cli.main(["cache", "show", chain["cache_key"][:6], "--cache-dir", "home"]) == 0
     assert chain["cache_key"] in capsys.readouterr().out
+    assert cli.main(["cache", "export", chain["cache_key"][:6], "-o", "one.afz",
+                     "--cache-dir", "home"]) == 0  # fmt: skip
+    assert "wrote one.afz: 1 entries" in capsys.readouterr().out
     out = _run(tmp_path, "-m", "autofuse", "cache", "export", "--run", str(folder), "-o",
                "plans.afz", "--cache-dir", "home")  # fmt: skip
     assert "2 entries, 2 call records" in out
