@@ -223,7 +223,45 @@ def merge(paths: Sequence[str], out: Path) -> dict:
         if path.exists():
             configs.append(json.loads(path.read_text()).get("config", {}))
     _write(out, {"merged": [str(p) for p in paths], "shards": configs}, records)
-    return summarize(records)
+    summary = summarize(records)
+    out.with_suffix(".md").write_text(markdown(summary, configs[0] if configs else {}))
+    return summary
+
+
+def markdown(s: dict, config: dict) -> str:
+    """The summary as a short Markdown report."""
+    lines = [
+        "# OpInfo sweep through the autofuse backend (CPU, Triton interpreter)",
+        "",
+        f"Ops of `op_db`: {s['ops_total']}; dtypes {config.get('dtypes')}, first "
+        f"{config.get('samples')} sample(s) per op and dtype, backward in "
+        f"{config.get('grad_dtypes')}, {config.get('timeout')} s per case.",
+        "",
+        "| ops | count |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in sorted(s["ops"].items())),
+        "",
+        "| cases | count |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in s["cases"].items()),
+        *(f"| pass: {k} | {v} |" for k, v in sorted(s["passing_cases_by_how"].items())),
+        "",
+        "Ops run as eager steps (cases): "
+        + ", ".join(f"`{k}` {v}" for k, v in list(s["eager_step_ops"].items())[:40]),
+        "",
+        "## Failing cases (not listed as expected)",
+        "",
+        *(
+            f"- {f['status']}: `{f['op']}` {f['dtype']} {f['mode']} #{f['sample']}: "
+            f"{f['detail'][:160]}"
+            for f in s["failing"]
+        ),
+        "",
+        "## Expected failures",
+        "",
+        *(f"- `{k}`: {v}" for k, v in sorted(s["expected_failures"].items())),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
