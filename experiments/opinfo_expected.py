@@ -10,6 +10,15 @@ can go.
 from __future__ import annotations
 
 EXPECTED: dict[str, str] = {
+    "nn.functional.interpolate.bilinear:uint8": (
+        "PyTorch decomposes upsample_bilinear2d while tracing (CompositeImplicitAutograd, before "
+        "any backend sees it): float32 weights, then round; eager's uint8 kernel uses fixed-point "
+        "weights, so about one element in six differs by 1 (Inductor accepts atol=1 here)"
+    ),
+    "ormqr:*:bwd": (
+        "a generated kernel of the backward (mm by a (1, 1) operand inside a fused group) fails "
+        "to compile: a (16, 1) block where the pointer has (16, 16)"
+    ),
     "index_select:*:bwd": (
         "the backward's index_add stores a block through a scalar pointer in its kernel "
         "(a kernel error; the indexed-store class of issue 28)"

@@ -229,6 +229,18 @@ def _realize(meta: Any) -> Any:
     return out
 
 
+def _effectful_ops(gm: torch.fx.GraphModule) -> list[str]:
+    """The ops an AOTAutograd graph calls through ``with_effects`` (ordered side effects such
+    as ``linalg.inv``'s error check, threaded through effect tokens)."""
+    from torch._higher_order_ops.effects import with_effects
+
+    return [
+        str(n.args[1])
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is with_effects
+    ]
+
+
 def _device_of(metas: Sequence[Any]) -> str:
     for m in metas:
         if isinstance(m, torch.Tensor):
@@ -271,6 +283,12 @@ class AutofuseBackend:
     def compile_graph(
         self, kind: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
     ) -> Callable[..., Any]:
+        effects = _effectful_ops(gm)
+        if effects:  # its effect tokens are None at run time: the graph as traced runs it
+            logs.log.info(
+                "autofuse backend: the %s graph calls %s; it runs in eager", kind, effects
+            )
+            return gm
         try:
             prepared = prepare(gm, example_inputs)
         except SymbolicShapes as e:  # not expected: symbolic graphs are specialized first
