@@ -19,10 +19,6 @@ EXPECTED: dict[str, str] = {
         "a generated kernel of the backward (mm by a (1, 1) operand inside a fused group) fails "
         "to compile: a (16, 1) block where the pointer has (16, 16)"
     ),
-    "index_select:*:bwd": (
-        "the backward's index_add stores a block through a scalar pointer in its kernel "
-        "(a kernel error; the indexed-store class of issue 28)"
-    ),
 }
 
 
