@@ -216,12 +216,11 @@ def _write(out: Path, config: dict, records: list[dict]) -> None:
 def merge(paths: Sequence[str], out: Path) -> dict:
     """One summary of several shards' records (their ``.jsonl`` files)."""
     records: list[dict] = []
-    configs = []
     for p in paths:
-        path = Path(p)
-        records += _read_jsonl(path.with_suffix(".jsonl"))
-        if path.exists():
-            configs.append(json.loads(path.read_text()).get("config", {}))
+        records += _read_jsonl(Path(p).with_suffix(".jsonl"))
+    latest = {(r["op"], r["dtype"], r["mode"], r["sample"]): r for r in records}
+    records = list(latest.values())  # a case run by two shards counts once (the later run)
+    configs = [json.loads(Path(p).read_text()).get("config", {}) for p in paths if Path(p).exists()]
     _write(out, {"merged": [str(p) for p in paths], "shards": configs}, records)
     summary = summarize(records)
     out.with_suffix(".md").write_text(markdown(summary, configs[0] if configs else {}))
