@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from autofuse.capture.state import buffers_kept
 from autofuse.capture.trace import capture, check_callable
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.graph_choice import (
@@ -72,7 +73,14 @@ def optimize(
     ``torch.compile(fn, backend="autofuse")`` with the same options; see
     ``autofuse/frontend/optimized.py``. With ``example_kwargs``, or when ``fn`` cannot be
     captured with make_fx, the result is that backend path alone (a ``BackendFunction``).
+    A module's buffers (BatchNorm's running statistics) are left as they were: building the
+    plan moves none of them.
     """
+    with buffers_kept(fn):
+        return _optimize(fn, example_inputs, **options)
+
+
+def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: Any) -> Any:
     from autofuse.capture import CaptureError
     from autofuse.frontend.optimized import BackendFunction, attach
     from autofuse.frontend.options import OPTIMIZE, check_options

@@ -10,11 +10,35 @@ import torch
 import torch.utils._pytree as pytree
 
 from autofuse.capture import Captured
+from autofuse.capture.state import ModuleState
 from autofuse.partition import Partition
 from autofuse.plan import InputError, Plan, execute
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.runtime import check_count, input_guard, run_plan
 from autofuse.report import format_summary, summarize
+
+
+def writes_inputs(graph: Any) -> bool:
+    """The graph writes into one of its inputs (an in-place op's ``copy_`` back)."""
+    ins = set(graph.inputs)
+    for n in graph.nodes:
+        target = str(dict(n.attrs).get("target", "")) if n.op == "opaque" else ""
+        name = target.split(".")[1] if target.count(".") >= 2 else ""
+        if name.endswith("_") and n.inputs and n.inputs[0] in ins:
+            return True
+    return False
+
+
+def shares_memory(args: tuple, kwargs: dict) -> bool:
+    """Two tensor arguments share storage (``g(x, x)``, ``g(x, x[0])``)."""
+    seen: set[int] = set()
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor) and leaf.numel():
+            ptr = leaf.untyped_storage().data_ptr()
+            if ptr in seen:
+                return True
+            seen.add(ptr)
+    return False
 
 
 def describe_refusals(graph, partition: Partition) -> tuple[str, ...]:
@@ -41,11 +65,17 @@ class OptimizedFunction:
         self.captured = captured
         self.plan = plan
         self._module = fn if isinstance(fn, torch.nn.Module) else None
+        self._fn = fn
+        # the plan writes into an input (a functionalized in-place op): inputs sharing memory
+        # would see each other's writes in eager, not in the plan's buffers
+        self._writes_inputs = plan is not None and writes_inputs(plan.graph)
         self.tuning = tuning  # search results (times, trials), when the plan was tuned
         # calls this plan cannot run (autograd, another module mode, kwargs) go through this
         # torch.compile(backend=autofuse) path when optimize gave one (frontend/optimized.py)
         self.autograd = None
         self._training = self._module.training if self._module is not None else None
+        # what the plan depends on in the module (submodules, attributes, hooks, modes)
+        self.module_state = ModuleState(fn) if self._module is not None else None
         self.__name__ = f"autofuse_{captured.source_name}"
         n = self._n = len(captured.leaf_kinds)
         # the common call f(t0, t1, ...) of plain tensors needs no pytree walk
@@ -112,6 +142,8 @@ class OptimizedFunction:
         return tuple(args[k] for k in at)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._writes_inputs and shares_memory(args, kwargs):
+            return self._aliased(args, kwargs)
         # the common call: plain tensors with exactly the captured shapes, dtypes and strides
         # (one guard check), none requiring grad: no routing, no re-check, no pytree
         ts = None if kwargs else self._plain_tensors(args)
@@ -126,7 +158,11 @@ class OptimizedFunction:
                     outs = run_plan(self.plan, ts, guard.device if fast else None)
                 return self._wrap(outs)
         if kwargs or self._training is not None or torch.is_grad_enabled():
-            from autofuse.frontend.routing import call_routed, route
+            from autofuse.frontend.routing import call_routed, route, run_changed
+
+            changed = None if self.module_state is None else self.module_state.changed()
+            if changed is not None:
+                return run_changed(self, changed, args, kwargs)
 
             why = route(self, args, kwargs)
             if why is not None:
@@ -135,6 +171,16 @@ class OptimizedFunction:
         with torch.no_grad():
             outs = execute(self.plan, flat)
         return self._wrap(outs)
+
+    def _aliased(self, args: tuple, kwargs: dict) -> Any:
+        """Inputs that share memory, one of them written in place: eager semantics (each
+        write seen through the other input) only eager gives, so ``fn`` runs in eager."""
+        if self._fn is None:
+            raise InputError(
+                "inputs share memory and the plan writes into one of them in place: eager "
+                "would see the write through the other input; pass distinct tensors (clone one)"
+            )
+        return self._fn(*args, **kwargs)
 
     def _wrap(self, outs: list[torch.Tensor]) -> Any:
         if self._leaf_out:

@@ -105,9 +105,11 @@ def load(
     fast = _load_by_call(cache_dir, ck, fn, cuda_graph)
     if fast is not None:
         return fast
+    from autofuse.capture.state import buffers_kept
     from autofuse.capture.trace import capture
 
-    captured = capture(fn, example_inputs)
+    with buffers_kept(fn):  # capturing a module in train mode moves no statistics
+        captured = capture(fn, example_inputs)
     key = key_for(captured, example_inputs, options)
     plan, meta, problem = _read_entry(cache_dir, key)
     if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)

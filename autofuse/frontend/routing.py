@@ -3,6 +3,7 @@ and sending them to the plan's backend path, or raising when it has none. Import
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,25 @@ def route(opt: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
     if needs_grad(args, {}, module):
         return "an input or parameter requires grad in grad mode (the plan has no backward)"
     return None
+
+
+class ModuleChangedWarning(UserWarning):
+    """The module changed since its plan was captured: its calls run in eager."""
+
+
+def run_changed(opt: Any, changed: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """A call of a module that changed since capture (an attribute, a submodule, a hook, a
+    mode, a parameter): the plan no longer computes what it would, so the module runs in eager
+    (one warning per plan)."""
+    if not getattr(opt, "_changed_noted", False):
+        opt._changed_noted = True
+        warnings.warn(
+            f"autofuse: the module changed since its plan was captured ({changed}); its calls "
+            "run in eager: call autofuse.optimize on it again for a plan of the new module",
+            ModuleChangedWarning,
+            stacklevel=3,
+        )
+    return opt._module(*args, **kwargs)
 
 
 def call_routed(opt: Any, why: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -456,9 +456,25 @@ def _inputs_match(plan: Plan, inputs: Sequence[Any]) -> bool:
     for x, (shape, dtype, strides) in zip(inputs, specs):
         if type(x) not in _PLAIN or x.dtype is not dtype or x.shape != shape:
             return False
-        if x.stride() != strides:
+        if x.stride() != strides or x.is_neg() or x.is_conj():
             return False
     return True
+
+
+def resolved(inputs: Sequence[Any]) -> Sequence[Any]:
+    """``inputs`` with negative-bit and conjugate views made real (``c.conj().imag`` is a view
+    whose values are the negated memory): kernels read memory, so they get the values."""
+    if not any(isinstance(x, torch.Tensor) and (x.is_neg() or x.is_conj()) for x in inputs):
+        return inputs
+    return [_values(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _values(x: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``x``'s values in ``x``'s layout (strides kept: the plan checks them)."""
+    if not (x.is_neg() or x.is_conj()):
+        return x
+    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    return out.copy_(x)
 
 
 class _Never:
@@ -526,6 +542,7 @@ def input_guard(plan: Plan) -> InputGuard:
 def execute(plan: Plan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run a plan on the flat list of graph inputs; returns the flat list of graph outputs."""
     if not input_guard(plan)(inputs):
+        inputs = resolved(inputs)
         check_inputs(plan.graph, inputs)  # raises, naming the input, or accepts (size-1 strides)
     return run_plan(plan, inputs)
 
