@@ -4,7 +4,7 @@ This package never imports torch. Trials are driven with Optuna's ask/tell; ever
 the objective is recorded with a reason and the search goes on.
 """
 
-from ._damage import DamagedStorageWarning
+from ._damage import DamagedStorageWarning, StorageUnavailable
 from ._errors import TrialFailed, TrialPruned, check_time
 from ._progress import ProgressBar, progress_bar
 from ._records import BUDGET_SPENT_REASON, StudyCounts, TrialRecord, TrialState
@@ -20,6 +20,7 @@ __all__ = [
     "ProgressBar",
     "SamplerSpec",
     "Study",
+    "StorageUnavailable",
     "StudyCounts",
     "Trial",
     "TrialFailed",
