@@ -55,15 +55,17 @@ from autofuse import logs
 from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
+from autofuse.kernels.sizes import runtime_bucket, runtime_sizes_on
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan, execute
+from autofuse.plan.buckets import BucketPlans, bucket_key
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.runtime import input_guard, run_plan
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
 from .options import BACKEND, check_options, note_backend_tuning, wants_tuning
-from .specialize import SpecializedGraph, needs_specializing
+from .specialize import SpecializedGraph, dynamic_dims, needs_specializing
 
 __all__ = [
     "AutofuseBackend",
@@ -199,6 +201,7 @@ class CompiledGraph:
 _PLANS: dict[tuple, tuple[Plan, Any, Any]] = {}
 _PLANS_LOCK = threading.Lock()
 _COMPILED: collections.deque[CompiledGraph] = collections.deque(maxlen=512)
+_BUCKETS = BucketPlans()  # (bucket, graph structure, kind, device, tuned) -> a partition
 
 
 def compiled_graphs() -> list[CompiledGraph]:
@@ -255,14 +258,18 @@ class AutofuseBackend:
         check_options(options, BACKEND, "autofuse backend")
         self.options = dict(options)
         self.records: list[CompiledGraph] = []
+        # plans: partitions made (greedy or searched); bucket_instances: a bucket's plan built
+        # for another shape of the bucket (no partition, no search, its kernels shared)
+        self.counts: collections.Counter[str] = collections.Counter()
         self.__name__ = "autofuse"
 
     # -- Dynamo entry ----------------------------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw: Any):
         if kw.get("options"):
             check_options(kw["options"], BACKEND, "torch.compile(backend='autofuse')")
+        dims = dynamic_dims(gm, example_inputs)
         if needs_specializing(gm, any(is_symbolic(x) for x in example_inputs)):
-            return SpecializedGraph(self.aot, gm)
+            return SpecializedGraph(self.aot, gm, dims, self.options.get("buckets"))
         return self.aot(gm, list(example_inputs))
 
     def aot(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -327,17 +334,27 @@ class AutofuseBackend:
     def plan_for(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any, Any]:
         tuned = wants_tuning(self.options) and torch.cuda.is_available()
         note_backend_tuning(self.options, torch.cuda.is_available())
-        key = (graph.key, _device_of(metas), tuned)
+        key = (graph.key, _device_of(metas), tuned, runtime_sizes_on())
         with _PLANS_LOCK:
             hit = _PLANS.get(key)
         if hit is not None and not self.options.get("retune"):
             return hit
+        shared = None
+        if runtime_bucket() is not None:  # a shape of a bucket: the bucket's plan, if any
+            shared = bucket_key(runtime_bucket(), graph, (kind, _device_of(metas), tuned))
+            plan = _BUCKETS.instantiate(shared, graph, f"{kind}, bucket plan")
+            if plan is not None:
+                self.counts["bucket_instances"] += 1
+                return plan, None, None
+        self.counts["plans"] += 1
         if tuned:
             (plan, tuning), choice = self._tuned(graph, kind, metas), None
         else:
             (plan, choice), tuning = _untuned_plan(graph, kind, metas), None
         with _PLANS_LOCK:
             _PLANS[key] = (plan, tuning, choice)
+        if shared is not None:
+            _BUCKETS.remember(shared, plan)
         return plan, tuning, choice
 
     def _tuned(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
@@ -355,7 +372,7 @@ class AutofuseBackend:
             source_name=f"{kind}_{graph.key[:8]}",
         )
         inputs = tuple(_realize(m) for m in metas)
-        options = {k: v for k, v in self.options.items() if k != "cuda_graph"}
+        options = {k: v for k, v in self.options.items() if k not in ("cuda_graph", "buckets")}
         options.setdefault("progress", False)
         return tune_and_cache(captured, inputs, Partitioner(graph), example_flat=inputs, **options)
 

@@ -17,7 +17,7 @@ from autofuse.cache.keys import TUNING_OPTIONS
 # search, less the ones only a cache key reads
 TUNING = TUNING_OPTIONS - {"strict", "seed"}
 OPTIMIZE = TUNING | {"example_kwargs", "cuda_graph"}
-BACKEND = TUNING | {"cuda_graph"}
+BACKEND = TUNING | {"cuda_graph", "buckets"}
 
 
 def _base() -> type:

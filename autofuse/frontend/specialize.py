@@ -23,9 +23,11 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_symbols
 
-__all__ = ["SpecializedGraph", "item_inputs", "needs_specializing"]
+from autofuse.kernels.sizes import runtime_sizes, size_bucket
+
+__all__ = ["SpecializedGraph", "dynamic_dims", "item_inputs", "needs_specializing"]
 
 _ITEM_FUNCTIONS = (torch.Tensor.item, torch.ops.aten._local_scalar_dense.default)
 
@@ -42,6 +44,37 @@ def item_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     return tuple(
         k for k, p in enumerate(placeholders) if any(_is_item(u) for u in p.users)
     )  # fmt: skip
+
+
+def dynamic_dims(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """Per input: the dims Dynamo made symbolic (a tensor's, as its trace saw them: the example
+    tensors themselves can be concrete), or True for a symbolic integer; empty / False where
+    it is static."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    traced = [p.meta.get("example_value", p.meta.get("val")) for p in placeholders]
+    if len(traced) != len(example_inputs):
+        traced = [None] * len(example_inputs)
+    out: list[Any] = []
+    for t, ex in zip(traced, example_inputs):
+        x = t if t is not None else ex
+        if isinstance(x, torch.Tensor):
+            out.append(tuple(d for d, s in enumerate(x.shape) if free_symbols(s)))
+        else:
+            out.append(isinstance(x, torch.SymInt) and bool(free_symbols(x)))
+    return tuple(out)
+
+
+def bucket_of_call(args: Sequence[Any], dims: Sequence[Any], edges: Sequence[int] | None) -> tuple:
+    """The shape bucket of a call: its static sizes as they are, each dynamic size by its
+    bucket (``kernels.sizes.size_bucket``)."""
+    out: list[Any] = [torch.is_grad_enabled()]
+    for a, d in zip(args, dims):
+        if isinstance(a, torch.Tensor):
+            shape = tuple(size_bucket(s, edges) if k in d else s for k, s in enumerate(a.shape))
+            out.append((shape, a.dtype, a.device, a.requires_grad))
+        elif d is True:
+            out.append(size_bucket(int(a), edges))
+    return tuple(out)
 
 
 def needs_specializing(gm: torch.fx.GraphModule, symbolic: bool) -> bool:
@@ -89,8 +122,10 @@ class SpecializedGraph:
     of the inputs read with ``.item()``); ``compile(gm, fake_args)`` makes each."""
 
     def __init__(self, compile: Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]],
-                 gm: torch.fx.GraphModule) -> None:  # fmt: skip
+                 gm: torch.fx.GraphModule, dims: Sequence[Any] = (),
+                 buckets: Sequence[int] | None = None) -> None:  # fmt: skip
         self._compile, self.gm = compile, gm
+        self.dims, self.edges = tuple(dims), sorted(buckets) if buckets else None
         self.items = item_inputs(gm)
         self.compiled: dict[tuple, Callable[..., Any]] = {}
 
@@ -111,5 +146,11 @@ class SpecializedGraph:
         fn = self.compiled.get(key)
         if fn is None:
             gm = bind(self.gm, args, values)
-            fn = self.compiled[key] = self._compile(gm, static_fakes(tensors))
+            if any(self.dims):  # symbolic sizes: runtime-size kernels, a plan per bucket
+                bucket = (bucket_of_call(args, self.dims, self.edges), key[1])
+                with runtime_sizes(bucket):
+                    fn = self._compile(gm, static_fakes(tensors))
+            else:
+                fn = self._compile(gm, static_fakes(tensors))
+            self.compiled[key] = fn
         return fn(*tensors)

@@ -36,6 +36,7 @@ from autofuse.kernels.render import (
     row_reduce,
 )
 from autofuse.kernels.rewrites import ValueRewrites
+from autofuse.kernels.sizes import runtime_sizes_on
 from autofuse.kernels.views import (
     broadcast_index,
     domain_index,
@@ -349,8 +350,12 @@ class Emitter(ValueRewrites):
 
     def emit(self) -> list[str]:
         idx_t = ".to(tl.int64)" if self.int64 else ""
-        # shape-specialized: the extents as constants (loop trip counts known to the compiler)
-        self.line(f"xnumel = {self.info.xnumel}" + (f"; rnumel = {self.info.rnumel}" * self.red))
+        # shape-specialized: the extents as constants (loop trip counts known to the compiler);
+        # with runtime sizes the row count stays the argument
+        consts = [] if runtime_sizes_on() else [f"xnumel = {self.info.xnumel}"]
+        consts += [f"rnumel = {self.info.rnumel}"] if self.red else []
+        if consts:
+            self.line("; ".join(consts))
         if not self.red:
             self.line(f"xoffset = tl.program_id(0){idx_t} * XBLOCK")
             self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
@@ -434,7 +439,8 @@ class Emitter(ValueRewrites):
         compiler then drops them from every load and store), else the bounds check."""
         numel = self.info.xnumel if axis == "x" else self.info.rnumel
         block = self.cfg.XBLOCK if axis == "x" else self.cfg.RBLOCK
-        if numel % block == 0 and numel > 0:  # an empty row (rnumel 0) masks every lane
+        runtime = axis == "x" and runtime_sizes_on()  # the argument: any size
+        if numel % block == 0 and numel > 0 and not runtime:  # an empty row masks every lane
             return f"{axis}mask = tl.full({shape}, True, tl.int1)"
         return f"{axis}mask = {axis}index < {axis}numel"
 

@@ -34,6 +34,7 @@ from autofuse.interpreter import apply_patches
 from autofuse.settings import settings
 
 _LOADED: dict[tuple[str, str], Any] = {}  # (source, name) -> jitted function
+_BUILT: dict[tuple[str, str], Any] = {}  # (code: the source without comment lines, name) -> fn
 _LOCK = threading.Lock()
 
 
@@ -136,8 +137,21 @@ def _module_from_source(source: str, name: str, digest: str) -> types.ModuleType
     return module
 
 
+def kernels_built() -> int:
+    """How many kernels this process has built (one per code text and name: sources that
+    differ only in their comment lines, such as the shapes a runtime-size kernel was
+    generated for, share one)."""
+    return len(_BUILT)
+
+
+def _code_of(source: str) -> str:
+    return "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+
+
 def load_kernel(source: str, name: str) -> Any:
-    """Run ``source`` in a fresh module and return its function ``name`` (once per process)."""
+    """Run ``source`` in a fresh module and return its function ``name`` (once per process
+    and code text: a source whose code, without its comment lines, was built already gets
+    that function)."""
     key = (source, name)  # str hashes are cached: a hit costs a dict lookup
     fn = _LOADED.get(key)
     if fn is not None:
@@ -145,6 +159,10 @@ def load_kernel(source: str, name: str) -> Any:
     with _LOCK:
         if key in _LOADED:
             return _LOADED[key]
+        code_key = (_code_of(source), name)
+        if code_key in _BUILT:
+            fn = _LOADED[key] = _BUILT[code_key]
+            return fn
         apply_patches()
         digest = hashlib.sha256(source.encode()).hexdigest()[:20]
         module = _module_from_source(source, name, digest)
@@ -152,5 +170,5 @@ def load_kernel(source: str, name: str) -> Any:
             fn = getattr(module, name)
         except AttributeError:
             raise AttributeError(f"kernel source defines no {name!r}") from None
-        _LOADED[key] = fn
+        _LOADED[key] = _BUILT[code_key] = fn
         return fn

@@ -16,6 +16,7 @@ from autofuse.kernels.base import (
     stored_nodes,
 )
 from autofuse.kernels.emitter import Emitter, render_loop_kernel
+from autofuse.kernels.sizes import config_xnumel
 
 
 @dataclass(frozen=True, order=True)
@@ -75,12 +76,12 @@ class PointwiseKind:
         return info
 
     def config_space(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
-        top = max(16, next_pow2(info.xnumel))
+        top = max(16, next_pow2(config_xnumel(info)))
         xs = [b for b in (128, 256, 512, 1024, 2048, 4096) if b <= top] or [top]
         return [KernelConfig(x, 0, w) for x in xs for w in (2, 4, 8) if x >= 32 * w or x == top]
 
     def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:
-        x = min(1024, max(16, next_pow2(info.xnumel)))
+        x = min(1024, max(16, next_pow2(config_xnumel(info))))
         return KernelConfig(x, 0, 4 if x >= 128 else 1)
 
     def check_config(self, info: GroupInfo, config: KernelConfig) -> None:

@@ -19,6 +19,7 @@ from autofuse.kernels.base import (
 )
 from autofuse.kernels.emitter import Emitter, render_loop_kernel
 from autofuse.kernels.pointwise import KernelConfig, check_pow2
+from autofuse.kernels.sizes import config_xnumel
 
 
 def reduction_domain(
@@ -95,7 +96,7 @@ class ReductionKind:
 
     def config_space(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
         r = next_pow2(info.rnumel)
-        rows = max(1, next_pow2(info.xnumel))
+        rows = max(1, next_pow2(config_xnumel(info)))
         out = []
         for x in (1, 2, 4, 8, 16, 32, 64):
             if x > rows:
@@ -125,7 +126,7 @@ class ReductionKind:
             # segments), fewer where that leaves under ~128 programs; a reduced extent that fits
             # (x * r <= 32768) is loaded whole, else walked in chunks. On the H200 this took a
             # 65536-row column statistic's chunk pass from 69.2 to 44.8 us (experiments.sweep).
-            x = min(64, next_pow2(inner), max(1, prev_pow2(info.xnumel // 128)))
+            x = min(64, next_pow2(inner), max(1, prev_pow2(config_xnumel(info) // 128)))
             if x * r <= 32768:
                 return KernelConfig(x, r, 8 if x * r <= 4096 else 4)
             rb = min(r, max(4, 4096 // x))
@@ -138,7 +139,7 @@ class ReductionKind:
         a masked causal softmax; 62.8 against 53.0 us, an L2 normalize)."""
         r = next_pow2(info.rnumel)
         if r <= 4096:
-            x = max(1, min(8, 4096 // r, next_pow2(info.xnumel)))
+            x = max(1, min(8, 4096 // r, next_pow2(config_xnumel(info))))
             w = min(8, max(1, x * r // 512))
             return KernelConfig(x, r, w)
         return KernelConfig(1, 4096, 8)

@@ -1,0 +1,65 @@
+"""Plans shared by the shapes of one bucket: a graph compiled for a new shape in a bucket that
+already has a plan (same graph structure: ops and edges) gets that plan's partition and launch
+configs, instantiated at the exact shape (``build_plan``): no new partition, no new search,
+and its loop kernels' text is the bucket plan's (runtime sizes, ``kernels/sizes.py``), so no
+kernel is built again."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from autofuse.ir.graph import Graph
+from autofuse.plan.runtime import Plan, build_plan, eager_group
+
+__all__ = ["BucketPlans", "structure_key"]
+
+
+def structure_key(graph: Graph) -> str:
+    """The graph without its sizes: each node's op, inputs, dtype and attribute names."""
+    h = hashlib.sha256()
+    for n in graph.nodes:
+        h.update(repr((n.op, n.inputs, n.dtype, tuple(k for k, _ in n.attrs))).encode())
+    h.update(repr((graph.inputs, graph.outputs)).encode())
+    return h.hexdigest()[:24]
+
+
+def _partition(plan: Plan) -> tuple[tuple[frozenset[int], ...], tuple[Any, ...]]:
+    """The groups and configs ``build_plan`` makes ``plan`` from (matmuls left to the library
+    as one-node groups)."""
+    g = plan.graph
+    lone = tuple(
+        frozenset({s.node}) for s in plan.fallbacks if eager_group(g, frozenset({s.node}))
+    )  # fmt: skip
+    configs = tuple(k.config for k in plan.kernels) + (None,) * len(lone)
+    return plan.groups + lone, configs
+
+
+class BucketPlans:
+    """(bucket, structure, anything else the caller keys on) -> the partition of a plan."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple, tuple] = {}
+        self._lock = threading.Lock()
+
+    def instantiate(self, key: tuple, graph: Graph, label: str) -> Plan | None:
+        """The bucket's partition built for ``graph``; None where the bucket has none yet or
+        it does not fit this graph (a group the kinds refuse at this shape)."""
+        with self._lock:
+            part = self._parts.get(key)
+        if part is None:
+            return None
+        try:
+            return build_plan(graph, part[0], part[1], label=label)
+        except Exception:  # noqa: BLE001 - a partition that does not fit: a fresh plan is made
+            return None
+
+    def remember(self, key: tuple, plan: Plan) -> None:
+        with self._lock:
+            self._parts.setdefault(key, _partition(plan))
+
+
+def bucket_key(bucket: Any, graph: Graph, extra: Sequence[Any]) -> tuple:
+    return (bucket, structure_key(graph), *extra)

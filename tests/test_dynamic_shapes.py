@@ -1,0 +1,108 @@
+"""Dynamic shapes through the backend: graphs Dynamo makes symbolic get runtime-size loop
+kernels (``kernels/sizes.py``) and one plan per shape bucket (``plan/buckets.py``): correct at
+every size (1, primes, just above a block), at most one plan per bucket, and no kernel built
+twice for the sizes of one bucket (counted by the loader). Tiny shapes, Triton's interpreter."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autofuse.frontend import dynamo
+from autofuse.kernels.loader import kernels_built
+from autofuse.kernels.sizes import size_bucket
+from tests.helpers import assert_close
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
+
+LENGTHS = (1, 2, 7, 9, 13, 16, 17, 31, 33, 64)  # 1, primes, just above 8 / 16 / 32
+BATCHES = (1, 3)
+
+
+def softmax_norm(x, w, b):
+    return F.layer_norm(torch.softmax(x, -1), (x.shape[-1],), w, b) * 2.0 + 1.0
+
+
+def _sweep(fast, fn, shapes, make, buckets=None):
+    """Runs every shape; returns {bucket: kernels built by calls after the bucket's first}."""
+    rebuilt: dict[tuple, int] = {}
+    for shape in shapes:
+        args = make(shape)
+        before = kernels_built()
+        assert_close(fast(*args), fn(*args), torch.float32, f"shape {shape}")
+        key = tuple(size_bucket(s, buckets) for s in shape)
+        if key in rebuilt:
+            rebuilt[key] += kernels_built() - before
+        else:
+            rebuilt[key] = 0
+    return rebuilt
+
+
+def _norm_inputs(shape):
+    torch.manual_seed(sum(shape))
+    return torch.randn(*shape, 32), torch.randn(32), torch.randn(32)
+
+
+def test_dynamic_true_one_plan_per_bucket_and_kernels_shared():
+    backend = dynamo.make_backend()
+    fast = torch.compile(softmax_norm, backend=backend, dynamic=True)
+    shapes = [(b, t) for b in BATCHES for t in LENGTHS]
+    rebuilt = _sweep(fast, softmax_norm, shapes, _norm_inputs)
+    assert all(n == 0 for n in rebuilt.values()), rebuilt  # no kernel built twice in a bucket
+    assert 0 < backend.counts["plans"] <= len(rebuilt), (backend.counts, len(rebuilt))
+    assert backend.counts["bucket_instances"] >= len(shapes) - len(rebuilt) - 2  # 0/1 graphs
+    src = [k.source for r in backend.records for k in r.plan.kernels]
+    assert src and not any("xnumel = " in s for s in src)  # the row count is the argument
+
+
+def test_mark_dynamic_and_a_user_bucket_list():
+    backend = dynamo.make_backend(buckets=[8, 64])
+    fast = torch.compile(softmax_norm, backend=backend)
+    shapes = [(3, t) for t in (5, 2, 8, 9, 33, 64, 17)]
+
+    def make(shape):
+        x, w, b = _norm_inputs(shape)
+        torch._dynamo.mark_dynamic(x, 1)
+        return x, w, b
+
+    rebuilt = _sweep(fast, softmax_norm, shapes, make, buckets=[8, 64])
+    assert set(rebuilt) == {(8, 8), (8, 64)}
+    assert backend.counts["plans"] <= 2, backend.counts
+    # a listed bucket spanning several powers of two may pick a config per power of two
+    assert sum(rebuilt.values()) <= 3, rebuilt
+
+
+def test_static_graphs_keep_their_constant_sizes():
+    backend = dynamo.make_backend()
+    fast = torch.compile(softmax_norm, backend=backend, dynamic=False)
+    x, w, b = _norm_inputs((2, 5))
+    assert_close(fast(x, w, b), softmax_norm(x, w, b), torch.float32, "static")
+    (record,) = backend.records
+    assert all("xnumel = 10" in k.source for k in record.plan.kernels)
+    assert backend.counts["bucket_instances"] == 0
+
+
+def test_runtime_sizes_pointwise_and_reduction_edges():
+    def f(x, y):
+        return (x.sin() * y).sum(-1), torch.relu(x) + 1.0
+
+    fast = torch.compile(f, backend=dynamo.make_backend(), dynamic=True)
+    for rows in (0, 1, 2, 127, 129, 1025):
+        x, y = torch.randn(rows, 12), torch.randn(rows, 12)
+        for got, want in zip(fast(x, y), f(x, y)):
+            assert_close(got, want, torch.float32, f"rows {rows}")
+
+
+def test_unknown_bucket_option_type_is_named():
+    with pytest.raises(TypeError, match="bucket"):
+        dynamo.make_backend(bucket=[8])
+
+
+@pytest.mark.exhaustive
+def test_function_50_lengths_4_batches():
+    backend = dynamo.make_backend()
+    fast = torch.compile(softmax_norm, backend=backend, dynamic=True)
+    lengths = sorted({1, 2, 3, 5, 7, 11, 13, 17, 31, 33, 65, 129} | set(range(4, 120, 3)))[:50]
+    shapes = [(b, t) for b in (1, 2, 5, 17) for t in lengths]
+    rebuilt = _sweep(fast, softmax_norm, shapes, _norm_inputs)
+    assert all(n == 0 for n in rebuilt.values()), rebuilt
+    assert backend.counts["plans"] <= len(rebuilt), (backend.counts, len(rebuilt))
