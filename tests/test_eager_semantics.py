@@ -300,3 +300,22 @@ def test_index_put_of_one_index_in_a_fused_loop():
         return y + 1, z
 
     both(put_one, (torch.randn(5), torch.tensor([2]), torch.tensor([7.0])))
+
+
+def test_logical_op_of_a_scalar_read_bool_and_a_block():
+    def scalar_and(x, s):
+        z = x == 0
+        return z & (s >= 0), ((x * 2 + z) * (s >= 0)).sum()
+
+    both(scalar_and, (torch.tensor([0.0, 1.0, 0.0, -2.0, 3.0]), torch.tensor(1.5)))
+
+
+def test_pow_by_a_tensor_exponent_backward():
+    x = (torch.rand(5) + 0.5).requires_grad_()
+    e = torch.tensor(1.7, requires_grad=True)
+    torch._dynamo.reset()
+    torch.compile(torch.pow, backend="autofuse")(x, e).sum().backward()
+    got = (x.grad, e.grad)
+    x.grad = e.grad = None
+    torch.pow(x, e).sum().backward()
+    torch.testing.assert_close(got, (x.grad, e.grad))

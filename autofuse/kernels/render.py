@@ -124,6 +124,15 @@ def render_op(op: str, node, args: list[Val], helpers: set[Helper]) -> str:
     if args and all(a.literal for a in args) and (folded := _folded(node, args)) is not None:
         return folded
     codes = _operands(cast_rule(node), args, cd)
+    if any(a.cls > 0 for a in args):
+        # a bool computed once per program (a scalar) beside a block, compared with 0 again:
+        # Triton's interpreter fails `block & scalar` on it (compiled code folds this away)
+        codes = [
+            f"({c} != 0)"
+            if a.dtype == "bool" and a.cls == 0 and not a.literal and c == a.code
+            else c
+            for a, c in zip(args, codes)
+        ]
     if d.integral_identity and not is_float(cd):
         return codes[0]  # integers are already integral: torch returns a copy
     if d.helper is not None:
