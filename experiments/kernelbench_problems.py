@@ -1,7 +1,8 @@
 """KernelBench problems read by path (data, never copied), and the CPU mode's shape reduction.
 
 A problem file defines ``Model``, ``get_inputs()`` and ``get_init_inputs()``; its module-level
-assignments of integer literals are the problem's shapes. The reduction rewrites those literals
+assignments of integers (literals or arithmetic on literals, ``16384 * 4``) are the problem's
+shapes. The reduction rewrites those literals
 before the file runs (an AST pass over the assignments alone), so shapes derived from them
 (``input_shape = (num_classes,)``, ``groups = in_channels``) stay coupled. Each stage caps:
 
@@ -123,6 +124,27 @@ def reduce_value(names: list[str], value: Any, stage: Stage) -> Any:
     return value
 
 
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+           ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
+           ast.Div: lambda a, b: a / b, ast.Pow: lambda a, b: a**b}  # fmt: skip
+
+
+def constant(node: ast.expr) -> Any:
+    """The value of a literal or of arithmetic on literals (``16384 * 4``); ValueError where the
+    expression names anything (a shape derived from others stays an expression)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool, str)):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [constant(e) for e in node.elts]
+        return tuple(items) if isinstance(node, ast.Tuple) else items
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = constant(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)](constant(node.left), constant(node.right))
+    raise ValueError("not a constant expression")
+
+
 class _Reducer(ast.NodeTransformer):
     def __init__(self, stage: Stage) -> None:
         self.stage = stage
@@ -133,8 +155,8 @@ class _Reducer(ast.NodeTransformer):
         if len(names) != len(targets):
             return value
         try:
-            old = ast.literal_eval(value)
-        except (ValueError, SyntaxError, TypeError):
+            old = constant(value)
+        except (ValueError, TypeError, ZeroDivisionError):
             return value
         new = reduce_value(names, old, self.stage)
         if new == old:

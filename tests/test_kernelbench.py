@@ -244,3 +244,12 @@ def test_worker_bounds_each_problem_and_restarts_after_a_time_out():
         assert w.run(3, 60)[0] is None and w.proc is not first  # a fresh child
     finally:
         w.stop()
+
+
+def test_reduction_evaluates_arithmetic_on_literals(tmp_path):
+    text = TOY.replace("dim = 300", "dim = 4096 * 4").replace(
+        "batch_size = 64", "batch_size = 8 * 2"
+    )
+    module, changed = load_module(toy_problem(tmp_path, text), BY_STAGE["small"])
+    assert (module.batch_size, module.dim, module.input_shape) == (2, 16, (16,))
+    assert changed["dim"] == ["16384", "16"]
