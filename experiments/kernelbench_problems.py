@@ -11,7 +11,9 @@ before the file runs (an AST pass over the assignments alone), so shapes derived
   ``dim2``, ...) to the stage's spatial cap;
 - every other integer above the stage's size cap (channels, features, hidden sizes, classes,
   matrix sizes) to that cap; elements of tuples and lists likewise. Small integers (kernel
-  sizes, strides, paddings, dilations, groups, reduced dims, layer counts) and floats stay.
+  sizes, strides, paddings, dilations, groups, reduced dims, layer counts) and floats stay;
+- integers above the size cap that are equal as shipped stay equal (each takes the smallest cap
+  of its equals: a ``batch_size`` and a feature size of 32768 that broadcast together).
 
 Stages, tried in order until eager runs the problem: ``small`` (batch 2, spatial <= 12, sizes <=
 16), ``medium`` (batch 2, spatial <= 32, sizes <= 64: patch sizes, group counts or linear
@@ -114,14 +116,33 @@ def cap(names: list[str], value: int, stage: Stage) -> int:
     return min([value, *caps]) if value > 0 else value
 
 
-def reduce_value(names: list[str], value: Any, stage: Stage) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, tuple, list)):
+def _ints(names: list[str], value: Any) -> list[tuple[list[str], int]]:
+    """The integers of an assigned value with the names that decide their caps."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [(names, value)]
+    if isinstance(value, (tuple, list)) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return [(["_element"], v) for v in value]
+    return []
+
+
+def reduce_value(names: list[str], value: Any, stage: Stage, same: dict[int, int]) -> Any:
+    """``value`` with each integer capped; an integer above the stage's size cap becomes
+    ``same[value]``, the smallest cap of any equal integer of the problem (sizes equal as
+    shipped stay equal: ``batch_size = 32768`` and ``input_shape = (32768,)`` broadcast)."""
+
+    def one(ns: list[str], v: int) -> int:
+        new = cap(ns, v, stage)
+        return min(new, same.get(v, new)) if v > (stage.size or v) else new
+
+    if not _ints(names, value):
         return value
     if isinstance(value, int):
-        return cap(names, value, stage)
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return type(value)(cap(["_element"], v, stage) for v in value)
-    return value
+        return one(names, value)
+    return type(value)(one(["_element"], v) for v in value)
 
 
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
@@ -145,41 +166,43 @@ def constant(node: ast.expr) -> Any:
     raise ValueError("not a constant expression")
 
 
-class _Reducer(ast.NodeTransformer):
-    def __init__(self, stage: Stage) -> None:
-        self.stage = stage
-        self.changed: dict[str, tuple[Any, Any]] = {}
-
-    def reduce(self, targets: list[ast.expr], value: ast.expr) -> ast.expr:
+def _assignments(tree: ast.Module):
+    """(node, target names, value) of each module-level assignment of a constant expression."""
+    for node in tree.body:  # module level only: the shapes, never code inside functions
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
         names = [t.id for t in targets if isinstance(t, ast.Name)]
-        if len(names) != len(targets):
-            return value
         try:
-            old = constant(value)
-        except (ValueError, TypeError, ZeroDivisionError):
-            return value
-        new = reduce_value(names, old, self.stage)
-        if new == old:
-            return value
-        for n in names:
-            self.changed[n] = (old, new)
-        return ast.copy_location(ast.parse(repr(new), mode="eval").body, value)
+            value = constant(node.value)
+        except (ValueError, TypeError, ZeroDivisionError, OverflowError):
+            continue
+        if len(names) == len(targets):
+            yield node, names, value
 
 
 def load_module(problem: Problem, stage: Stage) -> tuple[types.ModuleType, dict]:
     """The problem's module with its shapes reduced by ``stage``, and the values changed."""
     tree = ast.parse(problem.path.read_text(), filename=str(problem.path))
-    red = _Reducer(stage)
-    for node in tree.body:  # module level only: the shapes, never code inside functions
-        if isinstance(node, ast.Assign):
-            node.value = red.reduce(node.targets, node.value)
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            node.value = red.reduce([node.target], node.value)
+    found = list(_assignments(tree))
+    same: dict[int, int] = {}
+    for _, names, value in found:
+        for ns, v in _ints(names, value):
+            same[v] = min(same.get(v, v), cap(ns, v, stage))
+    changed = {}
+    for node, names, old in found:
+        new = reduce_value(names, old, stage, same)
+        if new != old:
+            node.value = ast.copy_location(ast.parse(repr(new), mode="eval").body, node.value)
+            changed.update({n: [repr(old), repr(new)] for n in names})
     ast.fix_missing_locations(tree)
     module = types.ModuleType(f"kernelbench_{problem.key}")
     module.__file__ = str(problem.path)
     exec(compile(tree, str(problem.path), "exec"), module.__dict__)  # noqa: S102 - problem data
-    return module, {k: [repr(a), repr(b)] for k, (a, b) in red.changed.items()}
+    return module, changed
 
 
 def instantiate(module: types.ModuleType, seed: int = 0, dtype: Any = None, device: str = "cpu"):

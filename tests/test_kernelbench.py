@@ -253,3 +253,11 @@ def test_reduction_evaluates_arithmetic_on_literals(tmp_path):
     module, changed = load_module(toy_problem(tmp_path, text), BY_STAGE["small"])
     assert (module.batch_size, module.dim, module.input_shape) == (2, 16, (16,))
     assert changed["dim"] == ["16384", "16"]
+
+
+def test_sizes_equal_as_shipped_stay_equal(tmp_path):
+    text = TOY.replace("dim = 300", "dim = 300\nwidth = 8").replace(
+        "batch_size = 64", "batch_size = 300"
+    )
+    module, _ = load_module(toy_problem(tmp_path, text), BY_STAGE["small"])
+    assert (module.batch_size, module.dim, module.input_shape, module.width) == (2, 2, (2,), 8)

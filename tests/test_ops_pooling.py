@@ -53,6 +53,7 @@ AVG_POOLS = {
         x, 3, 2, 1, ceil_mode=True, count_include_pad=False
     ),  # fmt: skip
     "divisor": lambda x: F.avg_pool2d(x, 2, divisor_override=3),
+    "large_window": lambda x: F.avg_pool2d(x, (7, 11), (1, 2), (3, 1), count_include_pad=False),
     "1d": lambda x: F.avg_pool1d(x.flatten(2), 4, 3, 2),
     "3d": lambda x: F.avg_pool3d(x.reshape(1, 2, 3, 5, 7), 3, 2, 1, count_include_pad=False),
 }
@@ -68,8 +69,9 @@ def test_16_bit_avg_pool_adds_in_float32_and_int_max_pool():
     _check(lambda x: F.max_pool2d(x, 2, return_indices=True), torch.randint(-5, 5, (2, 3, 8, 8)))
 
 
-def test_pad_hardtanh_log10_fuse_with_their_neighbours():
+def test_pad_hardtanh_log10_flip_fuse_with_their_neighbours():
     x = torch.randn(2, 3, 6, 7)
+    _check(lambda x: x.flip(3).cumsum(3).flip(3) + x.flip(1, 2), x, kernels=2)  # scan, gather
     _check(lambda x: F.pad(x, (1, 2, -1, 3), value=-2.0) * 2, x)
     _check(lambda x: F.hardtanh(x * 3, -0.5, 0.5) + 1, x)
     _check(lambda x: torch.log10(x.abs() + 1) * 2, x)

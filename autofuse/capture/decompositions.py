@@ -2,7 +2,7 @@
 
 Core ATen's decompositions, plus softmax, log_softmax, layer_norm, gelu, silu, ... and norms
 (vector_norm, batch_norm, group_norm) taken to sums / maxima the reduction kernels compute; var,
-var_mean and std by moments that stay finite where eager's do; hardtanh, log10, and pools and
+var_mean and std by moments that stay finite where eager's do; hardtanh, log10, flip, and pools and
 constant pads as window offsets (``pooling.py``).
 """
 
@@ -83,6 +83,14 @@ def _log10(x):
     return torch.log(x) / math.log(10.0)
 
 
+def _flip(x, dims):
+    """flip as an index_select by a reversed arange per dim (a generated gather)."""
+    for d in dims:
+        n = x.shape[d]
+        x = torch.index_select(x, d, torch.arange(n - 1, -1, -1, device=x.device))
+    return x if dims else x.clone()
+
+
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(
@@ -120,5 +128,6 @@ def decomposition_table() -> dict:
     table[aten.std.correction] = _std_decomp
     table[aten.native_group_norm.default] = _group_norm_decomp
     table[aten.log10.default] = _log10
+    table[aten.flip.default] = _flip
     table.update(pooling_decompositions())  # pools and constant pads (capture/pooling.py)
     return table

@@ -8,8 +8,9 @@ its left padding); max pooling's index is the first maximum in window order, a N
 place of any number (the last NaN of the window wins, as eager's ``val > max || isnan(val)``
 scan gives) and a window of -inf its first element inside the input; average pooling divides by
 the window's size clipped to the padded input (``count_include_pad``) or to the input, or by
-``divisor_override``, and adds 16-bit inputs in float32. A window of more than
-``MAX_WINDOW`` offsets stays one eager op (a generated kernel of that many loads is not worth it).
+``divisor_override``, and adds 16-bit inputs in float32 (a window of more than ``MAX_WINDOW``
+offsets summed one dim at a time). A max pool window of more than ``MAX_WINDOW`` offsets stays
+one eager op (a generated kernel of that many loads is not worth it).
 """
 
 from __future__ import annotations
@@ -98,10 +99,14 @@ class _Windows:
 
     def window(self, xp: torch.Tensor, off: tuple[int, ...]) -> torch.Tensor:
         for i, j in enumerate(off):
-            start = j * self.d[i]
-            xp = aten.slice(xp, self.lead + i, start, start + (self.out[i] - 1) * self.s[i] + 1,
-                            self.s[i])  # fmt: skip
+            xp = self.along(xp, i, j)
         return xp
+
+    def along(self, xp: torch.Tensor, i: int, j: int) -> torch.Tensor:
+        """The elements at offset ``j`` of spatial dim ``i`` of every window (a strided slice)."""
+        start = j * self.d[i]
+        end = start + (self.out[i] - 1) * self.s[i] + 1
+        return aten.slice(xp, self.lead + i, start, end, self.s[i])
 
     def positions(self, i: int, j: int, device) -> torch.Tensor:
         """Input positions along spatial dim ``i`` at offset ``j``, shaped to broadcast."""
@@ -159,6 +164,13 @@ def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     return _max_pool(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
 
 
+def _sum(parts) -> torch.Tensor:
+    total = None
+    for v in parts:
+        total = v if total is None else total + v
+    return total
+
+
 def _divisor(w: _Windows, include_pad: bool, device) -> Any:
     """Per output position, the count eager divides a window's sum by (a number where every
     window has the same)."""
@@ -184,14 +196,15 @@ def _divisor(w: _Windows, include_pad: bool, device) -> Any:
 
 def _avg_pool(x, n, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
     w = _Windows(x, n, kernel, stride, padding, 1, ceil_mode)
-    if w.count > MAX_WINDOW or not x.is_floating_point():
+    if max(w.k) > MAX_WINDOW or not x.is_floating_point():
         return NotImplemented
     low = x.dtype in (torch.float16, torch.bfloat16)
-    xp = w.padded(x.float() if low else x, 0.0)
-    total = None
-    for off in w.offsets():
-        v = w.window(xp, off)
-        total = v if total is None else total + v
+    total = w.padded(x.float() if low else x, 0.0)
+    if w.count <= MAX_WINDOW:  # one sum of every offset's slice
+        total = _sum(w.window(total, off) for off in w.offsets())
+    else:  # a sum over a box is separable: one dim at a time
+        for i in range(n):
+            total = _sum(w.along(total, i, j) for j in range(w.k[i]))
     div = divisor_override or _divisor(w, count_include_pad, x.device)
     out = total / div
     return out.to(x.dtype) if low else out
