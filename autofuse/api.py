@@ -81,7 +81,7 @@ def optimize(
 
 
 def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: Any) -> Any:
-    from autofuse.capture import CaptureError
+    from autofuse.capture import CaptureError, TraceUnsupported
     from autofuse.frontend.optimized import BackendFunction, attach
     from autofuse.frontend.options import OPTIMIZE, check_options
 
@@ -91,10 +91,10 @@ def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: 
     cuda_graph = parse_cuda_graph(options.pop("cuda_graph", False), "autofuse.optimize")
     try:
         captured = None if example_kwargs else capture(fn, example_inputs)
-    except CaptureError:
-        if not isinstance(fn, torch.nn.Module):
+    except CaptureError as e:
+        if not isinstance(fn, torch.nn.Module) and not isinstance(e, TraceUnsupported):
             raise
-        captured = None  # a module make_fx cannot trace: the backend path (graph breaks...)
+        captured = None  # code make_fx cannot trace: the backend path (graph breaks, guards)
     if captured is None:
         opt = BackendFunction(fn, options)
         opt.autograd.warm(tuple(example_inputs), example_kwargs)

@@ -102,3 +102,50 @@ def test_cat_built_per_head_bias_in_attention(rows):
     opt = autofuse.optimize(_per_head_bias_attention, args)
     assert any(kern.name.startswith("autofuse_att_") for kern in opt.plan.kernels)
     torch.testing.assert_close(opt(*args), _per_head_bias_attention(*args))
+
+
+def _one_hot_scaled(x):
+    return F.one_hot(x, 5).float() * 2
+
+
+def test_one_hot_asserts_run_as_eager_steps(fresh_dynamo):
+    """``F.one_hot`` checks its classes with ``aten._assert_async.msg`` (no result): the check
+    is an eager step of the plan, so a bad class still raises as it does in eager."""
+    x = torch.tensor([0, 3, 4, 1])
+    compiled = torch.compile(_one_hot_scaled, backend="autofuse")
+    torch.testing.assert_close(compiled(x), _one_hot_scaled(x))
+    opt = autofuse.optimize(_one_hot_scaled, (x,))  # make_fx reads .item(): the backend path
+    torch.testing.assert_close(opt(x), _one_hot_scaled(x))
+    bad = torch.tensor([0, 7, 4, 1])
+    with pytest.raises(RuntimeError):
+        _one_hot_scaled(bad)
+    with pytest.raises(RuntimeError):
+        compiled(bad)
+
+
+def _made_inside(x):
+    y = x * torch.tensor(0.5)
+    y[y > 0.3] = 0.0  # the written value is a tensor made inside too
+    return y + torch.zeros(8)
+
+
+def test_uniform_tensors_made_inside_become_constants():
+    x = torch.randn(4, 8)
+    opt = autofuse.optimize(_made_inside, (x,))
+    assert opt.plan.kernels  # a plan of its own, the constants in it
+    torch.testing.assert_close(opt(x), _made_inside(x))
+
+
+def test_varying_constant_and_closed_over_tensor_take_the_backend_path(fresh_dynamo):
+    """A constant of varying values, and a tensor the function closes over (it may change
+    between calls), are not baked into a plan: the call runs through the backend path."""
+    table = torch.ones(3)
+
+    def f(x):
+        return x * torch.tensor([1.0, 2.0, 3.0]) + table
+
+    x = torch.randn(2, 3)
+    opt = autofuse.optimize(f, (x,))
+    torch.testing.assert_close(opt(x), f(x))
+    table.add_(1.0)
+    torch.testing.assert_close(opt(x), f(x))

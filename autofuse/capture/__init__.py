@@ -3,10 +3,19 @@
 from autofuse.capture.trace import (
     Captured,
     CaptureError,
+    TraceUnsupported,
     capture,
     decomposition_table,
     dtype_name,
     fx_to_ir,
 )
 
-__all__ = ["CaptureError", "Captured", "capture", "decomposition_table", "dtype_name", "fx_to_ir"]
+__all__ = [
+    "CaptureError",
+    "Captured",
+    "capture",
+    "decomposition_table",
+    "dtype_name",
+    "fx_to_ir",
+    "TraceUnsupported",
+]

@@ -33,6 +33,12 @@ class CaptureError(ValueError):
     """A function, input or construct that autofuse cannot capture."""
 
 
+class TraceUnsupported(CaptureError):
+    """Code that eager and Dynamo run but a make_fx trace cannot take as a plan (a value read
+    out of a tensor, a tensor the function closes over, a constant tensor of varying values):
+    ``optimize`` runs it through the backend path instead."""
+
+
 # ---------------------------------------------------------------------------------------------
 # The captured program
 # ---------------------------------------------------------------------------------------------
@@ -124,7 +130,7 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with context
         _raise_eager_error(flat_fn, flat_inputs)  # fails in eager too (amax over an empty dim)
-        raise CaptureError(f"could not trace {_fn_name(fn)}: {type(e).__name__}: {e}") from e
+        raise TraceUnsupported(f"could not trace {_fn_name(fn)}: {type(e).__name__}: {e}") from e
     gm.graph.eliminate_dead_code()
     graph = dedupe(fx_to_ir(gm))
     # long reductions with few outputs in two stages (a no-op unless the settings split them);
@@ -240,13 +246,39 @@ def fx_to_ir(gm: torch.fx.GraphModule) -> Graph:
         elif fx_node.op == "call_function":
             b.env[fx_node] = _convert(b, fx_node)
         elif fx_node.op == "get_attr":
-            raise CaptureError(
-                f"captured a constant tensor attribute {fx_node.target!r}: pass tensors as inputs"
-                " (or as module parameters/buffers)"
-            )
+            b.env[fx_node] = _made_constant(b, gm, fx_node)
         else:
             raise CaptureError(f"unsupported FX node kind {fx_node.op!r} ({fx_node.name})")
     return Graph(tuple(b.nodes), tuple(inputs), tuple(outputs))
+
+
+def _made_constant(b: _Builder, gm: torch.fx.GraphModule, n: torch.fx.Node) -> int:
+    """A tensor made inside the function from a literal (``torch.tensor(0.5)``, the value of a
+    masked write ``y[m] = 0.0``: make_fx keeps it as an attribute read by ``lift_fresh_copy``)
+    whose elements are all equal: a constant node of its shape. Any other attribute (a tensor
+    or parameter the function closes over, which may change between calls, or a constant of
+    varying values) is not baked into a plan."""
+    val = gm
+    for part in str(n.target).split("."):
+        val = getattr(val, part)
+    fresh = n.users and all(u.target in _LIFTS for u in n.users)
+    if (
+        fresh
+        and isinstance(val, torch.Tensor)
+        and dtype_name(val.dtype) in TL_DTYPE
+        and val.numel() > 0
+        and bool((val == val.reshape(-1)[0]).all() or val.isnan().all())
+    ):
+        value = val.reshape(-1)[0].item()
+        return b.shaped("const", (), tuple(val.shape), dtype_name(val.dtype), n.name, value=value)
+    what = "a tensor made inside the function" if fresh else "a tensor the function closes over"
+    raise TraceUnsupported(
+        f"{what} ({n.target!r}) cannot be baked into a plan: pass it as an input (or as a "
+        "module parameter/buffer)"
+    )
+
+
+_LIFTS = (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default)
 
 
 def _convert(b: _Builder, n: torch.fx.Node) -> Any:
@@ -336,6 +368,9 @@ def _encode(a: Any) -> Any:
     raise CaptureError(f"cannot record argument {a!r} of type {type(a).__name__}")
 
 
+_ASSERTS = frozenset({"aten._assert_async.msg", "aten._assert_async.default"})
+
+
 def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
     tensor_inputs: list[int] = []
     layouts: list[tuple[int, ...]] = []  # each tensor input's strides in eager
@@ -363,6 +398,8 @@ def _opaque(b: _Builder, n: torch.fx.Node) -> Any:
     # contiguous one a kernel wrote it in
     laid = {"layouts": tuple(layouts)} if target in STORAGE_READERS else {}
     val = n.meta.get("val")
+    if val is None and target in _ASSERTS:  # a check with no result: an eager step all the same
+        val = n.args[0].meta["val"]  # described as its condition, never read
     if isinstance(val, torch.Tensor):
         return b.like(
             "opaque", tensor_inputs, val, n.name, target=target, args=args, kwargs=kwargs, **laid
