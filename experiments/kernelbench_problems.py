@@ -7,17 +7,18 @@ before the file runs (an AST pass over the assignments alone), so shapes derived
 (``input_shape = (num_classes,)``, ``groups = in_channels``) stay coupled. Each stage caps:
 
 - ``batch_size`` / ``batch`` to the stage's batch;
-- spatial names (``height``, ``width``, ``depth``, ``length``, ``seq_len``, ``image_size``, ``dim1``,
-  ``dim2``, ...) to the stage's spatial cap;
+- spatial names (``height``, ``width``, ``length``, ``seq_len``, ``image_size``, ``dim1``, ``dim2``,
+  ``H``, ``W``, ...) to the stage's spatial cap, a volume's ``depth`` / ``D`` to its depth cap
+  (``depth, height, width = 16, 32, 32`` counts as three assignments);
 - every other integer above the stage's size cap (channels, features, hidden sizes, classes,
   matrix sizes) to that cap; elements of tuples and lists likewise. Small integers (kernel
   sizes, strides, paddings, dilations, groups, reduced dims, layer counts) and floats stay;
 - integers above the size cap that are equal as shipped stay equal (each takes the smallest cap
   of its equals: a ``batch_size`` and a feature size of 32768 that broadcast together).
 
-Stages, tried in order until eager runs the problem: ``small`` (batch 2, spatial <= 12, sizes <=
-16), ``medium`` (batch 2, spatial <= 32, sizes <= 64: patch sizes, group counts or linear
-layers sized for the shipped input), ``batch`` (batch 2 only) and ``shipped`` (as published).
+Stages, tried in order until eager runs the problem: ``small`` (batch 2, spatial <= 12, depth <=
+6, sizes <= 16), ``medium`` (batch 2, spatial <= 32, depth <= 16, sizes <= 64: patch sizes, group
+counts or linear layers sized for the shipped input), ``batch`` (batch 2 only) and ``shipped`` (as published).
 The record names the stage and every value changed.
 """
 
@@ -32,9 +33,11 @@ from typing import Any
 
 BATCH_NAMES = frozenset({"batch_size", "batch"})
 SPATIAL_NAMES = frozenset({
-    "height", "width", "depth", "length", "height_in", "width_in", "depth_in", "seq_len",
-    "seq_length", "sequence_length", "image_size", "max_seqlen", "dim1", "dim2", "input_length",
+    "height", "width", "length", "height_in", "width_in", "seq_len", "seq_length",
+    "sequence_length", "image_size", "image_height", "image_width", "max_seqlen", "dim1", "dim2",
+    "input_length", "H", "W", "L",
 })  # fmt: skip
+DEPTH_NAMES = frozenset({"depth", "depth_in", "D"})
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,12 @@ class Stage:
     batch: int | None
     spatial: int | None
     size: int | None
+    depth: int | None = None
 
 
 STAGES = (
-    Stage("small", 2, 12, 16),
-    Stage("medium", 2, 32, 64),
+    Stage("small", 2, 12, 16, 6),
+    Stage("medium", 2, 32, 64, 16),
     Stage("batch", 2, None, None),
     Stage("shipped", None, None, None),
 )
@@ -108,6 +112,8 @@ def cap(names: list[str], value: int, stage: Stage) -> int:
     for n in names:
         if n in BATCH_NAMES:
             caps.append(stage.batch)
+        elif n in DEPTH_NAMES:
+            caps.append(stage.depth)
         elif n in SPATIAL_NAMES:
             caps.append(stage.spatial)
         elif value > (stage.size or value):
@@ -166,8 +172,25 @@ def constant(node: ast.expr) -> Any:
     raise ValueError("not a constant expression")
 
 
+def _split_unpacking(tree: ast.Module) -> None:
+    """``depth, height, width = 16, 32, 32`` as one assignment per name (same values)."""
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        t = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        v = node.value if t is not None else None
+        if (isinstance(t, (ast.Tuple, ast.List)) and isinstance(v, (ast.Tuple, ast.List))
+                and len(t.elts) == len(v.elts) and all(isinstance(e, ast.Name) for e in t.elts)
+                and not any(isinstance(e, ast.Starred) for e in v.elts)):  # fmt: skip
+            body += [ast.copy_location(ast.Assign(targets=[n], value=e), node)
+                     for n, e in zip(t.elts, v.elts)]  # fmt: skip
+        else:
+            body.append(node)
+    tree.body = body
+
+
 def _assignments(tree: ast.Module):
     """(node, target names, value) of each module-level assignment of a constant expression."""
+    _split_unpacking(tree)
     for node in tree.body:  # module level only: the shapes, never code inside functions
         if isinstance(node, ast.Assign):
             targets = node.targets

@@ -261,3 +261,10 @@ def test_sizes_equal_as_shipped_stay_equal(tmp_path):
     )
     module, _ = load_module(toy_problem(tmp_path, text), BY_STAGE["small"])
     assert (module.batch_size, module.dim, module.input_shape, module.width) == (2, 2, (2,), 8)
+
+
+def test_unpacked_shapes_are_reduced_each_by_its_name(tmp_path):
+    text = TOY.replace("dim = 300", "dim = 300\ndepth, height, width = 16, 32, 32")
+    module, changed = load_module(toy_problem(tmp_path, text), BY_STAGE["small"])
+    assert (module.depth, module.height, module.width) == (6, 12, 12)
+    assert changed["height"] == ["32", "12"]
