@@ -63,7 +63,10 @@ def optimize(
     the best plan by hill climbing after the search, default 16; 0 turns it off),
     ``cuda_graph`` (True: replay the plan as one CUDA graph over static input buffers, off under
     the interpreter, see ``autofuse/plan/graphs.py``; "auto": only where the replay times faster
-    end to end on the example inputs, the decision in ``.graph_choice``). The winner
+    end to end on the example inputs, the decision in ``.graph_choice``), ``dynamic``
+    (``{"x": [0], "mask": [0, 1]}`` by parameter name or position, or ``True``: those dims vary
+    between calls; the result is the backend path with them marked dynamic, one plan per shape
+    bucket, ``buckets=[...]`` the buckets' upper edges, default powers of two). The winner
     is cached under ``cache_dir`` and reused by later calls (and by ``autofuse.load`` in
     production). Unknown option names raise ``TypeError``.
 
@@ -89,6 +92,16 @@ def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: 
     check_options(options, OPTIMIZE, "autofuse.optimize")
     example_kwargs = dict(options.pop("example_kwargs", None) or {})
     cuda_graph = parse_cuda_graph(options.pop("cuda_graph", False), "autofuse.optimize")
+    dynamic = options.pop("dynamic", None)
+    if dynamic is not None and dynamic is not False:
+        from autofuse.frontend.optimized import DynamicFunction, dynamic_spec
+
+        spec = dynamic_spec(fn, example_inputs, dynamic)
+        opt = DynamicFunction(fn, options, spec)
+        opt(*example_inputs, **example_kwargs)  # the first bucket's plan, built now
+        return opt
+    if "buckets" in options:
+        raise TypeError("autofuse.optimize: buckets= needs dynamic= (the dims they bucket)")
     try:
         captured = None if example_kwargs else capture(fn, example_inputs)
     except CaptureError as e:

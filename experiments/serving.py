@@ -20,7 +20,9 @@ Modes (each in a fresh Dynamo state, each length's first call compiles it):
   back (the decoder is causal, so its first L positions do not see the padding; the encoder
   masks the padding with its attention mask).
 - ``autofuse_dynamic``: ``torch.compile(backend=autofuse, dynamic=True)`` on the raw lengths:
-  whatever plans the backend makes for symbolic graphs.
+  runtime-size loop kernels and one plan per power-of-two bucket of the symbolic sizes (a new
+  length in a bucket instantiates the bucket's plan; ``--buckets`` gives the backend the same
+  edges as the padded mode).
 - ``compile_dynamic`` / ``compile_static``: ``torch.compile`` (``--compile-backend``, default
   Inductor) with ``dynamic=True``, and with ``dynamic=False`` (a recompile per length).
 
@@ -149,7 +151,9 @@ def request(kind: str, length: int, batch: int, vocab: int, device: str, pad_to:
 
 
 class Counts:
-    """Compiles so far: Dynamo's graphs and the autofuse backend's plans."""
+    """Compiles so far: Dynamo's graphs; for the autofuse backend its compiled graphs (one per
+    shape a graph is called at), the plans it partitioned (one per bucket for symbolic
+    graphs), the bucket plans it instantiated for another shape, and the kernels built."""
 
     def __init__(self, backend: Any = None) -> None:
         self.backend = backend
@@ -157,9 +161,14 @@ class Counts:
     def now(self) -> dict[str, int]:
         from torch._dynamo.utils import counters
 
+        from autofuse.kernels.loader import kernels_built
+
         out = {"dynamo_graphs": int(counters["stats"]["unique_graphs"])}
         if self.backend is not None:
-            out["autofuse_plans"] = len(self.backend.records)
+            out["autofuse_graphs"] = len(self.backend.records)
+            out["autofuse_plans"] = self.backend.counts["plans"]
+            out["autofuse_bucket_instances"] = self.backend.counts["bucket_instances"]
+            out["kernels_built"] = kernels_built()
         return out
 
 
@@ -177,6 +186,8 @@ def make_mode(mode: str, model: Any, a: argparse.Namespace) -> tuple[Callable, C
             opts["trials"] = a.trials
         if a.time_budget:
             opts["time_budget"] = a.time_budget
+        if mode == "autofuse_dynamic" and a.buckets:
+            opts["buckets"] = a.buckets
         backend = make_backend(**opts)
         dynamic = {"autofuse_dynamic": True}.get(mode, False)
         fn = torch.compile(model, backend=backend, dynamic=dynamic)

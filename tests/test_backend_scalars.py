@@ -132,3 +132,4 @@ def test_llama_tiny_dynamic_true_runs_at_new_lengths():
             out = fast(ids).last_hidden_state
             assert_close(out, model(ids).last_hidden_state, torch.float32, f"length {length}")
     assert backend.records  # compiled by autofuse, not skipped
+    assert backend.counts["plans"] == 1 and backend.counts["bucket_instances"] == 1  # 5, 7

@@ -106,3 +106,74 @@ def test_function_50_lengths_4_batches():
     rebuilt = _sweep(fast, softmax_norm, shapes, _norm_inputs)
     assert all(n == 0 for n in rebuilt.values()), rebuilt
     assert backend.counts["plans"] <= len(rebuilt), (backend.counts, len(rebuilt))
+
+
+def test_optimize_dynamic_names_dims_and_shares_bucket_plans():
+    import autofuse
+
+    w, b = torch.randn(32), torch.randn(32)
+    opt = autofuse.optimize(softmax_norm, (torch.randn(3, 5, 32), w, b), dynamic={"x": [0, 1]})
+    shapes = [(3, 6), (3, 7), (4, 8), (2, 9), (3, 1)]
+    rebuilt = _sweep(opt, softmax_norm, shapes, lambda s: (torch.randn(*s, 32), w, b))
+    assert rebuilt[(4, 8)] == 0  # 3x6, 3x7, 4x8: one bucket, one plan, no kernel rebuilt
+    assert opt.counts["plans"] <= len(rebuilt | {(4, 8): 0}), opt.counts
+
+
+@pytest.mark.parametrize(
+    "dynamic, error, words",
+    [
+        ({"y": [0]}, TypeError, "'y', which is not an argument"),
+        ({"x": [3]}, ValueError, "dim 3 is out of range for 'x' with 3 dims"),
+        ({"x": 0.5}, TypeError, "dims"),
+        ("x", TypeError, "dict"),
+    ],
+)
+def test_optimize_dynamic_errors_name_the_argument(dynamic, error, words):
+    import autofuse
+
+    args = (torch.randn(3, 5, 32), torch.randn(32), torch.randn(32))
+    with pytest.raises(error, match=words):
+        autofuse.optimize(softmax_norm, args, dynamic=dynamic)
+
+
+def _tiny(which):
+    transformers = pytest.importorskip("transformers")
+    common = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, vocab_size=64, max_position_embeddings=256)  # fmt: skip
+    torch.manual_seed(0)
+    if which == "llama":
+        return transformers.LlamaModel(transformers.LlamaConfig(**common, num_key_value_heads=2))
+    cfg = transformers.BertConfig(**common, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)  # fmt: skip
+    return transformers.BertModel(cfg, add_pooling_layer=False)
+
+
+def _model_sweep(which, shapes):
+    model = _tiny(which).eval()
+    backend = dynamo.make_backend()
+    fast = torch.compile(model, backend=backend, dynamic=True)
+    buckets = set()
+    with torch.no_grad():
+        for batch, length in shapes:
+            ids = torch.randint(
+                0, 64, (batch, length), generator=torch.Generator().manual_seed(length)
+            )
+            got, want = fast(ids).last_hidden_state, model(ids).last_hidden_state
+            assert_close(got, want, torch.float32, f"{which} {batch}x{length}")
+            buckets.add((size_bucket(batch), size_bucket(length)))
+    graphs_per_shape = max(1, len({r.graph.key for r in backend.records}) // max(1, len(shapes)))
+    assert backend.counts["plans"] <= len(buckets) * graphs_per_shape, (backend.counts, buckets)
+    return backend
+
+
+@pytest.mark.slow
+def test_bert_tiny_dynamic_lengths_share_bucket_plans():
+    backend = _model_sweep("bert", [(2, 5), (2, 7), (2, 9)])
+    assert backend.counts["bucket_instances"] >= 1, backend.counts  # 5 and 7: one bucket
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("which", ["llama", "bert"])
+def test_models_50_lengths_4_batches(which):
+    lengths = sorted({1, 2, 3, 5, 7, 11, 13, 17, 31, 33, 65, 129} | set(range(4, 140, 4)))[:50]
+    _model_sweep(which, [(b, t) for b in (1, 2, 5, 17) for t in lengths])

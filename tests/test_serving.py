@@ -71,6 +71,7 @@ def test_decoder_modes_regret_and_compile_counts(tmp_path):
         assert rec["mean_request_s"] == 0.002
         assert all(v == 0 for v in rec["compiles_after_warmup"].values()), (mode, rec)
     assert got["autofuse_shape"]["compiles"]["autofuse_plans"] == 3  # one plan per length
+    assert got["autofuse_shape"]["compiles"]["autofuse_graphs"] == 3
     n_buckets = len({serving.bucket_of(n, edges) for n in lengths})
     assert got["autofuse_bucket"]["compiles"]["autofuse_plans"] == n_buckets < 3
     assert got["compile_static"]["compiles"]["dynamo_graphs"] >= 3  # a recompile per length

@@ -114,3 +114,66 @@ class BackendFunction:
                 text += "\n" + r.tuning.summary()
             parts.append(text)
         return "\n".join(parts) if parts else "(nothing compiled yet)"
+
+
+def dynamic_spec(
+    fn: Any, example_inputs: Sequence[Any], dynamic: Any
+) -> dict[int, tuple[int, ...]]:
+    """``optimize``'s ``dynamic={"x": [0], ...}``: argument position -> its dynamic dims (a name
+    of ``fn``'s parameters or a position); ``True``: every dim of every tensor argument. An
+    unknown name, a non-tensor argument or a dim out of range raises, naming the argument."""
+    import inspect
+
+    if dynamic is True:
+        return {k: tuple(range(x.dim())) for k, x in enumerate(example_inputs)
+                if isinstance(x, torch.Tensor)}  # fmt: skip
+    if not isinstance(dynamic, dict):
+        raise TypeError(f"autofuse.optimize: dynamic= takes a dict {{name: dims}} or True, "
+                        f"got {type(dynamic).__name__}")  # fmt: skip
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        names = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        names = []
+    out: dict[int, tuple[int, ...]] = {}
+    for key, dims in dynamic.items():
+        pos = key if isinstance(key, int) else (names.index(key) if key in names else None)
+        if pos is None or not 0 <= pos < len(example_inputs):
+            raise TypeError(f"autofuse.optimize: dynamic= names {key!r}, which is not an "
+                            f"argument of the example call (arguments: {names[:len(example_inputs)]})")  # fmt: skip
+        x = example_inputs[pos]
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"autofuse.optimize: dynamic= names {key!r}, a "
+                            f"{type(x).__name__}, not a tensor")  # fmt: skip
+        dims = (dims,) if isinstance(dims, int) else dims
+        if not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) for d in dims):
+            raise TypeError(f"autofuse.optimize: dynamic={{{key!r}: {dims!r}}}: the dims of "
+                            f"{key!r} must be integers (a list of them)")  # fmt: skip
+        dims = tuple(dims)
+        bad = [d for d in dims if not -x.dim() <= d < x.dim()]
+        if bad:
+            raise ValueError(f"autofuse.optimize: dynamic={{{key!r}: {list(dims)}}}: dim {bad[0]} "
+                             f"is out of range for {key!r} with {x.dim()} dims")  # fmt: skip
+        out[pos] = tuple(sorted({d % x.dim() for d in dims}))
+    return out
+
+
+class DynamicFunction(BackendFunction):
+    """What ``optimize(..., dynamic=...)`` returns: the backend path with the named dims marked
+    dynamic on every call (``torch._dynamo.mark_dynamic``), so the graph is symbolic in them
+    and gets one plan per shape bucket (``plan/buckets.py``)."""
+
+    def __init__(self, fn: Any, options: dict[str, Any], spec: dict[int, tuple[int, ...]]) -> None:
+        super().__init__(fn, options)
+        self.spec = spec
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for pos, dims in self.spec.items():
+            if pos < len(args) and isinstance(args[pos], torch.Tensor):
+                torch._dynamo.maybe_mark_dynamic(args[pos], dims)
+        return self.autograd(*args, **kwargs)
+
+    @property
+    def counts(self) -> Any:
+        """Plans made and bucket plans instantiated (``AutofuseBackend.counts``)."""
+        return self.autograd.backend.counts

@@ -16,7 +16,7 @@ from autofuse.cache.keys import TUNING_OPTIONS
 # the keyword arguments of tune.tune (and api._tuned's ``retune``): the options that steer the
 # search, less the ones only a cache key reads
 TUNING = TUNING_OPTIONS - {"strict", "seed"}
-OPTIMIZE = TUNING | {"example_kwargs", "cuda_graph"}
+OPTIMIZE = TUNING | {"example_kwargs", "cuda_graph", "dynamic", "buckets"}
 BACKEND = TUNING | {"cuda_graph", "buckets"}
 
 
