@@ -73,6 +73,9 @@ class OptimizedFunction:
         # calls this plan cannot run (autograd, another module mode, kwargs) go through this
         # torch.compile(backend=autofuse) path when optimize gave one (frontend/optimized.py)
         self.autograd = None
+        # the Python values the capture read (globals, closure cells): a call after one of them
+        # was rebound takes the backend path (frontend/pyguard.py)
+        self.py_guard = None
         self._training = self._module.training if self._module is not None else None
         # what the plan depends on in the module (submodules, attributes, hooks, modes)
         self.module_state = ModuleState(fn) if self._module is not None else None
@@ -142,6 +145,10 @@ class OptimizedFunction:
         return tuple(args[k] for k in at)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.py_guard is not None and (why := self.py_guard.changed()) is not None:
+            from autofuse.frontend.routing import call_routed
+
+            return call_routed(self, f"{why} was rebound since the capture", args, kwargs)
         if self._writes_inputs and shares_memory(args, kwargs):
             return self._aliased(args, kwargs)
         # the common call: plain tensors with exactly the captured shapes, dtypes and strides

@@ -149,3 +149,54 @@ def test_varying_constant_and_closed_over_tensor_take_the_backend_path(fresh_dyn
     torch.testing.assert_close(opt(x), f(x))
     table.add_(1.0)
     torch.testing.assert_close(opt(x), f(x))
+
+
+SCALE = 2.0
+
+
+def _scaled(x):
+    return x * SCALE
+
+
+def _reads_a_global(x):
+    return _scaled(x) + 1
+
+
+def test_optimize_guards_the_globals_it_baked_in(fresh_dynamo):
+    """A module-level float read by a helper the function calls: once rebound, calls take the
+    backend path (its Dynamo guards see the new value); rebound back, the plan runs again."""
+    global SCALE
+    x = torch.randn(4, 8)
+    opt = autofuse.optimize(_reads_a_global, (x,))
+    torch.testing.assert_close(opt(x), x * 2.0 + 1)
+    try:
+        SCALE = 3.0
+        torch.testing.assert_close(opt(x), x * 3.0 + 1)
+    finally:
+        SCALE = 2.0
+    assert opt.py_guard.changed() is None
+    torch.testing.assert_close(opt(x), x * 2.0 + 1)
+
+
+def test_optimize_guards_closure_cells(fresh_dynamo):
+    k = 0.5
+
+    def f(x):
+        return x + k
+
+    x = torch.randn(3, 5)
+    opt = autofuse.optimize(f, (x,))
+    torch.testing.assert_close(opt(x), x + 0.5)
+    k = -1.0
+    torch.testing.assert_close(opt(x), x - 1.0)
+
+
+def test_print_inside_the_function_warns_once_at_optimize():
+    def f(x):
+        print("shape", x.shape)
+        return x.sin()
+
+    x = torch.randn(2, 3)
+    with pytest.warns(UserWarning, match="side effects ran once, at capture"):
+        opt = autofuse.optimize(f, (x,))
+    torch.testing.assert_close(opt(x), x.sin())

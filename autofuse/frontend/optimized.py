@@ -17,6 +17,7 @@ plan)``) raises :class:`AutogradUnsupported` on such calls instead of dropping t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .dynamo import AutofuseBackend, CompiledGraph
+from .pyguard import python_guard, side_effects
 from .routing import AutogradUnsupported, needs_grad, route  # noqa: F401 - re-exported
 
 
@@ -69,6 +71,15 @@ def attach(opt: Any, fn: Any, example_inputs: Sequence[Any], options: dict[str, 
     """Give ``opt`` (an OptimizedFunction) its backend path; warm it when the example call
     needs autograd."""
     opt.autograd = AutogradPath(fn, options)
+    opt.py_guard = python_guard(fn)
+    effects = side_effects(fn)
+    if effects:
+        warnings.warn(
+            f"autofuse.optimize: {getattr(fn, '__name__', type(fn).__name__)} calls "
+            f"{', '.join(effects)}: Python side effects ran once, at capture, and do not run on "
+            "the plan's calls (torch.compile(..., backend='autofuse') runs them on every call)",
+            stacklevel=3,
+        )
     if route(opt, example_inputs, {}) is not None:
         opt.autograd.warm(example_inputs, {})
 
