@@ -49,6 +49,7 @@ __all__ = [
     "KernelMeta",
     "RowGemmConfig",
     "analyze_group",
+    "bucket_config_fits",
     "check_config",
     "config_classes",
     "config_label",
@@ -72,6 +73,13 @@ KINDS: tuple[KernelKind, ...] = (
 )
 _BY_NAME = {k.name: k for k in KINDS}
 _LOWERED = frozenset({"pointwise", "reduction", "matmul"})
+
+
+def bucket_config_fits(info: GroupInfo) -> bool:
+    """Whether a launch config chosen for one shape of a bucket is kept for the bucket's other
+    shapes (the loop kinds, whose configs are chosen by bucket); other kinds choose again at
+    each exact shape."""
+    return bool(getattr(kind_of(info), "runtime_sizes", False))
 
 
 def kind_of(info: GroupInfo) -> KernelKind:

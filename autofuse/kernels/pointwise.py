@@ -48,6 +48,7 @@ def check_pow2(**values: int) -> None:
 
 class PointwiseKind:
     name = "pointwise"
+    runtime_sizes = True  # kernels/sizes.py: the row count an argument, configs by bucket
     library_first = False
     config_class = KernelConfig
 

@@ -65,6 +65,7 @@ def check_stored_shapes(graph: Graph, stored, domain, rdims, reshapes: bool = Fa
 
 class ReductionKind:
     name = "reduction"
+    runtime_sizes = True  # kernels/sizes.py: the row count an argument, configs by bucket
     library_first = False
     config_class = KernelConfig
 

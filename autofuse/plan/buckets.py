@@ -1,8 +1,8 @@
 """Plans shared by the shapes of one bucket: a graph compiled for a new shape in a bucket that
-already has a plan (same graph structure: ops and edges) gets that plan's partition and launch
-configs, instantiated at the exact shape (``build_plan``): no new partition, no new search,
-and its loop kernels' text is the bucket plan's (runtime sizes, ``kernels/sizes.py``), so no
-kernel is built again."""
+already has a plan (same graph structure: ops and edges) gets that plan's partition and its
+loop kernels' launch configs (other kinds choose theirs at the exact shape), instantiated at
+the exact shape (``build_plan``): no new partition, no new search, and its loop kernels' text is
+the bucket plan's (runtime sizes, ``kernels/sizes.py``), so those kernels are not built again."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autofuse.ir.graph import Graph
+from autofuse.kernels import bucket_config_fits
 from autofuse.plan.runtime import Plan, build_plan, eager_group
 
 __all__ = ["BucketPlans", "structure_key"]
@@ -33,7 +34,8 @@ def _partition(plan: Plan) -> tuple[tuple[frozenset[int], ...], tuple[Any, ...]]
     lone = tuple(
         frozenset({s.node}) for s in plan.fallbacks if eager_group(g, frozenset({s.node}))
     )  # fmt: skip
-    configs = tuple(k.config for k in plan.kernels) + (None,) * len(lone)
+    configs = tuple(k.config if bucket_config_fits(k.info) else None for k in plan.kernels)
+    configs += (None,) * len(lone)
     return plan.groups + lone, configs
 
 
