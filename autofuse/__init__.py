@@ -10,6 +10,7 @@ from .capture import CaptureError, capture  # noqa: E402
 from .interpreter import InterpreterNote  # noqa: E402
 from .kernels import FusionRefused, KernelConfig  # noqa: E402
 from .plan import InputError, Plan  # noqa: E402
+from .version import __version__  # noqa: E402
 
 __all__ = [
     "CacheMiss",
@@ -20,12 +21,12 @@ __all__ = [
     "KernelConfig",
     "OptimizedFunction",
     "Plan",
+    "__version__",
     "capture",
     "explain",
     "load",
     "optimize",
 ]
-__version__ = "0.1.0"
 
 from . import logs as _logs  # noqa: E402
 

@@ -49,7 +49,6 @@ from autofuse.cache.keys import (
     CACHE_FORMAT,
     PLAN_FILE,
     DeviceInfo,
-    _autofuse_version,
     _Corrupt,
     _triton_version,
     generator_id,
@@ -66,6 +65,7 @@ from autofuse.cache.trust import (
 )
 from autofuse.files import write_atomic
 from autofuse.settings import cache_home
+from autofuse.version import __version__
 
 BUNDLE_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -84,7 +84,7 @@ def here() -> dict[str, str]:
         "device": DeviceInfo.current().tag(),
         "torch": str(torch.__version__),
         "triton": _triton_version(),
-        "autofuse": _autofuse_version(),
+        "autofuse": __version__,
         "generator": generator_id(),
     }
 

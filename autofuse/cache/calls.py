@@ -39,7 +39,6 @@ from autofuse.cache.keys import (
     _KEY_RE,
     CACHE_FORMAT,
     DeviceInfo,
-    _autofuse_version,
     _triton_version,
     generator_id,
     inputs_device,
@@ -47,6 +46,7 @@ from autofuse.cache.keys import (
 )
 from autofuse.cache.trust import CALL_LIMIT, read_bounded, sign, signature_problem
 from autofuse.files import write_atomic
+from autofuse.version import __version__
 
 CALLS_DIR = "calls"
 _SIMPLE = (type(None), bool, int, float, complex, str, bytes)
@@ -255,7 +255,7 @@ def call_key_why(fn: Any, example_inputs: Any, options: dict | None = None) -> t
             "versions": [
                 str(torch.__version__),
                 _triton_version(),
-                _autofuse_version(),
+                __version__,
                 generator_id(),
             ],  # fmt: skip
             "options": repr(sorted((str(k), repr(v)) for k, v in key_options(options).items())),

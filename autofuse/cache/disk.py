@@ -50,7 +50,6 @@ from autofuse.cache.keys import (
     PLANS,
     CacheWarning,
     DeviceInfo,
-    _autofuse_version,
     _check_key,
     _Corrupt,
     _triton_version,
@@ -62,6 +61,7 @@ from autofuse.cache.keys import (
 from autofuse.cache.trust import PLAN_LIMIT, SOURCE_LIMIT, read_bounded, sign, signature_problem
 from autofuse.plan.runtime import EagerStep, KernelStep, Plan
 from autofuse.settings import cache_home, settings
+from autofuse.version import __version__
 
 # ---------------------------------------------------------------------------------------------
 # Writing
@@ -98,7 +98,7 @@ def _default_metadata() -> dict[str, Any]:
         "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
         "torch": str(torch.__version__),
         "triton": _triton_version(),
-        "autofuse": _autofuse_version(),
+        "autofuse": __version__,
         "generator": generator_id(),
         "cuda": torch.version.cuda,
         "python": sys.version.split()[0],

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from autofuse.capture.trace import Captured
+from autofuse.version import __version__
 
 CACHE_FORMAT = 3  # 2: kernels carry their metadata; 3: eager outputs read in their traced layout
 PLANS = "plans"
@@ -119,12 +120,6 @@ def _triton_version() -> str:
     return str(getattr(triton, "__version__", "unknown"))
 
 
-def _autofuse_version() -> str:
-    import autofuse  # lazily: autofuse/__init__ imports api, which may import this module
-
-    return str(getattr(autofuse, "__version__", "unknown"))
-
-
 def source_hash(root: Path) -> str:
     """A hash of the ``.py`` files under ``root`` (their paths and bytes, in path order)."""
     h = hashlib.sha256()
@@ -169,7 +164,7 @@ def key_parts(captured: Captured, device: DeviceInfo, options: dict | None = Non
         "device": device.tag(),
         "torch": str(torch.__version__),
         "triton": _triton_version(),
-        "autofuse": _autofuse_version(),
+        "autofuse": __version__,
         "generator": generator_id(),
         "options": repr(sorted((str(k), repr(v)) for k, v in opts.items())),
     }

@@ -44,11 +44,11 @@ def build(spec: Any) -> Any:
         return spec
     name, kwargs = spec
     if name == "cost_model":
-        from autofuse.measure import CostModel
+        from autofuse.measure.cost_model import CostModel
 
         return CostModel(**kwargs)
     if name == "gpu":
-        from autofuse.measure import GPUTimer
+        from autofuse.measure.timer import GPUTimer
 
         return GPUTimer(**kwargs)
     mod, _, attr = name.partition(":")
@@ -71,7 +71,8 @@ def main(conn: Any, spec: Any, env: dict[str, str]) -> None:
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    from autofuse.measure import CostModel, Measurement, describe_error, is_fatal
+    from autofuse.measure.candidate import Measurement, describe_error, is_fatal
+    from autofuse.measure.cost_model import CostModel
 
     source = getattr(measurer, "source", "measured")
     conn.send(("ready", os.getpid()))

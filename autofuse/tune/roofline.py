@@ -99,13 +99,13 @@ def stamp() -> dict:
     import torch
     import triton
 
-    import autofuse
+    from autofuse.version import __version__
 
     return {
         "commit": autofuse_commit(),
         "gpu": device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "autofuse": autofuse.__version__,
+        "autofuse": __version__,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

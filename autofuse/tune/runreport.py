@@ -153,8 +153,8 @@ COLUMNS = [("workload", "workload"), ("eager_us", "eager µs"),
 def _provenance(run: dict) -> str:
     """The run's provenance (device, autofuse commit and version, torch, triton, date) and the
     autofuse that wrote the report."""
-    from autofuse import __version__
     from autofuse.tune.roofline import autofuse_commit
+    from autofuse.version import __version__
 
     st = run.get("stamp", {})
     text = ", ".join(f"{k} {st[k]}" for k in ("gpu", "commit", "torch", "triton", "autofuse",
