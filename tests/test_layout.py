@@ -77,6 +77,18 @@ def test_no_import_cycles():
     assert len(graph) > 40  # the walk saw the whole package
 
 
+def test_no_public_class_is_defined_twice():
+    """A record has one definition, imported where needed (two ``PlanChoice`` classes, one per
+    chooser, once meant two meanings under one name)."""
+    where: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    twice = {name: paths for name, paths in where.items() if len(paths) > 1}
+    assert not twice, f"classes defined in more than one module: {twice}"
+
+
 def test_search_imports_no_torch():
     for path in (ROOT / "search").rglob("*.py"):
         tree = ast.parse(path.read_text())

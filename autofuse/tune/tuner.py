@@ -52,7 +52,10 @@ from autofuse.tune.study import study_name as _study_name
 
 
 @dataclass(frozen=True)
-class PlanChoice:
+class TrialPlan:
+    """The plan one trial proposed: its partition, the groups' configs and their summed cost
+    (the untuned front ends' record of which plan ran is ``plan.plan_choice.PlanChoice``)."""
+
     partition: Partition
     configs: tuple[KernelConfig, ...]
     value: float  # sum of per-kernel times (seconds)
@@ -103,7 +106,7 @@ class Objective:
     def __init__(self, graph, space: Partitioner, measurer, eager_cost, example_values=None):
         self.graph, self.space, self.measurer = graph, space, measurer
         self.eager_cost = eager_cost
-        self.choices: dict[int, PlanChoice] = {}
+        self.choices: dict[int, TrialPlan] = {}
         self._eager_memo: dict[int, float] = {}
         # every node's eager value on the user's example inputs (None: no such check); each
         # candidate the measurer accepts is verified on them too, once per (group, config)
@@ -145,7 +148,7 @@ class Objective:
         total += search.check_time(self.eager_cost, "the eager ops' time")
         trial.set_note("partition", repr(partition.key))
         trial.set_note("source", source)
-        self.choices[trial.number] = PlanChoice(partition, tuple(configs), total, source)
+        self.choices[trial.number] = TrialPlan(partition, tuple(configs), total, source)
         return total
 
     def _pick_config(self, trial: Any, group) -> tuple[GroupInfo | None, Any]:
@@ -472,7 +475,7 @@ def _example_values(captured: Captured, example_inputs, example_flat) -> dict | 
         return node_values(graph, list(flat))
 
 
-def _distinct_best(done, objective: Objective, k: int) -> list[tuple[int, PlanChoice]]:
+def _distinct_best(done, objective: Objective, k: int) -> list[tuple[int, TrialPlan]]:
     seen, out = set(), []
     for r in sorted(done, key=lambda r: r.value):
         choice = objective.choices.get(r.number)
@@ -501,7 +504,7 @@ class _Replay:
         pass
 
 
-def _replay(objective: Objective, params: dict[str, Any]) -> PlanChoice | None:
+def _replay(objective: Objective, params: dict[str, Any]) -> TrialPlan | None:
     try:
         number = -1 - len(objective.choices)
         objective(_Replay(params, number))
@@ -520,7 +523,7 @@ def _label(n: int) -> str:
 
 def _baselines(
     objective: Objective, greedy, unfused, ranked, library=None
-) -> list[tuple[int, PlanChoice]]:
+) -> list[tuple[int, TrialPlan]]:
     """The greedy, unfused and cuBLAS + fused epilogue (``library``) plans with default
     configs, unless already among ``ranked``: each is re-timed end to end with the best."""
     have = {(c.partition.key, c.configs) for _, c in ranked}
