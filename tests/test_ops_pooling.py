@@ -69,12 +69,14 @@ def test_16_bit_avg_pool_adds_in_float32_and_int_max_pool():
     _check(lambda x: F.max_pool2d(x, 2, return_indices=True), torch.randint(-5, 5, (2, 3, 8, 8)))
 
 
-def test_pad_hardtanh_log10_flip_fuse_with_their_neighbours():
+def test_pad_hardtanh_log10_flip_unfold_fuse_with_their_neighbours():
     x = torch.randn(2, 3, 6, 7)
     _check(lambda x: x.flip(3).cumsum(3).flip(3) + x.flip(1, 2), x, kernels=2)  # scan, gather
     _check(lambda x: F.pad(x, (1, 2, -1, 3), value=-2.0) * 2, x)
     _check(lambda x: F.hardtanh(x * 3, -0.5, 0.5) + 1, x)
     _check(lambda x: torch.log10(x.abs() + 1) * 2, x)
+    _check(lambda x: x.unfold(3, 3, 2).sum(-1) * 2, x)
+    _check(lambda x: x.unfold(2, 2, 1) + 1, x)
 
 
 def test_a_large_window_stays_one_eager_op():

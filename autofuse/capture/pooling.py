@@ -1,4 +1,4 @@
-"""Pooling as window offsets: ``max_pool{2,3}d_with_indices``, ``avg_pool{2,3}d`` and
+"""Pooling (and ``unfold``) as window offsets: ``max_pool{2,3}d_with_indices``, ``avg_pool{2,3}d`` and
 ``constant_pad_nd`` taken to pads (concatenated constant blocks), strided slices (one per window
 offset) and pointwise maxima / sums, so a pool is generated and fuses with its neighbours (the
 1-D pools reach these through their 2-D forms).
@@ -222,8 +222,20 @@ def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
                      divisor_override)  # fmt: skip
 
 
+def unfold(x: torch.Tensor, dim: int, size: int, step: int) -> torch.Tensor:
+    """``x.unfold(dim, size, step)``: the windows' elements as strided slices stacked on a new
+    last dim (a copy where eager gives a view: the captured graph holds no mutation)."""
+    if x.dim() == 0 or size > MAX_WINDOW:
+        return NotImplemented
+    dim = dim % x.dim()
+    n = (x.shape[dim] - size) // step + 1
+    parts = [aten.slice(x, dim, j, j + (n - 1) * step + 1, step) for j in range(size)]
+    return torch.stack(parts, dim=-1)
+
+
 def pooling_decompositions() -> dict:
     return {
+        aten.unfold.default: unfold,
         aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
         aten.max_pool3d_with_indices.default: max_pool3d_with_indices,
         aten.avg_pool2d.default: avg_pool2d,
