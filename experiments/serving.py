@@ -33,7 +33,9 @@ autofuse's (graphs the backend compiled into plans), over the warm-up pass and o
 after it (``compiles_after_warmup``: 0 means no recompiles in steady state). The regret of a
 mode is its mean time per request over ``autofuse_shape``'s, minus 1. The trace's own counts
 (distinct lengths: what a per-shape mode compiles over it; distinct buckets) are recorded too.
-JSON to ``<out>/<tag>.json`` with commit (``AUTOFUSE_COMMIT`` or git), GPU, torch and triton.
+JSON to ``<out>/<tag>.json`` (rewritten after every mode) with commit (``AUTOFUSE_COMMIT`` or
+git), GPU, torch and triton. On one GPU within a 10-minute limit per command, run one model
+per command: ``--models decoder --lengths 8 --budget-s 60``, then ``--models encoder``.
 """
 
 from __future__ import annotations
@@ -291,8 +293,10 @@ def regrets(modes: dict[str, dict], reference: str = "autofuse_shape") -> dict[s
     return out
 
 
-def run_model(kind: str, lengths: list[int], a: argparse.Namespace, timer: Timer) -> dict:
-    """Every mode of ``--modes`` on one model; a failing mode records its error."""
+def run_model(kind: str, lengths: list[int], a: argparse.Namespace, timer: Timer,
+              save: Callable[[dict], None] = lambda rec: None) -> dict:  # fmt: skip
+    """Every mode of ``--modes`` on one model; a failing mode records its error; ``save`` gets
+    the model's record after each mode (a run killed by a time limit keeps what it finished)."""
     import torch
 
     edges = bucket_edges(a.min_len, a.max_len, a.buckets)
@@ -304,6 +308,7 @@ def run_model(kind: str, lengths: list[int], a: argparse.Namespace, timer: Timer
             kw = request(kind, length, a.batch, vocab, a.device)
             refs[length] = model(**kw).last_hidden_state
     modes: dict[str, dict] = {}
+    rec = {"modes": modes, "regret_vs_autofuse_shape": {}}
     limits = {"recompile_limit": 100000, "accumulated_recompile_limit": 100000}
     for mode in a.modes:
         try:
@@ -313,7 +318,9 @@ def run_model(kind: str, lengths: list[int], a: argparse.Namespace, timer: Timer
             modes[mode] = {"status": f"error: {type(e).__name__}: {e}"[:600],
                            "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
         print(f"{kind:8} {mode:17} {_line(modes[mode])}", flush=True)
-    return {"modes": modes, "regret_vs_autofuse_shape": regrets(modes)}
+        rec["regret_vs_autofuse_shape"] = regrets(modes)
+        save(rec)
+    return rec
 
 
 def _line(rec: dict) -> str:
@@ -409,11 +416,15 @@ def main(argv: list[str] | None = None, timer: Timer | None = None) -> dict:
     timer = timer or wall_timer(a.device, a.rep_ms)
     out = Path(a.out) / f"{a.tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    for kind in a.models:
-        result["models"][kind] = run_model(kind, lengths, a, timer)
+
+    def save(kind: str, rec: dict) -> None:
+        result["models"][kind] = rec
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=1, default=str))
         tmp.replace(out)
+
+    for kind in a.models:
+        save(kind, run_model(kind, lengths, a, timer, lambda rec, kind=kind: save(kind, rec)))
     print(f"wrote {out}")
     return result
 

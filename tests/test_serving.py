@@ -89,3 +89,5 @@ def test_encoder_pads_with_its_mask_and_a_failing_mode_is_recorded(tmp_path, mon
     assert got["autofuse_bucket"]["status"] == "ok"
     assert got["autofuse_bucket"]["worst_rel_err"] < 1e-4  # the padding is masked out
     assert got["compile_dynamic"]["status"].startswith("error"), got["compile_dynamic"]
+    saved = json.loads((tmp_path / "serving.json").read_text())  # written after every mode
+    assert set(saved["models"]["encoder"]["modes"]) == {"autofuse_bucket", "compile_dynamic"}
