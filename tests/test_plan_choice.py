@@ -114,3 +114,24 @@ def test_a_failed_measurement_keeps_the_fused_plan_and_says_why(monkeypatch):
     plan, choice = untuned.untuned_plan(graph, "greedy", True, no_inputs)
     assert "attention" in [k.info.kind for k in plan.kernels]
     assert choice.chosen == "greedy" and "cannot make inputs here" in choice.why
+
+
+def test_one_rule_decides_every_faster_plan_choice():
+    """The untuned choice, the CUDA graph choice and the tuned re-timing share ``beats``: faster
+    by more than MIN_GAIN and by more than the spread of the incumbent's rounds."""
+    from autofuse.plan.graph_choice import MIN_GAIN, beats, choose_replay
+
+    assert MIN_GAIN == 0.02
+    assert beats(97e-6, [100e-6]) and not beats(98.5e-6, [100e-6])
+    assert not beats(96e-6, [100e-6, 105e-6, 100e-6])  # 4 % faster, 5 % spread: noise
+    assert beats(90e-6, [100e-6, 105e-6])
+    times = {"plain": 100e-6, "graph": 98.5e-6}
+    c = choose_replay(lambda: "plain", lambda: "graph", True, lambda call: times[call()])
+    assert not c.replay
+    fused, cublas = _plans("fused", "cublas")
+    ran = []
+    times = {"fused": 100e-6, "cublas": 97e-6}
+    plan, _ = choose_plan(
+        [fused, cublas], ran.append, True, timer=lambda call: call() or times[ran[-1].label]
+    )
+    assert plan is cublas

@@ -5,20 +5,34 @@ adds copies (a new batch into the graph's buffers, the outputs out of its static
 side wins depends on the plan: a plan of many short kernels is bound by the host and gains, a
 plan of a few long kernels loses the copies. So the choice is measured: the call is timed as it
 runs (host and device, back to back: :func:`end_to_end_seconds`) kernel by kernel and by
-replay, and the replay is kept when it is faster by more than ``margin``. The timer is
+replay, and the replay is kept when it :func:`beats` the plain call. The timer is
 injected (tests pass their own); off CUDA, or under Triton's interpreter, nothing is timed and
 the plan runs kernel by kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from autofuse.interpreter import interpreting
+
+MIN_GAIN = 0.02
+
+
+def beats(challenger_s: float, incumbent_s: Sequence[float]) -> bool:
+    """The one rule by which a timed alternative replaces the incumbent (the untuned fused plan,
+    the plain call against its CUDA graph replay, the greedy plan against the tuned ones): it is
+    faster than the incumbent's best round by more than ``MIN_GAIN`` and by more than the spread
+    of the incumbent's rounds (``incumbent_s``: one round or several). A win inside the noise is
+    no win: the incumbent is the plan that costs nothing more to keep."""
+    best = min(incumbent_s)
+    noise = (max(incumbent_s) - best) / best if best > 0 else 0.0
+    return challenger_s < best * (1.0 - max(MIN_GAIN, noise))
+
 
 Timer = Callable[[Callable[[], Any]], float]
 
@@ -57,10 +71,9 @@ def choose_replay(
     replayed: Callable[[], Any],
     on_cuda: bool,
     timer: Timer = end_to_end_seconds,
-    margin: float = 0.03,
 ) -> GraphChoice:
     """Time ``plain`` (kernel by kernel) and ``replayed`` (the same call replaying a CUDA
-    graph) with ``timer``; replay when it is faster by more than ``margin``."""
+    graph) with ``timer``; replay when it :func:`beats` the plain call."""
     if not on_cuda:
         return GraphChoice(False, None, None, "not on CUDA (or under the interpreter)")
     t_plain = timer(plain)
@@ -68,7 +81,7 @@ def choose_replay(
         t_graph = timer(replayed)
     except Exception as e:  # noqa: BLE001 - not capturable: kernel by kernel
         return GraphChoice(False, t_plain, None, f"replay failed: {type(e).__name__}: {e}"[:300])
-    if t_graph < t_plain * (1.0 - margin):
+    if beats(t_graph, [t_plain]):
         why = f"replay {t_graph * 1e6:.1f} us vs {t_plain * 1e6:.1f} us kernel by kernel"
         return GraphChoice(True, t_plain, t_graph, why)
     why = f"kernel by kernel {t_plain * 1e6:.1f} us vs replay {t_graph * 1e6:.1f} us"

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from autofuse.plan.graph_choice import Timer, end_to_end_seconds
+from autofuse.plan.graph_choice import Timer, beats, end_to_end_seconds
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,8 @@ def choose_plan(
     run: Callable[[Any], Any],
     on_cuda: bool,
     timer: Timer = end_to_end_seconds,
-    margin: float = 0.02,
 ) -> tuple[Any, PlanChoice]:
-    """The first of ``plans`` unless another times faster by more than ``margin`` (``run(plan)``
+    """The first of ``plans`` unless another :func:`beats` the best before it (``run(plan)``
     is one call of it); a plan that fails when run is skipped, with its error in ``why``."""
     first = plans[0]
     if not on_cuda or len(plans) == 1:
@@ -47,7 +46,7 @@ def choose_plan(
         return first, PlanChoice(first.label, ((first.label, None),), why)
     times: list[tuple[str, float | None]] = []
     best, best_s, notes = None, float("inf"), []
-    for k, plan in enumerate(plans):
+    for plan in plans:
         try:
             with torch.no_grad():
                 s = timer(lambda plan=plan: run(plan))
@@ -56,7 +55,7 @@ def choose_plan(
             notes.append(f"{plan.label}: {type(e).__name__}: {e}"[:200])
             continue
         times.append((plan.label, s))
-        if best is None or s < best_s * (1.0 - margin if k else 1.0):
+        if best is None or beats(s, [best_s]):
             best, best_s = plan, s
     best = best if best is not None else first
     timed = ", ".join(f"{lb} {s * 1e6:.1f} us" for lb, s in times if s is not None)

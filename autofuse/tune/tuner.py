@@ -43,6 +43,7 @@ from autofuse.measure import (
     verify_candidate,
 )
 from autofuse.partition.partitioner import Partition, Partitioner
+from autofuse.plan.graph_choice import beats
 from autofuse.plan.runtime import Plan, build_plan, eager_group, execute
 from autofuse.settings import cache_home
 from autofuse.tune.climb import OPTIONS, _option_switches, _polish, neighbours  # noqa: F401
@@ -548,9 +549,6 @@ def _value_of(objective: Objective, partition: Partition, done) -> float | None:
     return best
 
 
-MIN_GAIN = 0.01  # a plan replaces the greedy one only when faster by more than this and the noise
-
-
 class _PlanCall:
     """A plan called on the graph's flat inputs (a module's parameters included)."""
 
@@ -564,8 +562,7 @@ class _PlanCall:
 def _pick(plans, flat_inputs: Sequence[Any], incumbent: int | None = None):
     """Re-time the best few plans end to end on the GPU (with the cost model keep the order),
     each on the graph's flat inputs. The ``incumbent`` (the greedy plan) stays unless another
-    is faster by more than ``MIN_GAIN`` and than the spread of its own rounds: a win inside the
-    noise is no win."""
+    :func:`~autofuse.plan.graph_choice.beats` it, the spread of its own rounds counted as noise."""
     e2e: dict[str, float] = {}
     if not torch.cuda.is_available() or len(plans) == 1:
         c, p = plans[0]
@@ -581,9 +578,7 @@ def _pick(plans, flat_inputs: Sequence[Any], incumbent: int | None = None):
     e2e = {label: min(ts) for label, ts in rounds.items()}
     k = min(range(len(plans)), key=lambda i: e2e[plans[i][1].label])
     if incumbent is not None and k != incumbent:
-        ts = rounds[plans[incumbent][1].label]
-        noise = (max(ts) - min(ts)) / min(ts)
-        if e2e[plans[k][1].label] > min(ts) * (1 - max(MIN_GAIN, noise)):
+        if not beats(e2e[plans[k][1].label], rounds[plans[incumbent][1].label]):
             k = incumbent
     choice, plan = plans[k]
     return choice, plan, e2e
