@@ -221,8 +221,11 @@ def merge(paths: Sequence[str], out: Path) -> dict:
     latest = {(r["op"], r["dtype"], r["mode"], r["sample"]): r for r in records}
     records = list(latest.values())  # a case run by two shards counts once (the later run)
     configs = [json.loads(Path(p).read_text()).get("config", {}) for p in paths if Path(p).exists()]
-    _write(out, {"merged": [str(p) for p in paths], "shards": configs}, records)
     summary = summarize(records)
+    summary["ops_not_run"] = sorted({full_name(o) for o in op_db()} - set(summary["op_classes"]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = {"merged": [Path(p).name for p in paths], "shards": configs}
+    out.write_text(json.dumps({"config": config, "summary": summary}, indent=1))
     out.with_suffix(".md").write_text(markdown(summary, configs[0] if configs else {}))
     return summary
 
@@ -232,7 +235,7 @@ def markdown(s: dict, config: dict) -> str:
     lines = [
         "# OpInfo sweep through the autofuse backend (CPU, Triton interpreter)",
         "",
-        f"Ops of `op_db`: {s['ops_total']}; dtypes {config.get('dtypes')}, first "
+        f"Ops of `op_db` run: {s['ops_total']} (not run: {len(s.get('ops_not_run', ()))}); dtypes {config.get('dtypes')}, first "
         f"{config.get('samples')} sample(s) per op and dtype, backward in "
         f"{config.get('grad_dtypes')}, {config.get('timeout')} s per case.",
         "",
