@@ -300,6 +300,8 @@ def check_case(
     except CaseTimeout:
         return Outcome("timeout", detail=f"over {timeout_s:.0f} s", seconds=timeout_s)
     except Exception as e:  # noqa: BLE001 - every other failure is an error of the case
+        if "CaseTimeout" in repr(e):  # raised inside Triton's interpreter, which wraps it
+            return Outcome("timeout", detail=f"over {timeout_s:.0f} s", seconds=timeout_s)
         line = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         return Outcome("error", detail=line, seconds=time.perf_counter() - t0)
     how, kernels, eager = how_it_ran(first)
