@@ -2,10 +2,10 @@
 
 *Scans* (``cumsum``, ``cumprod``; ``OpDef.scan``): the running combine along the reduced dim,
 a value per element of the domain. The row is one block (the ``scan`` kind keeps its kernels
-persistent) and is scanned by ``tl.associative_scan``; the masked lanes, past the row's end,
+persistent) and is scanned by ``tl.cumsum`` / ``tl.cumprod``; the masked lanes, past the row's end,
 hold the identity. *Arg reductions* (``argmax``, ``argmin``; ``OpDef.arg``): the index (int64)
-of the row's first max (min), a NaN beating every number as in eager, by ``tl.reduce`` over
-(value, index) pairs. Masked lanes hold the identity and an index past every real one, so they
+of the row's first max (min), a NaN beating every number as in eager: the lowest index of
+the lanes holding the row's max (min), or its NaNs (standard reductions only). Masked lanes hold the identity and an index past every real one, so they
 never win a tie. Looped kernels keep one (value, index) pair per lane across the row's chunks
 (each lane sees its indices in increasing order) and reduce the lanes at the end.
 """
@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofuse.ir.ops import PROD, Helper, op_def
+from autofuse.ir.ops import Helper, op_def
 from autofuse.kernels.base import FusionRefused, describe
 from autofuse.kernels.render import TL_DTYPE, Val, combine, compute_dtype, identity, is_float
 
-ADD = Helper("_af_add", "@triton.jit\ndef _af_add(a, b):\n    return a + b\n")
 _ARG_DOC = "    # the {w} value wins, a NaN beats every number, ties go to the lower index\n"
 ARGMAX = Helper(
     "_af_argmax",
@@ -75,11 +74,7 @@ def start_index(em: Any, r: int) -> None:
 
 
 def _helper(em: Any, op: str) -> Helper:
-    d = op_def(op)
-    if d.scan:
-        h = ADD if d.combine == "+" else PROD
-    else:
-        h = ARGMAX if d.combine == "max" else ARGMIN
+    h = ARGMAX if op_def(op).combine == "max" else ARGMIN
     em.helpers.add(h)
     return h
 
@@ -100,10 +95,9 @@ def finish(em: Any, r: int, acc: Val, acc_dtype: str) -> None:
     (int64, one per row). ``acc`` holds the masked input (persistent) or the per-lane values
     (looped, with ``em.arg_index[r]``)."""
     node = em.g[r]
-    h = _helper(em, node.op)
     cd = compute_dtype(node.dtype)
     if op_def(node.op).scan:
-        expr = f"tl.associative_scan({acc.code}, 1, {h.name})"
+        expr = _scan(node.op, acc.code)
         if acc_dtype != cd:
             expr = f"({expr}).to({TL_DTYPE[cd]})"
         em.red_val[r] = em.tmp(expr, 2, cd, node.name)
@@ -114,10 +108,27 @@ def finish(em: Any, r: int, acc: Val, acc_dtype: str) -> None:
         if em.info.rnumel >= int(NO_INDEX):
             raise FusionRefused(f"{describe(em.g, r)}: a row of 2**31 elements or more")
         idx = em.tmp(_lane_index(), 2, "int32", node.name + " lane index").code
-    v, i = f"tmp{em.n_tmp}", f"tmp{em.n_tmp + 1}"
-    em.n_tmp += 2
-    em.line(f"{v}, {i} = tl.reduce(({acc.code}, {idx}), 1, {h.name})")
-    em.red_val[r] = em.tmp(f"{i}[:, None].to({TL_DTYPE[cd]})", 1, cd, node.name)
+    pick = _winners(em, node.op, acc.code, acc_dtype)
+    i = em.tmp(f"tl.min(tl.where({pick}, {idx}, {NO_INDEX}), 1)[:, None]", 1, "int32").code
+    em.red_val[r] = em.tmp(f"{i}.to({TL_DTYPE[cd]})", 1, cd, node.name)
+
+
+def _winners(em: Any, op: str, acc: str, acc_dtype: str) -> str:
+    """The lanes holding the row's winning value: its max (min), or, in a row with a NaN, its
+    NaNs. Standard reductions only (a tuple ``tl.reduce`` with a combine function of its own
+    runs element by element in Triton's interpreter); the lowest index among them wins."""
+    best = em.tmp(f"tl.{'max' if op_def(op).combine == 'max' else 'min'}({acc}, 1)[:, None]", 1,
+                  acc_dtype, f"{op} value").code  # fmt: skip
+    if not is_float(acc_dtype):
+        return f"({acc} == {best})"
+    nan = em.tmp(f"tl.max(({acc} != {acc}).to(tl.int32), 1)[:, None] > 0", 1, "bool").code
+    return f"tl.where({nan}, {acc} != {acc}, {acc} == {best})"
+
+
+def _scan(op: str, code: str) -> str:
+    """The running combine of ``code`` along the row: ``tl.cumsum`` / ``tl.cumprod`` (Triton's
+    own combine functions, which its interpreter runs vectorized)."""
+    return f"tl.{'cumsum' if op_def(op).combine == '+' else 'cumprod'}({code}, 1)"
 
 
 def scanned(em: Any, i: int, index: tuple) -> Val:
@@ -145,7 +156,7 @@ def _looped_scan(em: Any, i: int) -> Val:
             f"{describe(em.g, i)} scans a row of {em.info.rnumel} elements in chunks of "
             f"{em.cfg.RBLOCK}: its value exists only inside the chunk loop, not for a row output"
         )
-    acc, h = acc_dtype(em, i), _helper(em, node.op)
+    acc = acc_dtype(em, i)
     _, val = em.masked_input(i)
     v = em.tmp(val, 2, acc, f"{node.name} chunk")
     carry = f"tmp{em.n_tmp}"
@@ -153,7 +164,7 @@ def _looped_scan(em: Any, i: int) -> Val:
     loop = em.loops[-1]
     init = f"tl.full([XBLOCK, 1], {identity(node.op, acc)}, {TL_DTYPE[acc]})"
     loop.before(em, f"{carry} = {init}  # {node.name}: the combine of the earlier chunks")
-    s = em.tmp(f"tl.associative_scan({v.code}, 1, {h.name})", 2, acc)
+    s = em.tmp(_scan(node.op, v.code), 2, acc)
     expr = combine(node.op, carry, s.code, acc)
     cd = compute_dtype(node.dtype)
     if acc != cd:
