@@ -1,7 +1,7 @@
 """The CPU mode of the KernelBench runner: one problem at reduced shapes (``kernelbench_problems``)
 checked through ``autofuse.optimize`` and ``torch.compile(backend="autofuse")`` against eager,
-with the kernels each front end generated and the ops that ran as eager steps; for level 3 (or
-``train=True``) also a training step (forward and backward through the backend, every
+with the kernels each front end generated and the ops that ran as eager steps (dropout
+probabilities set to 0: random masks cannot match eager's); for level 3 (or ``train=True``) also a training step (forward and backward through the backend, every
 parameter's gradient against eager's).
 
 Correct means KernelBench's rule: ``torch.allclose(out, ref, atol=tol, rtol=tol)`` for every
@@ -150,14 +150,21 @@ def front_end(name: str, make, inputs, ref, tol: float, strict: float) -> dict:
     return rec
 
 
-def train_step(model, inputs, tol: float) -> dict:
-    """Forward and backward of ``sum(out * r)`` (``r`` fixed) through the backend against
-    eager: the output and every parameter's gradient. Dropout probabilities are set to 0."""
+def no_dropout(model) -> None:
+    """Dropout probabilities set to 0: random masks cannot match eager's (recorded as such)."""
     import torch
 
     for m in model.modules():
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+        if isinstance(m, torch.nn.Dropout | torch.nn.Dropout1d | torch.nn.Dropout2d |
+                      torch.nn.Dropout3d | torch.nn.AlphaDropout):  # fmt: skip
             m.p = 0.0
+
+
+def train_step(model, inputs, tol: float) -> dict:
+    """Forward and backward of ``sum(out * r)`` (``r`` fixed) through the backend against
+    eager: the output and every parameter's gradient."""
+    import torch
+
     twin = copy.deepcopy(model)
     torch.manual_seed(1)
     ref_out = model(*inputs)
@@ -190,6 +197,7 @@ def check_problem(problem: Problem, train: bool | None = None, start: str = "sma
 
     t0 = time.perf_counter()
     stage, module, model, inputs, info = choose_stage(problem, start)
+    no_dropout(model)
     with torch.no_grad():
         torch.manual_seed(0)
         ref = model(*inputs)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.kernelbench_check import compare, eager_steps, first_line, flat
+from experiments.kernelbench_check import compare, eager_steps, first_line, flat, no_dropout
 from experiments.kernelbench_problems import (
     BY_STAGE,
     Problem,
@@ -162,6 +162,7 @@ def time_problem(problem: Problem, opts: GpuOptions, ceil: dict, device: str = "
     dtype = getattr(torch, DTYPES[opts.dtype])
     module, changed = load_module(problem, BY_STAGE[opts.stage])
     model, inputs = instantiate(module, 0, dtype, device)
+    no_dropout(model)  # random masks cannot match eager's
     with torch.no_grad():
         outputs = flat(model(*inputs))
     order, errors, build_s = build(model, inputs, opts, compile_fn, optimize_fn)
