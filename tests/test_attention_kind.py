@@ -189,7 +189,11 @@ def test_lean_inner_loop(dtype):
     assert "tmp" not in full and "1.4426950408889634" not in full and "tl.where(rmask" not in full
     diag = _loop(src, "lo")
     assert "qk * qk_scale" in diag and "int64" not in diag and "1.4426950408889634" not in diag
-    assert diag.count("tl.exp2(") == 2 and "acc * alpha[:, None]" in diag
+    assert (
+        diag.count("tl.exp2(") == 2
+        and "acc * keep[:, None]" in diag
+        and "p = p * r_new[:, None]" in diag
+    )
     for load in (line for line in src.splitlines() if "tl.load(" in line):
         assert "mask" not in load, load  # T = 64: whole tiles of 32 x 16
     _check(fn, args, dtype, execute(plan, list(args))[0])

@@ -41,24 +41,44 @@ def _reduced_dims(x, dim) -> list[int]:
     return list(range(x.dim())) if dim is None else [d % x.dim() for d in dim]
 
 
-def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None):
+def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None, root=False):
+    """var (std with ``root``): finite wherever eager's is. 16-bit inputs are computed in
+    float32 as eager accumulates them; where the plain sum of squares overflows (|x - mean|
+    past the square root of the dtype's max, where eager's Welford moments do not), the sum of
+    (diff * 2^-k)^2 is used and scaled back (2^-k exact, keeping n squares in range)."""
     dims = _reduced_dims(x, dim)
     n = math.prod(x.shape[d] for d in dims) if dims else 1
     corr = 1 if correction is None else correction
-    mean = _moment_mean(x, dims, n) if mean is None else mean
-    diff = x - mean
-    return torch.sum(diff * diff, dims, keepdim=keepdim) / max(n - corr, 0)
+    low = x.dtype in (torch.float16, torch.bfloat16)
+    xf = x.float() if low else x
+    mean = _moment_mean(xf, dims, n) if mean is None else mean.to(xf.dtype)
+    diff = xf - mean
+    div = max(n - corr, 0)
+    var = torch.sum(diff * diff, dims, keepdim=keepdim) / div
+    out = torch.sqrt(var) if root else var
+    if xf.is_floating_point():
+        top = math.frexp(torch.finfo(xf.dtype).max)[1]  # the max is just under 2^top
+        k = top // 2 + math.ceil(math.log2(max(n, 1)) / 2) + 1
+        scaled = diff * 2.0**-k
+        small = torch.sum(scaled * scaled, dims, keepdim=keepdim) / div
+        big = torch.sqrt(small) * 2.0**k if root else small * 2.0**k * 2.0**k
+        rescued = torch.where(small.abs() == math.inf, out, big)  # (ops the kernels render)
+        out = torch.where(var.abs() == math.inf, rescued, out)
+    return out.to(x.dtype) if low else out
 
 
 def _var_mean_decomp(x, dim=None, *, correction=None, keepdim=False):
     dims = _reduced_dims(x, dim)
-    mean = _moment_mean(x, dims, math.prod(x.shape[d] for d in dims) if dims else 1)
-    var = _var_decomp(x, dims, correction=correction, keepdim=keepdim, mean=mean)
-    return var, (mean if keepdim else mean.squeeze(dims))
+    low = x.dtype in (torch.float16, torch.bfloat16)
+    xf = x.float() if low else x
+    mean = _moment_mean(xf, dims, math.prod(x.shape[d] for d in dims) if dims else 1)
+    var = _var_decomp(xf, dims, correction=correction, keepdim=keepdim, mean=mean)
+    mean = mean if keepdim else mean.squeeze(dims)
+    return (var.to(x.dtype), mean.to(x.dtype)) if low else (var, mean)
 
 
 def _std_decomp(x, dim=None, *, correction=None, keepdim=False):
-    return torch.sqrt(_var_decomp(x, dim, correction=correction, keepdim=keepdim))
+    return _var_decomp(x, dim, correction=correction, keepdim=keepdim, root=True)
 
 
 def _group_norm_decomp(x, weight, bias, n, c, hw, group, eps):

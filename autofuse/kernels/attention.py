@@ -120,6 +120,7 @@ def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
 
 
 _NEG_INF = 'float("-inf")'
+_NAN = 'float("nan")'
 _UNDERFLOW = -200.0  # exp(x - m) is 0.0 in fp32 below this: those elements add nothing
 
 
@@ -393,7 +394,13 @@ class AttentionEmitter(Emitter):
         else:
             self.line(f"p = tl.exp2(({shifted}) * {LOG2E!r})")
             self.line(f"alpha = tl.exp2((m_i - m_use) * {LOG2E!r})")
-        self.line("l_i = l_i * alpha + tl.sum(p, 1)")
+        # acc holds the normalized output so far (weights p / l summing to 1): an unnormalized
+        # sum of p * v overflows where v is near the dtype's max and eager's softmax @ v does not
+        self.line("l_new = l_i * alpha + tl.sum(p, 1)")
+        self.line("r_new = 1.0 / tl.where(l_new > 0, l_new, 1.0)  # (p is 0 where l_new is)")
+        self.line("keep = alpha * l_i * r_new  # the old weights' share of the new sum")
+        self.line("p = p * r_new[:, None]")
+        self.line("l_i = l_new")
         dn = Expr.dim("offs_n[:, None]", 1, d.tk, True)
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
         dvmask = "" if d.dv == head_block(d.dv) else f"(offs_dv[None, :] < {d.dv})"
@@ -401,7 +408,7 @@ class AttentionEmitter(Emitter):
         self.dots += 1
         pd = TL_DTYPE[self.parts.p_dtype]
         self.line(
-            f"acc = tl.dot(p.to({pd}), v, acc * alpha[:, None]{prec})  # rescaled, accumulated"
+            f"acc = tl.dot(p.to({pd}), v, acc * keep[:, None]{prec})  # rescaled, accumulated"
         )
         self.line("m_i = m_new")
 
@@ -465,7 +472,9 @@ class AttentionEmitter(Emitter):
         mm2 = self.parts.mm2
         node = g[mm2]
         self.lines.append("")
-        self.line("out = acc / l_i[:, None]  # a row of -inf only: 0 / 0 = NaN, as in eager")
+        self.line(
+            f"out = tl.where(l_i[:, None] > 0, acc, {_NAN})  # a row of -inf only: NaN, as eager"
+        )
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
         off = linearize((*self.bh3, self.full[-2], dv), contiguous_strides(node.shape), node.shape)
         mask = "xmask" + ("" if d.dv == head_block(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
