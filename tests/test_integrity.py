@@ -154,6 +154,8 @@ def test_a_kernel_that_cannot_be_loaded_runs_in_eager(home, monkeypatch):
         raise OSError("no memory for the module")
 
     monkeypatch.setattr(loader, "_module_from_source", cannot_load)
+    monkeypatch.setattr(loader, "_BUILT", {})  # kernels built earlier in this process
+    monkeypatch.setattr(loader, "_LOADED", {})
     fast = cache.load(f, args, strict=True)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")

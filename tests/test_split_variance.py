@@ -56,6 +56,12 @@ def _x_readers(plan):
     return [step.kernel for step in plan.steps if x in step.kernel.info.loads]
 
 
+def _moments_in(kernel, graph) -> bool:
+    """Whether ``kernel`` computes the chunk means and M2s."""
+    names = {graph[n].name.rsplit(".", 1)[-1] for n in kernel.info.nodes}
+    return {"chunk_m2"} <= names
+
+
 def _close(out, ref, dtype, what):
     """Each output against float64 eager, relative to its own scale (a variance is not judged
     on its mean's scale)."""
@@ -85,7 +91,11 @@ def test_variance_split_equals_eager(split_on, fn, shape, dtype):
     names = {n.name for n in g.nodes}
     assert {"chunk_mean", "chunk_m2"} <= {n.rsplit(".", 1)[-1] for n in names}, "not rewritten"
     opt = autofuse.optimize(fn, (x,))
-    assert len(_x_readers(opt.plan)) == 1  # one pass over x
+    readers = _x_readers(opt.plan)
+    # the chunk moments in one pass over x; a float32 variance's overflow rescue (the sum of
+    # (diff * 2^-k)^2, in the decomposition) may take a second pass; a bf16 one never does
+    assert len(readers) <= (2 if dtype == torch.float32 else 1)
+    assert any(_moments_in(r, opt.plan.graph) for r in readers)
     _close(opt(x), fn(x.double()), dtype, fn.__name__)
 
 
@@ -108,15 +118,16 @@ def test_naive_moments_would_fail_these_tolerances():
 
 
 def test_column_stats_reads_x_once(split_on):
-    """The plan the H200 measured at 5 kernels, 2 of them reading x (58 + 49 us): now the chunk
-    means and M2s are one kernel, the only one that reads x; the combine reads the partials."""
+    """The chunk means and M2s are one kernel reading x; the combine reads the partials. The
+    float32 variance's overflow rescue (the sum of (diff * 2^-k)^2) is the one other reader."""
     x = _large((6000, 7), torch.float32)
     plan = autofuse.optimize(column_stats, (x,)).plan
-    (reader,) = _x_readers(plan)
     g = plan.graph
+    readers = _x_readers(plan)
+    assert len(readers) == 2
+    (reader,) = [r for r in readers if _moments_in(r, g)]
     ops = {g[n].name: n for n in range(len(g))}
     assert {ops["sum_2.chunk_mean.sum"], ops["sum_2.chunk_m2"]} <= set(reader.info.nodes)
-    assert len(plan.steps) == 2
     k = g[ops["sum_2.chunk_m2"]].shape[0]
     assert 2 <= k < 6000 and 6000 % k == 0
 
