@@ -18,7 +18,9 @@
 # serving (experiments.serving: per-request time over a length distribution, compile counts):
 # SERVING_MODELS (decoder,encoder), SERVING_MODE_S (warm-up seconds per mode), SERVING_ARGS;
 # conv (experiments.conv_layout: the first convolution alone and the whole problem in eager, both
-# memory formats, beside torch.compile; KernelBench level 2 CONV_PROBLEMS under KB_DIR).
+# memory formats, beside torch.compile; KernelBench level 2 CONV_PROBLEMS under KB_DIR);
+# breakdown (experiments.breakdown: each of MODELS' training step by phase and kernel class,
+# eager, torch.compile default and autofuse).
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -67,7 +69,10 @@ for s in $stages; do
         conv) timeout "$(limit conv 150)" python3 -m experiments.conv_layout "${KB_DIR:?set KB_DIR to a KernelBench checkout}" \
                   --level 2 --problems "${CONV_PROBLEMS:-1-5}" --dtypes fp32,bf16 --out "$OUT" 2>&1 | tail -12
               mv "$OUT/conv_layout.json" "$OUT/conv_layout_$C.json" 2>/dev/null ;;
-        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv)"; exit 2 ;;
+        breakdown) timeout "$(limit breakdown 300)" python3 -m experiments.breakdown --out "$OUT" \
+                       --models "${MODELS:-gpt2,llama_eager,llama_sdpa,bert,vit}" --size realistic 2>&1 | tail -8
+                   mv "$OUT/breakdown.json" "$OUT/breakdown_$C.json" 2>/dev/null ;;
+        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown)"; exit 2 ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done
