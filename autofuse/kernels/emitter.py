@@ -204,6 +204,8 @@ class Emitter(ValueRewrites):
 
     def load(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]
+        if numel(node.shape) == 0:  # an empty buffer has no address to read: no lane uses it
+            return Val("0", 0, compute_dtype(node.dtype), True)
         strides = buffer_strides(node)
         off = linearize(index, strides, node.shape)
         cls = self.cls_of(off)
