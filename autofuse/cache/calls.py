@@ -79,7 +79,7 @@ def _value(v: Any, depth: int, seen: set[int]) -> Any:
     if isinstance(v, logging.Logger):
         return ["logger", v.name]
     if isinstance(v, type):
-        return ["class", f"{v.__module__}.{v.__qualname__}"]
+        return _class(v, depth, seen)
     if isinstance(v, (types.FunctionType, types.MethodType)) or hasattr(v, "__code__"):
         return _function(v, depth, seen)
     if isinstance(
@@ -98,10 +98,10 @@ def _function(fn: Any, depth: int, seen: set[int]) -> list:
     if isinstance(fn, types.MethodType):
         return ["method", _function(fn.__func__, depth, seen), _value(fn.__self__, depth, seen)]
     code = getattr(fn, "__code__", None)
-    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+    name = _home(fn)
     if not isinstance(code, types.CodeType):
         raise Opaque(f"the callable {name}")
-    if id(fn) in seen or name.split(".")[0] in _LIBRARIES:
+    if id(fn) in seen or _library(fn):
         return ["fn", name]  # a cycle, or a library function (its version is in the key)
     if depth <= 0:
         raise Opaque(f"{name}: functions called deeper than the key follows")
@@ -117,6 +117,26 @@ def _function(fn: Any, depth: int, seen: set[int]) -> list:
         if chain[0] in glb:
             out.append(_through_modules(glb[chain[0]], chain, depth - 1, seen))
     return out
+
+
+def _library(obj: Any) -> bool:
+    return str(getattr(obj, "__module__", "") or "").split(".")[0] in _LIBRARIES
+
+
+def _home(obj: Any) -> str:
+    """How the key names a function or class: a library's by module and name; the user's by
+    qualified name alone (its code is keyed), as the module's name depends on how it was
+    imported (``autofuse tune spec.py`` loads the file under a name of its own, production
+    imports it as ``spec``)."""
+    qualname = str(getattr(obj, "__qualname__", "") or type(obj).__qualname__)
+    return f"{getattr(obj, '__module__', '')}.{qualname}" if _library(obj) else qualname
+
+
+def _class(cls: type, depth: int, seen: set[int]) -> list:
+    """A class the code reads: a library's by name; the user's with its methods' code."""
+    if _library(cls) or id(cls) in seen or depth <= 0:
+        return ["class", _home(cls)]
+    return ["class", _home(cls), _class_code(cls, depth - 1, seen | {id(cls)})]
 
 
 def _attribute_chains(co: types.CodeType) -> list[tuple[str, ...]]:
@@ -163,7 +183,7 @@ def _global_names(co: types.CodeType) -> list[str]:
 
 
 def _module(m: torch.nn.Module) -> list:
-    out: list = ["nn.Module", f"{type(m).__module__}.{type(m).__qualname__}", repr(m)]
+    out: list = ["nn.Module", _home(type(m)), repr(m)]
     seen: set[int] = set()
     for name, sub in m.named_modules():
         attrs = []
@@ -174,23 +194,23 @@ def _module(m: torch.nn.Module) -> list:
                 attrs.append([k, _value(v, 1, seen)])
             except Opaque:
                 attrs.append([k, _shallow(v)])
-        out.append([name, sub.training, _class_code(type(sub)), attrs, _hooks(sub)])
+        out.append([name, sub.training, _class_code(type(sub), _DEPTH, set()), attrs, _hooks(sub)])
     for name, t in [*m.named_parameters(), *m.named_buffers()]:
         out.append([name, list(t.shape), str(t.dtype), t.requires_grad])
     return out
 
 
-def _class_code(cls: type) -> list:
-    """The methods of a module's own classes (not torch's), with what they read: the globals of
+def _class_code(cls: type, depth: int, seen: set[int]) -> list:
+    """The methods of a class's own classes (not torch's), with what they read: the globals of
     ``forward`` and of the helpers it calls are part of the key."""
     out: list = []
     for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] in _LIBRARIES or klass is object:
+        if _library(klass) or klass is object:
             continue
         for name, attr in sorted(vars(klass).items()):
             fn = getattr(attr, "__func__", attr)
             if isinstance(fn, types.FunctionType):
-                out.append([klass.__qualname__, name, _function(fn, _DEPTH, set())])
+                out.append([klass.__qualname__, name, _function(fn, depth, seen)])
     return out
 
 
@@ -206,7 +226,7 @@ def _hooks(m: torch.nn.Module) -> list:
 def _shallow(obj: Any) -> list:
     """An object attribute of a module (a model config, say): its class and the simple values
     among its own attributes, so a config that changes what forward computes changes the key."""
-    out: list = [f"{type(obj).__module__}.{type(obj).__qualname__}"]
+    out: list = [_home(type(obj))]
     for k, v in sorted(getattr(obj, "__dict__", {}).items()):
         try:
             out.append([k, _value(v, 0, set())])

@@ -25,6 +25,7 @@ from autofuse.settings import cache_home
 # The production entry point
 # ---------------------------------------------------------------------------------------------
 
+HINT_TRIALS = 20  # the search a miss's hint asks for (any trials= caches the winner)
 _WARNED: set[tuple[str, str]] = set()  # (cache dir, key) misses already reported
 
 
@@ -125,8 +126,10 @@ def load(
     why = f"the cached entry is unusable: {problem}" if problem else "no cached plan"
     msg = (
         f"autofuse: {why} for {name} (key {key}) in {os.fspath(cache_dir)!r}. Run "
-        f"autofuse.optimize({name}, example_inputs, cache_dir={os.fspath(cache_dir)!r}) with "
-        "the same inputs (shapes, dtypes, device) and options first to tune and cache a plan."
+        f"autofuse.optimize({name}, example_inputs, trials={HINT_TRIALS}, "
+        f"cache_dir={os.fspath(cache_dir)!r}) with the same inputs (shapes, dtypes, device) and "
+        "options first: a search (trials=) tunes and caches a plan (without trials, optimize "
+        "builds the greedy plan and caches nothing)."
     )
     if strict:
         raise CacheMiss(msg)

@@ -73,16 +73,23 @@ def note_unhonoured(name: str, why: str) -> None:
     warnings.warn(f"autofuse: option {name}: {why}", OptionNote, stacklevel=3)
 
 
-def note_backend_tuning(options: Mapping[str, Any], cuda: bool) -> None:
+def note_backend_tuning(options: Mapping[str, Any], cuda: bool, origin: str = "backend") -> None:
     """The backend tunes on a GPU only: say so where ``trials`` / ``time_budget`` ask for it
-    on a machine without one."""
-    if wants_tuning(options) and not cuda:
-        asked = ", ".join(
-            f"{k}={options[k]!r}" for k in ("trials", "time_budget") if options.get(k)
-        )
-        note_unhonoured(
-            "trials",
-            f"{asked} not used: the torch.compile backend tunes only on a CUDA GPU; each graph "
-            "runs its greedy plan here (autofuse.optimize(fn, inputs, trials=...) tunes with "
-            "the cost model on CPU)",
-        )
+    on a machine without one, in the words of the front end that asked (``origin``: "backend",
+    "optimize": a plan ``optimize`` tuned, its other calls on the backend path, or
+    "optimize-backend": ``optimize`` returned the backend path alone)."""
+    if not wants_tuning(options) or cuda:
+        return
+    asked = ", ".join(f"{k}={options[k]!r}" for k in ("trials", "time_budget") if options.get(k))
+    where = "the torch.compile backend path, which tunes only on a CUDA GPU"
+    why = {
+        "backend": f"{asked} not used: the torch.compile backend tunes only on a CUDA GPU; each "
+        "graph runs its greedy plan here (autofuse.optimize(fn, inputs, trials=...) tunes with "
+        "the cost model on CPU)",
+        "optimize": f"{asked} tuned the captured plan (with the cost model on CPU); the calls it "
+        f"cannot run (autograd, the module's other mode, keyword arguments) take {where}: they "
+        "run greedy plans here",
+        "optimize-backend": f"{asked} not used: the function runs on {where} (keyword "
+        "arguments, dynamic= or code make_fx cannot trace): its graphs run greedy plans here",
+    }[origin]
+    note_unhonoured(f"trials ({origin})", why)
