@@ -210,3 +210,266 @@ def test_the_report_of_a_cache_hit_keeps_the_times_and_baselines(home):
     vs = [line for line in want if line.startswith("  vs ")]
     assert vs and [line for line in got if line.startswith("  vs ")] == vs
     assert "from the cache: tuned earlier with 3 trials" in got[-len(vs) - 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# the smaller points: each mistake named where it is made
+# ---------------------------------------------------------------------------------------------
+
+
+def test_meta_tensors_are_refused_by_optimize_naming_them():
+    with pytest.raises(autofuse.CaptureError, match="example input leaf 1 is a meta tensor"):
+        autofuse.optimize(_pointwise, (torch.randn(2, 2), torch.randn(2, 2, device="meta")))
+    m = torch.nn.Linear(4, 4).to("meta")
+    with pytest.raises(autofuse.CaptureError, match="module's weight is a meta tensor"):
+        autofuse.optimize(m, (torch.randn(2, 4),))
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [({"sampler": "foo"}, "sampler='foo'"), ({"trials": -5}, "trials=-5"),
+     ({"time_budget": float("nan")}, "time_budget=nan")],
+)  # fmt: skip
+def test_search_option_values_are_checked_without_trials_too(options, named):
+    with pytest.raises(ValueError, match=f"autofuse.optimize: {re.escape(named)}"):
+        autofuse.optimize(_pointwise, (torch.randn(2, 2), torch.randn(2, 2)), **options)
+
+
+def test_a_list_for_a_tensor_is_named_in_python_words():
+    x = torch.randn(4, 4)
+    fast = autofuse.optimize(_pointwise, (x, x))
+    with pytest.raises(autofuse.InputError) as ei:
+        fast(x, [x, x])
+    msg = str(ei.value)
+    assert "TreeSpec" not in msg
+    assert "(Tensor, [Tensor, Tensor])" in msg and "captured for (Tensor, Tensor)" in msg
+
+
+def test_an_unknown_log_topic_does_not_stop_the_import():
+    import os
+    import subprocess
+
+    env = dict(os.environ, AUTOFUSE_LOGS="bogus,cache")
+    code = "import autofuse; from autofuse.settings import settings; print(sorted(settings().logs))"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.strip() == "['cache']"
+    assert "SettingsWarning" in r.stderr and "'bogus'" in r.stderr and "output_code" in r.stderr
+
+
+def _entry(home_dir, fn=_pointwise):
+    from autofuse import cli
+
+    inputs = (torch.randn(8, 32), torch.randn(8, 32))
+    autofuse.optimize(fn, inputs, trials=1, polish=0, progress=False)
+    (entry,) = [p for p in (home_dir / "plans").iterdir() if (p / "plan.json").is_file()]
+    return cli, entry
+
+
+def test_cache_clear_leaves_a_file_autofuse_did_not_write(home, capsys):
+    cli, entry = _entry(home)
+    (entry / "my_notes.txt").write_text("mine")
+    assert cli.main(["cache", "clear"]) == 0
+    assert sorted(p.name for p in entry.iterdir()) == ["my_notes.txt"]
+    assert "my_notes.txt" in capsys.readouterr().err
+    cli, other = _entry(home, lambda x, w: torch.tanh(x - w))
+    (other / "my_notes.txt").write_text("mine too")
+    assert cli.main(["cache", "clear", other.name[:8]]) == 0
+    assert sorted(p.name for p in other.iterdir()) == ["my_notes.txt"]
+    assert (entry / "my_notes.txt").read_text() == "mine"
+
+
+def test_cache_clear_key_of_a_symlinked_entry_is_no_traceback(home, tmp_path, capsys):
+    cli, entry = _entry(home)
+    elsewhere = tmp_path / "elsewhere"
+    entry.rename(elsewhere)
+    entry.symlink_to(elsewhere, target_is_directory=True)
+    assert cli.main(["cache", "clear", entry.name]) == 0
+    assert "symbolic link" in capsys.readouterr().out
+    assert (elsewhere / "plan.json").is_file() and entry.is_symlink()
+    assert cli.main(["cache", "clear"]) == 0
+    assert (elsewhere / "plan.json").is_file()
+
+
+def test_large_inputs_under_the_interpreter_get_a_note_about_the_wait(monkeypatch):
+    import warnings
+
+    from autofuse import api
+
+    x = torch.randn(64, 64)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        autofuse.optimize(torch.sin, (x,))
+    assert not [w for w in seen if "seconds to minutes" in str(w.message)]
+    monkeypatch.setattr(api, "INTERPRETER_NUMEL", 1000)
+    with pytest.warns(autofuse.InterpreterNote, match="4,096 elements.*small shapes") as rec:
+        autofuse.optimize(torch.sin, (x,))
+    assert rec[0].filename == __file__
+
+
+def test_the_interpreter_s_numpy_warnings_do_not_reach_the_user():
+    import warnings
+
+    def f(a):
+        return torch.log(a * 0) + a / (a - a)
+
+    x = torch.tensor([[1.0, -2.0, 0.0, 3.0]])
+    fast = autofuse.optimize(f, (x,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", autofuse.InterpreterNote)  # the first kernel's note
+        fast(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = fast(x)
+    torch.testing.assert_close(out, f(x), equal_nan=True)
+
+
+def test_the_help_and_the_results_page_speak_to_the_user(capsys):
+    from pathlib import Path
+
+    from autofuse import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    assert "seed article" not in text and ".py" not in text, text
+    root = Path(__file__).resolve().parents[1]
+    guide = (root / "docs" / "guide.md").read_text()
+    results = (root / "results" / "README.md").read_text()
+    for figure in re.findall(r"([\d.,]+ \S+) quoted in the guide", results):
+        assert figure in guide, f"results/README.md cites {figure} from the guide, which has none"
+
+
+# ---------------------------------------------------------------------------------------------
+# a model of an installed library that reads a global registry object gets a call key
+# ---------------------------------------------------------------------------------------------
+
+FAKELIB = textwrap.dedent(
+    """
+    from collections.abc import Mapping
+
+    import torch
+
+
+    class Registry(Mapping):  # like transformers' attention / mask function registries
+        def __init__(self, **fns):
+            self._fns = dict(fns)
+
+        def __getitem__(self, k):
+            return self._fns[k]
+
+        def __iter__(self):
+            return iter(self._fns)
+
+        def __len__(self):
+            return len(self._fns)
+
+
+    ACTS = Registry(gelu=torch.nn.functional.gelu, relu=torch.relu)
+
+
+    class Block(torch.nn.Module):
+        def __init__(self, act="gelu"):
+            super().__init__()
+            self.act = act
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return ACTS[self.act](self.lin(x))
+    """
+)
+
+
+@pytest.fixture
+def fakelib(tmp_path, monkeypatch):
+    """``fakelib`` 1.2.3, installed under a ``site-packages`` folder."""
+    site = tmp_path / "site-packages"
+    (site / "fakelib").mkdir(parents=True)
+    (site / "fakelib" / "__init__.py").write_text(FAKELIB)
+    info = site / "fakelib-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakelib\nVersion: 1.2.3\n")
+    monkeypatch.syspath_prepend(str(site))
+    from autofuse.cache import calls
+
+    forget = getattr(calls, "_installed_version", None)  # the versions found for packages
+    forget = forget.cache_clear if forget is not None else lambda: None
+    forget()
+    yield importlib.import_module("fakelib")
+    sys.modules.pop("fakelib", None)
+    forget()
+
+
+def test_an_installed_library_module_reading_a_registry_object_gets_a_call_key(fakelib):
+    from autofuse.cache.calls import call_key_why
+
+    x = (torch.randn(2, 8),)
+    key, why = call_key_why(fakelib.Block(), x)
+    assert why is None and key is not None
+    assert call_key(fakelib.Block(), x) == key
+    assert call_key(fakelib.Block("relu"), x) != key  # its attributes are keyed, as ever
+
+
+def test_a_registry_object_of_the_user_s_code_is_keyed_by_its_items():
+    import types
+
+    def make(act):
+        table = types.MappingProxyType({"act": act})  # a Mapping that is not a dict
+
+        def f(x):
+            return table["act"](x) * 2
+
+        return f
+
+    x = (torch.randn(2, 8),)
+    assert call_key(make(torch.tanh), x) is not None
+    assert call_key(make(torch.tanh), x) != call_key(make(torch.sigmoid), x)
+
+
+def test_gpt2_gets_a_call_key():
+    transformers = pytest.importorskip("transformers")
+
+    def model(heads):
+        cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=heads, vocab_size=64,
+                                      n_positions=16, bos_token_id=0, eos_token_id=0)  # fmt: skip
+        return transformers.GPT2Model(cfg).eval()
+
+    ids = (torch.randint(0, 64, (1, 8)),)
+    with torch.no_grad():
+        assert call_key(model(2), ids) is not None
+        assert call_key(model(2), ids) != call_key(model(4), ids)
+
+
+class _Scaled(torch.nn.Module):
+    """A plain tensor attribute (neither a parameter nor a buffer), as some models hold."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 8)
+        self.scale = torch.randn(8)
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+def test_a_module_with_a_plain_tensor_attribute_runs_like_torch_compile(fresh_dynamo):
+    x = torch.randn(4, 8)
+    for m in (_Scaled(), _Scaled().eval()):
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad):
+                fast = autofuse.optimize(m, (x,))
+                torch.testing.assert_close(fast(x), m(x))
+
+
+def test_load_of_code_that_cannot_be_captured_is_a_miss_not_a_traceback(home, fresh_dynamo):
+    from autofuse.cache import CacheMissWarning
+
+    x = torch.randn(4, 8)
+    m = _Scaled()
+    with pytest.raises(autofuse.CacheMiss, match="cannot be captured.*torch.compile"):
+        autofuse.load(m, (x,), strict=True)
+    with pytest.warns(CacheMissWarning, match="cannot be captured"):
+        same = autofuse.load(m, (x,))
+    torch.testing.assert_close(same(x), m(x))

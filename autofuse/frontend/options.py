@@ -42,8 +42,17 @@ class UnknownOptionError(TypeError, _base()):  # type: ignore[misc]
         return self.message
 
 
+class OptionValueError(UnknownOptionError, ValueError):
+    """A known option given a value it cannot take (named, with what it takes)."""
+
+
+SAMPLERS = ("tpe", "random", "exhaustive")  # the names the search's sampler_spec reads
+
+
 def check_options(options: Mapping[str, Any], known: Iterable[str], where: str) -> None:
-    """Raise :class:`UnknownOptionError` for the first name of ``options`` not in ``known``."""
+    """Raise :class:`UnknownOptionError` for the first name of ``options`` not in ``known``,
+    :class:`OptionValueError` for a search option's value that cannot work, whether or not a
+    search runs (``sampler="foo"`` without ``trials`` is as wrong as with them)."""
     known = sorted(known)
     for name in options:
         if name not in known:
@@ -52,6 +61,18 @@ def check_options(options: Mapping[str, Any], known: Iterable[str], where: str) 
             raise UnknownOptionError(
                 f"{where}: unknown option {name!r}{hint} (known options: {', '.join(known)})"
             )
+    sampler = options.get("sampler")
+    if isinstance(sampler, str) and sampler.strip().lower() not in SAMPLERS:
+        raise OptionValueError(
+            f"{where}: sampler={sampler!r} is not a sampler: give one of {list(SAMPLERS)}, a "
+            "search.SamplerSpec or an optuna sampler"
+        )
+    for name, whole in (("trials", True), ("time_budget", False)):
+        v = options.get(name)
+        kinds = (int,) if whole else (int, float)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, kinds) or not v >= 0):
+            what = "a whole number" if whole else "a number of seconds"
+            raise OptionValueError(f"{where}: {name}={v!r} must be {what}, 0 or more")
 
 
 def wants_tuning(options: Mapping[str, Any]) -> bool:
