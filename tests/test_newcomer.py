@@ -324,6 +324,15 @@ def test_the_interpreter_s_numpy_warnings_do_not_reach_the_user():
         out = fast(x)
     torch.testing.assert_close(out, f(x), equal_nan=True)
 
+    def g(a):
+        return torch.argmax(a * 2, dim=-1)  # an all-NaN row: numpy's "All-NaN slice" warning
+
+    y = torch.full((2, 16), float("nan"))
+    fast = autofuse.optimize(g, (y,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(fast(y), g(y))
+
 
 def test_the_help_and_the_results_page_speak_to_the_user(capsys):
     from pathlib import Path

@@ -172,14 +172,21 @@ def ensure_allocator() -> None:
         _allocation.set_allocator(_scratch)
 
 
+@contextlib.contextmanager
 def _quiet_numpy(on: bool) -> Any:
-    """Triton's interpreter computes in numpy: ``x / 0`` gives inf as in eager, without
-    numpy's ``RuntimeWarning`` (eager says nothing either)."""
+    """Triton's interpreter computes in numpy: ``x / 0`` gives inf and an all-NaN argmax its
+    NaN's index as in eager, without numpy's ``RuntimeWarning`` (eager says nothing either)."""
     if not on:
-        return contextlib.nullcontext()
+        yield
+        return
+    import warnings
+
     import numpy as np
 
-    return np.errstate(all="ignore")
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime")
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"numpy\.")
+        yield
 
 
 def _on_cuda(args: Sequence[Any]) -> bool:
