@@ -1,7 +1,11 @@
 """What a new user meets (issue 44): every promise of the docs kept, every mistake named.
-A spec file tuned by path loads in production with no capture, the ``CacheMiss`` hint followed
-literally leads to a hit, ``--resume`` mistakes, the report's one voice, CLI values checked
-before any work starts, the cache home's files that autofuse did not write."""
+
+A spec file tuned by path loads in production with no capture; the ``CacheMiss`` hint followed
+literally leads to a hit; ``--resume`` mistakes are refused; one voice about what was tuned and
+how; CLI and spec values checked before any work starts; nothing under the cache home removed
+that autofuse did not write; no raw traceback (or TreeSpec, or numpy warning) for a user's
+mistake; an installed library's model (GPT-2) gets a call key.
+"""
 
 import importlib
 import re
@@ -125,7 +129,7 @@ def test_resume_refuses_a_misspelt_folder_a_file_and_another_specs_run(spec_file
     assert (other / "summary.csv").read_text() == "workload\nattention\n"
 
 
-def test_resume_alone_says_when_it_starts_a_new_run(spec_file, capsys, monkeypatch):
+def test_resume_alone_says_when_it_starts_a_new_run(spec_file, capsys):
     from autofuse.tune.runfiles import run_dir
 
     tmp = spec_file.parent
@@ -278,6 +282,16 @@ def test_cache_clear_leaves_a_file_autofuse_did_not_write(home, capsys):
     assert cli.main(["cache", "clear", other.name[:8]]) == 0
     assert sorted(p.name for p in other.iterdir()) == ["my_notes.txt"]
     assert (entry / "my_notes.txt").read_text() == "mine"
+
+
+def test_a_retuned_entry_keeps_a_file_autofuse_did_not_write(home, monkeypatch):
+    _, entry = _entry(home)
+    (entry / "my_notes.txt").write_text("mine")
+    inputs = (torch.randn(8, 32), torch.randn(8, 32))
+    autofuse.optimize(_pointwise, inputs, trials=1, polish=0, progress=False, retune=True)
+    assert (entry / "my_notes.txt").read_text() == "mine"
+    _no_capture(monkeypatch)
+    assert autofuse.load(_pointwise, inputs, strict=True).plan is not None  # still a good entry
 
 
 def test_cache_clear_key_of_a_symlinked_entry_is_no_traceback(home, tmp_path, capsys):

@@ -9,7 +9,6 @@ GPU, torch / triton / autofuse versions, imported from where).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 
 from autofuse.cache.binaries import BIN_DIR
 from autofuse.cache.calls import CALLS_DIR
-from autofuse.cache.disk import _read_entry, list_entries, plans_dir
+from autofuse.cache.disk import _read_entry, entry_files, list_entries, plans_dir
 from autofuse.cache.keys import PLAN_FILE, valid_key
 from autofuse.plan.runtime import KernelStep
 from autofuse.settings import cache_home, settings
@@ -149,37 +148,12 @@ def _remove(paths: list[Path]) -> int:
     return n
 
 
-def _entry_files(entry: Path) -> tuple[list[Path], list[Path]]:
-    """(the files of an entry folder autofuse wrote: ``plan.json``, the kernel sources it
-    names, their binaries under ``bin/``; every other path there, left in place)."""
-    sources: set[str] = set()
-    try:
-        doc = json.loads((entry / PLAN_FILE).read_text())
-        for step in doc["payload"]["steps"]:
-            if step.get("kind") == "kernel":
-                sources.add(str(step["kernel"]["source_file"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass  # a damaged plan.json: only itself is known to be autofuse's
-    stems = tuple(f"{Path(f).stem}." for f in sources)
-    ours, theirs = [], []
-    for p in sorted(entry.rglob("*")):
-        rel = p.relative_to(entry)
-        binary = rel.parts[0] == BIN_DIR and len(rel.parts) == 2 and rel.name.startswith(stems)
-        own = rel.as_posix() in sources | {PLAN_FILE} or (
-            binary and rel.suffix in (".json", ".tmp")
-        )
-        if p.is_dir() and not p.is_symlink():
-            continue
-        (ours if own and p.is_file() and not p.is_symlink() else theirs).append(p)
-    return ours, theirs
-
-
 def _remove_entry(entry: Path) -> list[Path]:
     """Remove what autofuse wrote in an entry folder (the folder once empty); returns the paths
     left there that it did not write. A symbolic link is not autofuse's: left as it is."""
     if entry.is_symlink():
         return [entry]
-    ours, theirs = _entry_files(entry)
+    ours, theirs = entry_files(entry)
     _remove(ours)
     _rmdir_if_empty(entry / BIN_DIR, entry)
     return theirs
