@@ -24,7 +24,8 @@ them again, for tests and for programs that change the environment on purpose):
   interpreter too), ``0`` (never). ``AUTOFUSE_SPLIT_MIN_RNUMEL``: the shortest reduced extent
   split (default 4096; tests lower it).
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
-  ``+autofuse``, ``all``); an unknown topic raises, naming the valid ones.
+  ``+autofuse``, ``all``); an unknown topic is ignored with one ``SettingsWarning`` naming the
+  valid ones.
 
 ``target()`` describes the device kernels are built and modeled for (kind, multiprocessors, L2,
 shared memory per block): the CUDA device when there is one, else an H100/H200-class default
@@ -68,6 +69,23 @@ def parse_logs(value: str) -> frozenset[str]:
     return topics
 
 
+class SettingsWarning(UserWarning):
+    """An ``AUTOFUSE_*`` variable with a value autofuse cannot use: what it does instead."""
+
+
+def _log_topics() -> frozenset[str]:
+    """``AUTOFUSE_LOGS``'s topics: an unknown one is left out with one warning naming the
+    valid ones (read at ``import autofuse``: a typo must not stop the import)."""
+    value = os.environ.get("AUTOFUSE_LOGS", "")
+    try:
+        return parse_logs(value)
+    except ValueError as e:
+        import warnings
+
+        warnings.warn(f"autofuse: {e}; the unknown ones are ignored", SettingsWarning, stacklevel=4)
+        return frozenset(t.strip() for t in value.split(",")) & LOG_TOPICS
+
+
 @dataclass(frozen=True)
 class Settings:
     cache_dir: Path
@@ -98,7 +116,7 @@ def settings() -> Settings:
         strict=_flag("AUTOFUSE_STRICT", False),
         lean_launch=_flag("AUTOFUSE_LEAN_LAUNCH", True),
         direct_launch=_flag("AUTOFUSE_DIRECT_LAUNCH", True),
-        logs=parse_logs(os.environ.get("AUTOFUSE_LOGS", "")),
+        logs=_log_topics(),
         split_reductions=_split_mode(),
         split_min_rnumel=int(os.environ.get("AUTOFUSE_SPLIT_MIN_RNUMEL", "4096")),
         signing_key=_signing_key(),
