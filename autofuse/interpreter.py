@@ -8,7 +8,8 @@ the second patch turns it on. A mask ``block_condition & scalar_condition`` (a g
 check on an index read once per program, e.g. of the program's batch) is typed int1 but holds
 int32 data there, which its loads and stores refuse: the third patch reads such masks as bool.
 Its float32 -> bf16 cast truncates (999.9 becomes 996) where the GPU and torch round to nearest
-even (1000): the fourth patch rounds. Nothing changes on a GPU.
+even (1000): the fourth patch rounds. ``AUTOFUSE_CHECK_BOUNDS`` checks every access on top of
+these (``autofuse/bounds.py``, installed by the kernel loader). Nothing changes on a GPU.
 """
 
 from __future__ import annotations

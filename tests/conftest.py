@@ -9,6 +9,8 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# every load and store of every kernel the suite runs is checked against its launch's buffers
+os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")
 os.environ.setdefault(
     "AUTOFUSE_KERNEL_DIR", os.path.join(os.getcwd(), ".autofuse_cache", "kernels")
 )
