@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from autofuse.bounds import bounds_error
 from autofuse.frontend.dynamo import compiled_graphs
 from autofuse.plan.runtime import KernelBuildWarning
 
@@ -36,6 +37,7 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
 }
+FAILING = ("wrong", "oob", "error", "timeout")  # the statuses of a case that did not pass
 REFERENCE_FACTOR = 4.0  # the compiled result's error against float64 may be this many times eager's
 
 
@@ -45,8 +47,9 @@ class CaseTimeout(Exception):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one case did: ``status`` is one of pass / wrong / error / timeout / skip (the
-    sample fails in eager too); ``how`` says how the backend ran it where it passed."""
+    """What one case did: ``status`` is one of pass / wrong / oob (a generated kernel's access
+    outside its buffers, ``AUTOFUSE_CHECK_BOUNDS``) / error / timeout / skip (the sample fails in
+    eager too); ``how`` says how the backend ran it where it passed."""
 
     status: str
     how: str = ""
@@ -302,8 +305,10 @@ def check_case(
     except Exception as e:  # noqa: BLE001 - every other failure is an error of the case
         if "CaseTimeout" in repr(e):  # raised inside Triton's interpreter, which wraps it
             return Outcome("timeout", detail=f"over {timeout_s:.0f} s", seconds=timeout_s)
-        line = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-        return Outcome("error", detail=line, seconds=time.perf_counter() - t0)
+        oob = bounds_error(e)
+        e = oob or e
+        line = " ".join(f"{type(e).__name__}: {e}".split())[: 600 if oob else 300]
+        return Outcome("oob" if oob else "error", detail=line, seconds=time.perf_counter() - t0)
     how, kernels, eager = how_it_ran(first)
     if random_output:
         why = structure_only(actual, expected)
