@@ -133,3 +133,43 @@ def test_llama_tiny_dynamic_true_runs_at_new_lengths():
             assert_close(out, model(ids).last_hidden_state, torch.float32, f"length {length}")
     assert backend.records  # compiled by autofuse, not skipped
     assert backend.counts["plans"] == 1 and backend.counts["bucket_instances"] == 1  # 5, 7
+
+
+def _checked_sizes(x, y):
+    z = y.item()
+    torch._check(z // 2 == 3)
+    return x + x.new_ones(z)
+
+
+def _unbacked_cat(x, y):
+    z = y.item()
+    return torch.cat([x, x.new_ones(z, x.shape[1])])
+
+
+@pytest.mark.parametrize(
+    "fn,cases",
+    [
+        (
+            _checked_sizes,
+            [(torch.randn(6), torch.tensor([6])), (torch.randn(7), torch.tensor([7]))],
+        ),
+        (
+            _unbacked_cat,
+            [(torch.randn(2, 3), torch.tensor([0])), (torch.randn(2, 3), torch.tensor([2]))],
+        ),
+    ],
+)
+@torch._dynamo.config.patch(capture_scalar_outputs=True)
+def test_runtime_assertions_on_item_sizes_are_checked_at_capture(fn, cases):
+    """``aten._assert_scalar`` (``torch._check``, an unbacked size's bounds) in a graph bound to
+    the values read: a true condition is dropped, the graph still fuses."""
+    fast = torch.compile(fn, backend=dynamo.make_backend(), fullgraph=True)
+    for x, y in cases:
+        assert torch.equal(fast(x, y), fn(x, y))
+
+
+@torch._dynamo.config.patch(capture_scalar_outputs=True)
+def test_a_false_runtime_assertion_raises_as_eager():
+    fast = torch.compile(_checked_sizes, backend=dynamo.make_backend(), fullgraph=True)
+    with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+        fast(torch.randn(8), torch.tensor([8]))

@@ -293,6 +293,8 @@ def _convert(b: _Builder, n: torch.fx.Node) -> Any:
                 return Scalar(val)
             return item
         return b.like("getitem", (src,), val, name, index=args[1])
+    if target is torch.ops.aten._assert_scalar.default:
+        return _assert_scalar(b, args)
     packet = _packet(target)
     overload = getattr(target, "_overloadname", "")
     if isinstance(val, torch.Tensor) and _kernel_dtypes(n):
@@ -307,6 +309,23 @@ def _convert(b: _Builder, n: torch.fx.Node) -> Any:
     ) is not None:
         return views
     return _opaque(b, n)
+
+
+def _assert_scalar(b: _Builder, args: tuple) -> None:
+    """A runtime check on sizes or scalars (``torch._check`` on an ``.item()``, an unbacked
+    size's bounds). The graph is captured for concrete values, so the condition is a constant
+    here: true, it is dropped; false, it raises eager's error now. A condition still symbolic
+    (read from a tensor computed in the graph) cannot be decided by a plan: the graph runs in
+    eager."""
+    cond = args[0]
+    if isinstance(cond, torch.fx.Node):
+        cond = b.env.get(cond)
+        cond = cond.value if isinstance(cond, Scalar) else cond
+    if not isinstance(cond, (bool, int)):
+        raise CaptureError(f"a runtime assertion on a symbolic value ({args[1]!r})")
+    if not cond:
+        raise RuntimeError(args[1] if len(args) > 1 else "runtime assertion failed")
+    return None
 
 
 @dataclass(frozen=True)

@@ -331,22 +331,28 @@ class Emitter(ValueRewrites):
         self.line(f"tl.store({self.out_ptr[i]} + ({self.block_offset(off)}), {code}, {mask})")
 
     def stored_index(self, i: int) -> tuple[tuple[Expr, ...], int]:
-        shape = self.g[i].shape
-        if shape == self.info.domain:
+        """Where stored node ``i``'s element of each domain element goes, and its class: the
+        domain itself (2), one value per row in the kept or squeezed row shape (1), else a
+        reshape of the domain (2: group_norm's [N, G, C/G * HxW] read back as [N, C, H, W];
+        a pointwise output with size-1 dims placed elsewhere, [2, 1, 8] beside a [2, 8, 1]
+        domain): each element at the domain's flat index, delinearized into the node's shape.
+        Decided by the whole shape, never by its rank alone."""
+        shape, dom = self.g[i].shape, self.info.domain
+        if shape == dom:
             return self.full, 2
         rd = self.info.reduce_dims
-        dom = numel(self.info.domain)
-        if not self.red or (numel(shape) == dom > 0 and self.info.rnumel > 1):
-            # a reshape of the domain (group_norm's [N, G, C/G * HxW] read back as [N, C, H, W];
-            # a pointwise output with size-1 dims more or less): each element at the domain's
-            # flat index, delinearized into the node's shape
-            flat = linearize(self.full, contiguous_strides(self.info.domain), self.info.domain)
-            return domain_of_flat(flat, shape), 2
-        if len(shape) == len(self.info.domain):
-            idx = tuple(Expr.constant(0) if j in rd else e for j, e in enumerate(self.full))
-        else:
-            idx = tuple(e for j, e in enumerate(self.full) if j not in rd)
-        return idx, 1
+        if self.red:
+            if shape == tuple(1 if j in rd else s for j, s in enumerate(dom)):
+                return tuple(Expr.constant(0) if j in rd else e for j, e in enumerate(self.full)), 1
+            if shape == tuple(s for j, s in enumerate(dom) if j not in rd):
+                return tuple(e for j, e in enumerate(self.full) if j not in rd), 1
+        if numel(shape) != numel(dom):
+            raise FusionRefused(
+                f"{describe(self.g, i)} of shape {list(shape)} is neither the domain "
+                f"{list(dom)}, a row of it nor a reshape of it"
+            )
+        flat = linearize(self.full, contiguous_strides(dom), dom)
+        return domain_of_flat(flat, shape), 2
 
     def emit(self) -> list[str]:
         idx_t = ".to(tl.int64)" if self.int64 else ""

@@ -1,0 +1,112 @@
+"""Dims of size 1 in fused kernels: outputs of one group with different ranks or with size-1
+dims in other places than the reduction's domain (``unsqueeze`` beside a keepdim reduction,
+views to size-1 dims, a 1x1 feature map's group norm), through both front ends, forward and
+backward, in this process and in a fresh one. A store placed by the output's rank alone wrote
+only a[:, 0, 0] of a [2, 1, 8] output (the rest uninitialised) and wrote outside the gradient
+buffers of group_norm on (2, 8, 1, 1)."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import autofuse
+
+FRONT_ENDS = ("optimize", "compile")
+
+
+def _front(fn, args, front: str):
+    if front == "optimize":
+        return autofuse.optimize(fn, args)
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="autofuse")
+
+
+def _check(fn, args, front: str) -> None:
+    out = _front(fn, args, front)(*args)
+    ref = fn(*args)
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.stride() == r.stride(), (o.shape, o.stride(), r.stride())
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+
+
+# pointwise outputs with size-1 dims beside a reduction whose domain has them elsewhere
+FORMS = {
+    "unsqueeze1_vs_sum_keepdim": lambda t: (t.unsqueeze(1) * 2, t.unsqueeze(2).sum(2)),
+    "view_2181_vs_sum": lambda t: (t.view(2, 1, 8, 1) * 2, t.view(2, 8, 1).sum(2)),
+    "unsqueeze0_vs_amax": lambda t: (t.unsqueeze(0) + 1, t.unsqueeze(2).amax(2, keepdim=True)),
+    "view_1281_vs_mean": lambda t: (t.view(1, 2, 8, 1) - 3, t.view(2, 8, 1, 1).mean((2, 3))),
+    "unsqueeze_last_vs_sum0": lambda t: (t.unsqueeze(-1) * t.unsqueeze(-1), t.sum(0)),
+    "three_ranks": lambda t: (t * 2, t.unsqueeze(1).sin(), t.view(2, 8, 1).sum(2, keepdim=True)),
+}
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_size_one_outputs_beside_a_reduction(form, front):
+    t = torch.arange(16.0).view(2, 8)
+    _check(FORMS[form], (t,), front)
+
+
+def _group_norm_grads(groups: int, affine: bool, front: str):
+    torch.manual_seed(groups)
+    x = torch.randn(2, 8, 1, 1, requires_grad=True)
+    params = (torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True))
+    args = (x, *params) if affine else (x,)
+
+    def f(x, *wb):
+        return F.group_norm(x, groups, *wb)
+
+    fn = torch.compile(f, backend="autofuse") if front == "compile" else autofuse.optimize(f, args)
+    torch._dynamo.reset()
+    out, ref = fn(*args), f(*args)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    gy = torch.randn_like(ref)
+    got = torch.autograd.grad(out, args, gy)
+    want = torch.autograd.grad(ref, args, gy)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+@pytest.mark.parametrize("groups,affine", [(2, True), (1, False), (4, True)])
+def test_group_norm_on_a_1x1_map_forward_and_backward(groups, affine, front):
+    _group_norm_grads(groups, affine, front)
+
+
+def test_the_three_forms_in_a_fresh_process():
+    """The reported forms, each after another graph was compiled in the same new process (where
+    the out-of-bounds stores showed as heap corruption)."""
+    script = textwrap.dedent(
+        """
+        import torch, torch.nn.functional as F, autofuse
+        t = torch.arange(16.0).view(2, 8)
+        warm = torch.compile(lambda a: (a * 3).sum(1), backend="autofuse")
+        assert torch.allclose(warm(t), (t * 3).sum(1))
+        for f in (lambda t: (t.unsqueeze(1) * 2, t.unsqueeze(2).sum(2)),
+                  lambda t: (t.view(2, 1, 8, 1) * 2, t.view(2, 8, 1).sum(2))):
+            for fn in (torch.compile(f, backend="autofuse"), autofuse.optimize(f, (t,))):
+                for o, r in zip(fn(t), f(t)):
+                    assert torch.equal(o, r), (o, r)
+        torch.manual_seed(0)
+        for groups in (2, 1):
+            x = torch.randn(2, 8, 1, 1, requires_grad=True)
+            w, b = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+            g = lambda x, w, b: F.group_norm(x, groups, w, b)
+            out = torch.compile(g, backend="autofuse")(x, w, b)
+            ref = g(x, w, b)
+            gy = torch.randn_like(ref)
+            for a, e in zip(torch.autograd.grad(out, (x, w, b), gy),
+                            torch.autograd.grad(ref, (x, w, b), gy)):
+                assert torch.allclose(a, e, atol=1e-4), (a, e)
+        print("size-1 forms ok")
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "size-1 forms ok" in run.stdout
