@@ -119,6 +119,8 @@ def _checked(orig: Any, kind: str, at: int, mask_at: int | None) -> Any:
         state = _STATE
         if state.launch is None or state.depth:
             return orig(self, *args, **kwargs)
+        if len(args) <= at:  # a call this check does not know: unchecked
+            return orig(self, *args, **kwargs)
         mask = None if mask_at is None else (args[mask_at] if len(args) > mask_at else None)
         check_access(state.launch, kind, args[at], mask, getattr(self, "grid_idx", None))
         state.depth += 1
@@ -216,7 +218,7 @@ def check_access(launch: Launch, kind: str, ptrs: Any, mask: Any, program: Any =
     interpreter handle, or None: every lane) lies outside every buffer of ``launch``."""
     addr = np.asarray(ptrs.data)
     if mask is not None:
-        m = np.asarray(mask.data)
+        m = np.asarray(mask if isinstance(mask, np.ndarray) else mask.data)
         if m.dtype != np.bool_:
             m = m != 0
         if not m.all():

@@ -148,6 +148,7 @@ def _bool_masks(interp) -> None:
     """Masked loads and stores read their mask's data as bool (int1 typed, int32 held: see the
     module docstring)."""
     import numpy as np
+    import triton.language as tl
 
     cls = interp.InterpreterBuilder
     if getattr(cls.create_masked_load, "_autofuse_patched", False):
@@ -155,6 +156,8 @@ def _bool_masks(interp) -> None:
     load, store = cls.create_masked_load, cls.create_masked_store
 
     def _bool(mask):
+        if isinstance(mask, np.ndarray):  # Triton 3.6's descriptor loads pass a bare array
+            return interp.TensorHandle(mask.astype(np.bool_, copy=False), tl.int1)
         if mask.data.dtype == np.bool_:
             return mask
         return interp.TensorHandle(mask.data != 0, mask.dtype)
