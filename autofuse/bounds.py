@@ -7,10 +7,11 @@ padding or boundary masks included), atomics in ``create_atomic_rmw`` / ``create
 :func:`install` wraps those, and the grid executor that runs a launch: the launch records the
 byte ranges ``[start, end)`` of the tensors it was given (as the interpreter holds them: the
 host copies, tuples and descriptor bases included), and each access checks its addresses, under
-its mask, against them. An address outside every one raises :class:`OutOfBoundsAccess` before
-the access happens, naming the kernel, its source line, the program, the nearest buffer and the
-offending element offsets. The check is two reductions (min, max) per access when all its
-addresses fall in one buffer, the usual case; a per-address test only otherwise.
+its mask, against them. The lanes of one access come from one base pointer, so they must all
+lie in one buffer: lanes outside it (outside every buffer, or in a neighbouring argument's)
+raise :class:`OutOfBoundsAccess` before the access happens, naming the kernel, its source line,
+the program, the argument left and the element offsets reached. The check is two reductions
+(min, max) per access; the per-lane work is done only to describe an error.
 
 Where this Triton's interpreter lacks an entry point, the mode warns once
 (:class:`BoundsCheckWarning`) and kernels run unchecked. On a GPU the same setting builds
@@ -214,8 +215,9 @@ def _itemsize(ptrs: Any) -> int:
 
 
 def check_access(launch: Launch, kind: str, ptrs: Any, mask: Any, program: Any = None) -> None:
-    """Raise :class:`OutOfBoundsAccess` where an address of ``ptrs`` under ``mask`` (an
-    interpreter handle, or None: every lane) lies outside every buffer of ``launch``."""
+    """Raise :class:`OutOfBoundsAccess` unless every address of ``ptrs`` under ``mask`` (an
+    interpreter handle, or None: every lane) lies in one buffer of ``launch``: the lanes of one
+    access come from one base pointer, so lanes in a second buffer overran the first."""
     addr = np.asarray(ptrs.data)
     if mask is not None:
         m = np.asarray(mask if isinstance(mask, np.ndarray) else mask.data)
@@ -230,44 +232,42 @@ def check_access(launch: Launch, kind: str, ptrs: Any, mask: Any, program: Any =
     for b in launch.buffers:
         if b.start <= lo and hi <= b.end:
             return
-    addr = addr.ravel()
-    inside = np.zeros(addr.shape, dtype=bool)
-    for b in launch.buffers:
-        inside |= (addr >= np.uint64(b.start)) & (addr <= np.uint64(b.end - size))
-    if not inside.all():
-        bad = addr[~inside]
-        raise OutOfBoundsAccess(_message(launch, kind, bad, addr.size, size, program))
+    raise OutOfBoundsAccess(_message(launch, kind, addr.ravel(), size, program))
 
 
-def _nearest(launch: Launch, lo: int, hi: int) -> Buffer | None:
-    """The buffer closest to the bad addresses ``[lo, hi]``: the one they most likely ran
-    past (or before)."""
-
-    def gap(b: Buffer) -> int:
-        return max(b.start - lo, hi - b.end + 1, 0)
-
-    return min(launch.buffers, key=gap, default=None)
+def _inside(addr: Any, b: Buffer, size: int) -> Any:
+    return (addr >= np.uint64(b.start)) & (addr <= np.uint64(b.end - size))
 
 
-def _message(launch: Launch, kind: str, bad: Any, lanes: int, size: int, program: Any) -> str:
-    lo, hi = int(bad.min()), int(bad.max())
+def _home(launch: Launch, addr: Any, size: int) -> Buffer | None:
+    """The buffer most of an access's lanes lie in, else the one closest to them."""
+    counts = [(int(_inside(addr, b, size).sum()), b) for b in launch.buffers]
+    n, best = max(counts, key=lambda c: c[0], default=(0, None))
+    if n:
+        return best
+    lo, hi = int(addr.min()), int(addr.max())
+    return min(launch.buffers, key=lambda b: max(b.start - lo, hi - b.end + 1, 0), default=None)
+
+
+def _message(launch: Launch, kind: str, addr: Any, size: int, program: Any) -> str:
     verb = {"load": "loads from", "store": "stores to", "atomic": "updates"}[kind]
-    where = _source_line(launch.filename)
     head = (
-        f"autofuse: kernel {launch.kernel} {verb} memory outside the buffers of its launch "
-        f"(AUTOFUSE_CHECK_BOUNDS): {bad.size} of {lanes} active lanes"
-        f"{f', program {tuple(program)}' if program is not None else ''}{where}"
+        f"autofuse: kernel {launch.kernel} {verb} memory outside its buffer "
+        f"(AUTOFUSE_CHECK_BOUNDS){f', program {tuple(program)}' if program is not None else ''}"
+        f"{_source_line(launch.filename)}"
     )
-    b = _nearest(launch, lo, hi)
+    b = _home(launch, addr, size)
     if b is None:
-        return f"{head}; the launch has no buffer (addresses {lo:#x}..{hi:#x})"
-    first, last = (lo - b.start) // size, (hi - b.start) // size
-    valid = (b.end - b.start) // size
-    names = ", ".join(x.name for x in launch.buffers)
+        return f"{head}: the launch has no buffer (addresses {int(addr.min()):#x}..)"
+    bad = addr[~_inside(addr, b, size)]
+    first, last = (int(bad.min()) - b.start) // size, (int(bad.max()) - b.start) // size
+    into = [x.name for x in launch.buffers if x is not b and _inside(bad, x, size).any()]
+    where = f"into argument(s) {', '.join(into)}" if into else "outside every buffer"
     return (
-        f"{head}; nearest buffer: argument {b.name!r} ({b.dtype}, {b.numel} elements; "
-        f"{size}-byte elements at offsets [0, {valid})), reached at element offsets "
-        f"[{first}, {last}]; the launch's buffers: {names}"
+        f"{head}: {bad.size} of {addr.size} active lanes leave argument {b.name!r} ({b.dtype}, "
+        f"{b.numel} elements; {size}-byte elements at offsets [0, {(b.end - b.start) // size})), "
+        f"reaching element offsets [{first}, {last}] of it, {where}; the launch's buffers: "
+        + ", ".join(x.name for x in launch.buffers)
     )
 
 

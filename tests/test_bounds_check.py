@@ -101,6 +101,19 @@ def test_load_past_the_end_raises_naming_kernel_argument_and_offsets(checking):
     assert "tl.load(in_ptr + offs + LOAD_AT" in msg
 
 
+def test_an_overrun_into_a_neighbouring_argument_is_flagged(checking):
+    """Two arguments side by side in one storage: the lanes that run past the first land in
+    the second, inside a buffer of the launch but not the one their pointer started from."""
+    fn = load_kernel(SHIFTED, "k_shift")
+    both = torch.arange(32.0)
+    x, y = both[:16], both[16:]
+    with pytest.raises(OutOfBoundsAccess) as err:
+        fn[(2,)](x, y, 16, LOAD_AT=3, STORE_AT=0, BLOCK=8)
+    msg = str(err.value)
+    assert "3 of 8 active lanes leave argument 'in_ptr'" in msg
+    assert "element offsets [16, 18] of it, into argument(s) out_ptr" in msg
+
+
 def test_store_before_the_start_raises_before_writing(checking):
     with pytest.raises(OutOfBoundsAccess, match=r"k_shift stores to .*'out_ptr'.*\[-2, -1\]"):
         shift(store_at=-2)
