@@ -19,7 +19,7 @@ from __future__ import annotations
 import signal
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,26 +86,42 @@ def _grad_leaves(args: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def _cotangents(outs: list[torch.Tensor]) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(1234)
-    return [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
-
-
-def run_case(fn: Callable[..., Any], args: tuple, kwargs: dict, backward: bool) -> Any:
-    """``fn(*args, **kwargs)``; with ``backward`` also the gradients of its differentiable
-    outputs with respect to the inputs that require grad (None where unused)."""
-    out = fn(*args, **kwargs)
-    if not backward:
-        return out
-    leaves = _grad_leaves((args, kwargs))
-    outs = [
+def differentiable(out: Any) -> list[torch.Tensor]:
+    """The floating outputs of ``out`` that carry a gradient."""
+    return [
         o
         for o in pytree.tree_leaves(out)
         if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point
     ]
+
+
+def _cotangents(outs: list[torch.Tensor], like: Sequence[torch.dtype] = ()) -> list[torch.Tensor]:
+    """Fixed random cotangents, rounded to ``like``'s dtypes first where given (the float64
+    reference then differentiates with the very cotangents eager's bfloat16 outputs got)."""
+    gen = torch.Generator().manual_seed(1234)
+    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32) for o in outs]
+    cots = [c.to(like[k]) if k < len(like) else c for k, c in enumerate(cots)]
+    return [c.to(o.dtype) for c, o in zip(cots, outs)]
+
+
+def run_case(
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    backward: bool,
+    like: Sequence[torch.dtype] = (),
+) -> Any:
+    """``fn(*args, **kwargs)``; with ``backward`` also the gradients of its differentiable
+    outputs with respect to the inputs that require grad (None where unused), for cotangents
+    rounded to ``like``'s dtypes."""
+    out = fn(*args, **kwargs)
+    if not backward:
+        return out
+    leaves = _grad_leaves((args, kwargs))
+    outs = differentiable(out)
     if not outs or not leaves:
         return out, ()
-    grads = torch.autograd.grad(outs, leaves, _cotangents(outs), allow_unused=True)
+    grads = torch.autograd.grad(outs, leaves, _cotangents(outs, like), allow_unused=True)
     return out, tuple(grads)
 
 
@@ -269,10 +285,14 @@ def judge(
     actual: Any,
     expected: Any,
 ) -> str:
-    """'' when the compiled results pass, else the first difference."""
+    """'' when the compiled results pass, else the first difference (against eager's, then
+    against a float64 reference run with eager's cotangents)."""
     if random_output:
         return structure_only(actual, expected)
-    return compare(actual, expected, lambda: run_case(fn, *_to64(_clone((args, kwargs))), backward))
+    like = [o.dtype for o in differentiable(expected[0])] if backward else []
+    return compare(
+        actual, expected, lambda: run_case(fn, *_to64(_clone((args, kwargs))), backward, like)
+    )
 
 
 def check_case(
@@ -310,11 +330,6 @@ def check_case(
         line = " ".join(f"{type(e).__name__}: {e}".split())[: 600 if oob else 300]
         return Outcome("oob" if oob else "error", detail=line, seconds=time.perf_counter() - t0)
     how, kernels, eager = how_it_ran(first)
-    if random_output:
-        why = structure_only(actual, expected)
-    else:
-        why = compare(
-            actual, expected, lambda: run_case(fn, *_to64(_clone((args, kwargs))), backward)
-        )
+    why = judge(fn, args, kwargs, backward, random_output, actual, expected)
     status = "wrong" if why else "pass"
     return Outcome(status, how, why, kernels, eager, time.perf_counter() - t0)

@@ -187,3 +187,17 @@ def test_an_out_of_bounds_access_is_a_status_of_its_own(monkeypatch):
     monkeypatch.setitem(EXPECTED, "opx", "a known overrun")
     assert sweep.case_record("opx", "float32", "fwd", 0, out)["status"] == "xfail"
     assert "every sample" in sweep.markdown(summary, {"samples": None, "check_bounds": True})
+
+
+def test_float64_reference_gradients_use_the_cotangents_eager_had():
+    """A bfloat16 backward is judged against a float64 run with eager's (bfloat16-rounded)
+    cotangents, not unrounded ones (which made cross's gradient look 7 ulps off)."""
+    from experiments.opinfo_check import run_case
+
+    x = torch.linspace(-1, 1, 64, dtype=torch.bfloat16).requires_grad_()
+    _, (g16,) = run_case(lambda t: t * 1, (x,), {}, True)
+    x64 = x.detach().double().requires_grad_()
+    _, (g64,) = run_case(lambda t: t * 1, (x64,), {}, True, like=[torch.bfloat16])
+    assert torch.equal(g16.double(), g64)
+    _, (unrounded,) = run_case(lambda t: t * 1, (x64,), {}, True)
+    assert not torch.equal(g16.double(), unrounded)
