@@ -207,6 +207,34 @@ def test_guarded_kernel_traps_past_the_end_and_passes_in_bounds(unchecked):
         fn[(2,)](x, y, 16, LOAD_AT=0, STORE_AT=1, BLOCK=8)
 
 
+def test_guarded_variants_of_generated_kernels_run_and_agree(checking, monkeypatch, home):
+    """The loader's GPU branch (guarded sources, extents passed at launch) on generated
+    kernels of several kinds, run here in the interpreter with its asserts: no guard fires on
+    correct kernels and the results are eager's."""
+    import torch.nn.functional as F
+
+    import autofuse
+    from autofuse.kernels import loader
+
+    monkeypatch.setattr(loader, "interpreting", lambda: False)
+    guarded = []
+
+    def counted(source, name):
+        guarded.append(guard_source(source, name))
+        return guarded[-1]
+
+    monkeypatch.setattr(loader, "guard_source", counted)
+    x, i = torch.randn(4, 8), torch.randint(0, 8, (4, 5))
+    for fn, args in [
+        (lambda t: torch.softmax(t * 2, -1), (x,)),
+        (lambda t, j: torch.gather(t, 1, j) + 1, (x, i)),
+        (lambda t, j, s: t.scatter_add(1, j, s) * 2, (x, i, torch.randn(4, 5))),
+        (lambda t: F.group_norm(t, 2), (torch.randn(2, 8, 1, 1),)),
+    ]:
+        torch.testing.assert_close(autofuse.optimize(fn, args)(*args), fn(*args))
+    assert sum(len(g.extents) for g in guarded) >= 8  # loads and stores of 4+ kernels
+
+
 @pytest.mark.gpu
 def test_gpu_guarded_kernel_traps_on_a_store_past_the_end():
     """On a GPU the failed guard is a device-side assert, which leaves the CUDA context
