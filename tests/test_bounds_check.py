@@ -13,6 +13,7 @@ import torch
 
 from autofuse import settings as af_settings
 from autofuse.bounds import BoundsCheckWarning, OutOfBoundsAccess, bounds_error, install
+from autofuse.interpreter import interpreting
 from autofuse.kernels.guards import guard_source
 from autofuse.kernels.loader import load_guarded, load_kernel
 
@@ -51,6 +52,10 @@ def k_atomic(in_ptr, out_ptr, AT: tl.constexpr):
 """
 
 
+# kernels launched on CPU tensors in Triton's interpreter (a GPU host runs the gpu test instead)
+interpreted = pytest.mark.skipif(not interpreting(), reason="runs kernels in Triton's interpreter")
+
+
 def _mode(value: str):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTOFUSE_CHECK_BOUNDS", value)
@@ -80,10 +85,12 @@ def test_setting_is_read_from_the_environment(checking):
     assert af_settings.settings().check_bounds
 
 
+@interpreted
 def test_correct_kernel_passes(checking):
     assert torch.equal(shift(), torch.arange(16.0) * 2)
 
 
+@interpreted
 def test_masked_off_lanes_out_of_range_are_not_flagged(checking):
     """n = 12 in blocks of 8: lanes 12..15 of the second program would pass the end of a
     12-element range but are masked off; 16 elements exist, 12 are written."""
@@ -91,6 +98,7 @@ def test_masked_off_lanes_out_of_range_are_not_flagged(checking):
     assert torch.equal(y[:12], torch.arange(12.0) * 2) and torch.equal(y[12:], -torch.ones(4))
 
 
+@interpreted
 def test_load_past_the_end_raises_naming_kernel_argument_and_offsets(checking):
     with pytest.raises(OutOfBoundsAccess) as err:
         shift(load_at=3)
@@ -101,6 +109,7 @@ def test_load_past_the_end_raises_naming_kernel_argument_and_offsets(checking):
     assert "tl.load(in_ptr + offs + LOAD_AT" in msg
 
 
+@interpreted
 def test_an_overrun_into_a_neighbouring_argument_is_flagged(checking):
     """Two arguments side by side in one storage: the lanes that run past the first land in
     the second, inside a buffer of the launch but not the one their pointer started from."""
@@ -114,15 +123,18 @@ def test_an_overrun_into_a_neighbouring_argument_is_flagged(checking):
     assert "element offsets [16, 18] of it, into argument(s) out_ptr" in msg
 
 
+@interpreted
 def test_store_before_the_start_raises_before_writing(checking):
     with pytest.raises(OutOfBoundsAccess, match=r"k_shift stores to .*'out_ptr'.*\[-2, -1\]"):
         shift(store_at=-2)
 
 
+@interpreted
 def test_off_mode_does_not_check(unchecked):
     shift(store_at=0, load_at=1, n=15)  # reads element 15 of 16 (in bounds); nothing raised
 
 
+@interpreted
 def test_descriptor_within_its_shape_is_padded_not_flagged(checking):
     fn = load_kernel(DESCRIPTOR, "k_desc")
     x, y = torch.arange(32.0), torch.zeros(32)
@@ -130,6 +142,7 @@ def test_descriptor_within_its_shape_is_padded_not_flagged(checking):
     assert torch.equal(y, torch.cat([torch.arange(32.0)]))
 
 
+@interpreted
 def test_descriptor_larger_than_its_buffer_raises(checking):
     fn = load_kernel(DESCRIPTOR, "k_desc")
     x, y = torch.arange(32.0), torch.zeros(32)
@@ -137,6 +150,7 @@ def test_descriptor_larger_than_its_buffer_raises(checking):
         fn[(2,)](x, y, ROWS=8, BLOCK=4)
 
 
+@interpreted
 def test_atomics_are_checked(checking):
     fn = load_kernel(ATOMIC, "k_atomic")
     x, y = torch.ones(8), torch.zeros(12)
@@ -146,6 +160,7 @@ def test_atomics_are_checked(checking):
         fn[(1,)](x, y, AT=6)
 
 
+@interpreted
 def test_generated_kernel_with_a_wrong_index_is_named(checking):
     from autofuse.capture.trace import capture
     from autofuse.partition.partitioner import Partitioner
@@ -196,6 +211,7 @@ def test_guarded_source_asserts_each_access_against_its_extent():
     assert "(offs + LOAD_AT < in_ptr_af_extent) | ~m" in g.source
 
 
+@interpreted
 def test_guarded_kernel_traps_past_the_end_and_passes_in_bounds(unchecked):
     """The GPU variant, run here in the interpreter (which runs device asserts): the guard
     fires on the shifted store, not on masked-off lanes nor on a correct launch."""
@@ -207,6 +223,7 @@ def test_guarded_kernel_traps_past_the_end_and_passes_in_bounds(unchecked):
         fn[(2,)](x, y, 16, LOAD_AT=0, STORE_AT=1, BLOCK=8)
 
 
+@interpreted
 def test_guarded_variants_of_generated_kernels_run_and_agree(checking, monkeypatch, home):
     """The loader's GPU branch (guarded sources, extents passed at launch) on generated
     kernels of several kinds, run here in the interpreter with its asserts: no guard fires on
