@@ -77,6 +77,7 @@ _ENTRIES = {
 }
 _REQUIRED = ("create_masked_load", "create_masked_store")
 _WARNED: list[str] = []
+_TOP = np.iinfo(np.uint64).max
 
 
 def checking() -> bool:
@@ -219,20 +220,29 @@ def check_access(launch: Launch, kind: str, ptrs: Any, mask: Any, program: Any =
     interpreter handle, or None: every lane) lies in one buffer of ``launch``: the lanes of one
     access come from one base pointer, so lanes in a second buffer overran the first."""
     addr = np.asarray(ptrs.data)
-    if mask is not None:
-        m = np.asarray(mask if isinstance(mask, np.ndarray) else mask.data)
+    m = None if mask is None else np.asarray(mask if isinstance(mask, np.ndarray) else mask.data)
+    if m is not None:
         if m.dtype != np.bool_:
             m = m != 0
-        if not m.all():
-            addr = addr[np.broadcast_to(m, addr.shape)]
+        if m.shape != addr.shape:
+            m = np.broadcast_to(m, addr.shape)
+        if m.all():
+            m = None
     if addr.size == 0:
         return
     size = _itemsize(ptrs)
-    lo, hi = int(addr.min()), int(addr.max()) + size
+    if m is None:
+        lo, hi = int(addr.min()), int(addr.max()) + size
+    else:  # reductions under the mask: no copy of the active lanes
+        lo = int(addr.min(where=m, initial=_TOP))
+        if lo == _TOP:
+            return  # no active lane
+        hi = int(addr.max(where=m, initial=0)) + size
     for b in launch.buffers:
         if b.start <= lo and hi <= b.end:
             return
-    raise OutOfBoundsAccess(_message(launch, kind, addr.ravel(), size, program))
+    active = addr.ravel() if m is None else addr[m]
+    raise OutOfBoundsAccess(_message(launch, kind, active, size, program))
 
 
 def _inside(addr: Any, b: Buffer, size: int) -> Any:
