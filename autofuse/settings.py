@@ -23,6 +23,9 @@ them again, for tests and for programs that change the environment on purpose):
   stages, ``ir/split.py``, when the captured inputs are CUDA tensors), ``1`` (always, the
   interpreter too), ``0`` (never). ``AUTOFUSE_SPLIT_MIN_RNUMEL``: the shortest reduced extent
   split (default 4096; tests lower it).
+- ``AUTOFUSE_CHECK_BOUNDS``: check every load and store of every generated kernel against the
+  buffers of its launch; an access outside all of them raises :class:`OutOfBoundsAccess` naming
+  the kernel, the nearest buffer and the offsets (``autofuse/bounds.py``; default off).
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
   ``+autofuse``, ``all``); an unknown topic is ignored with one ``SettingsWarning`` naming the
   valid ones.
@@ -96,6 +99,7 @@ class Settings:
     direct_launch: bool = True
     split_reductions: str = "auto"  # "auto" (CUDA inputs), "on", "off"
     split_min_rnumel: int = 4096
+    check_bounds: bool = False
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -119,6 +123,7 @@ def settings() -> Settings:
         logs=_log_topics(),
         split_reductions=_split_mode(),
         split_min_rnumel=int(os.environ.get("AUTOFUSE_SPLIT_MIN_RNUMEL", "4096")),
+        check_bounds=_flag("AUTOFUSE_CHECK_BOUNDS", False),
         signing_key=_signing_key(),
     )
 

@@ -15,7 +15,8 @@ A plan decoded from a cache entry carries the entry's binaries (``store``): the 
 for a given alignment uses the verified stored binary when there is one (no compile), and a
 first compile stores its binary there (``autofuse/cache/binaries.py``).
 
-Off under Triton's interpreter, on CPU tensors, with ``AUTOFUSE_LEAN_LAUNCH=0``, and for any
+Off under Triton's interpreter, on CPU tensors, with ``AUTOFUSE_LEAN_LAUNCH=0`` or
+``AUTOFUSE_CHECK_BOUNDS=1``, and for any
 kernel whose first launch returns something that is not a compiled kernel (other Triton
 versions): those take the regular path every time.
 """
@@ -36,7 +37,8 @@ _STATS = {"lean": 0, "regular": 0, "restored": 0, "direct": 0}
 
 
 def lean_enabled() -> bool:
-    return settings().lean_launch and not interpreting()
+    s = settings()  # bounds-checked kernels take Triton's launch, which passes their extents
+    return s.lean_launch and not s.check_bounds and not interpreting()
 
 
 class Launcher:
