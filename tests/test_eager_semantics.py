@@ -337,3 +337,16 @@ def test_amax_backward_of_a_computed_16_bit_value(dtype):
     want = torch.autograd.grad(f(x), x, gy)[0]
     got = torch.autograd.grad(autofuse.optimize(f, (x,))(x), x, gy)[0]
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_index_add_into_a_bool_tensor():
+    """index_add on a bool tensor with alpha: eager's op (the decomposition scaled the source
+    into an integer it could not put back; found by experiments.fuzz)."""
+    g = torch.Generator().manual_seed(0)
+    x, src = torch.rand(2, 3, 4, generator=g) < 0.5, torch.rand(2, 3, 2, generator=g) < 0.5
+    index = torch.tensor([3, 0])
+
+    def f(x, index, src):
+        return x.index_add(2, index, src, alpha=2)
+
+    assert torch.equal(autofuse.optimize(f, (x, index, src))(x, index, src), f(x, index, src))

@@ -114,6 +114,18 @@ def _flip(x, dims):
     return x if dims else x.clone()
 
 
+def _not_for_bool(decomp):
+    """``decomp`` except on a bool ``self``: eager's op then (index_add's decomposition scales
+    the source by alpha into an integer and cannot put it back into a bool tensor)."""
+
+    def decomposed(x, *args, **kwargs):
+        if x.dtype == torch.bool:
+            return NotImplemented
+        return decomp(x, *args, **kwargs)
+
+    return decomposed
+
+
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(
@@ -150,6 +162,8 @@ def decomposition_table() -> dict:
     table[aten.var_mean.correction] = _var_mean_decomp
     table[aten.std.correction] = _std_decomp
     table[aten.native_group_norm.default] = _group_norm_decomp
+    for op in (aten.index_add.default, aten.index_add_.default):
+        table[op] = _not_for_bool(table[op])
     table[aten.log10.default] = _log10
     table[aten.flip.default] = _flip
     table.update(pooling_decompositions())  # pools and constant pads (capture/pooling.py)
