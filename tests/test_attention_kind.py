@@ -9,7 +9,7 @@ import torch
 
 import autofuse
 from autofuse.capture.trace import capture
-from autofuse.kernels.attention import AttentionConfig, attention_configs, generate_attention
+from autofuse.kernels.attention.kind import AttentionConfig, attention_configs, generate_attention
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 

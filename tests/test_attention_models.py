@@ -19,8 +19,8 @@ pytest.importorskip("transformers")
 
 import autofuse  # noqa: E402
 from autofuse.frontend import dynamo  # noqa: E402
-from autofuse.kernels.attention_analysis import attention_parts  # noqa: E402
-from autofuse.kernels.base import FusionRefused  # noqa: E402
+from autofuse.kernels.attention.analysis import attention_parts  # noqa: E402
+from autofuse.kernels.common.base import FusionRefused  # noqa: E402
 from autofuse.partition.partitioner import Partitioner  # noqa: E402
 from experiments.models import build, max_rel_err, tolerance  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Tests of autofuse.kernels.gemm_template through Triton's CPU interpreter (TRITON_INTERPRET=1).
+"""Tests of autofuse.kernels.gemm.template through Triton's CPU interpreter (TRITON_INTERPRET=1).
 
 Shapes (M=37, N=45, K=70) leave a masked tail in every dimension; small blocks keep the
 interpreter fast.
@@ -28,9 +28,9 @@ def _import_template():
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     try:
-        return importlib.import_module("autofuse.kernels.gemm_template")
+        return importlib.import_module("autofuse.kernels.gemm.template")
     except Exception:  # package __init__ missing/broken mid-development: load by path
-        path = ROOT / "autofuse" / "kernels" / "gemm_template.py"
+        path = ROOT / "autofuse" / "kernels" / "gemm" / "template.py"
         spec = importlib.util.spec_from_file_location("_autofuse_gemm_template", path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod

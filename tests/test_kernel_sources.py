@@ -36,7 +36,7 @@ from autofuse.kernels import (
     default_config,
     generate,
 )
-from autofuse.kernels.sizes import runtime_sizes
+from autofuse.kernels.common.sizes import runtime_sizes
 from autofuse.partition import Partitioner
 from autofuse.plan.runtime import eager_group
 

@@ -55,14 +55,14 @@ class OpDef:
     # reductions whose input counts as a bool (any / all): reduced as int32 0 / 1
     bool_input: bool = False
     # ops whose value selects where to read its inputs (cat, take, gather): the emitter's
-    # ``kernels/indexed.py`` renders them (``triton`` only refuses a direct rendering)
+    # ``kernels/common/indexed.py`` renders them (``triton`` only refuses a direct rendering)
     indexed: bool = False
-    # reductions whose value is not the row's combine but (kernels/rowops.py): ``scan``, the
+    # reductions whose value is not the row's combine but (kernels/common/rowops.py): ``scan``, the
     # running combine along the reduced dim (cumsum, cumprod: the input's shape); ``arg``, the
     # int64 index of the row's first winner under ``combine`` (argmax, argmin; a NaN wins)
     scan: bool = False
     arg: bool = False
-    # ops whose value is written, not read, at indexed places (kernels/scatter.py): the output
+    # ops whose value is written, not read, at indexed places (kernels/scatter/kind.py): the output
     # buffer starts as zeros and the kernel iterates over the values' domain
     scatter: bool = False
     # ops with index operands: (graph, node) -> (index input, size of the dim its values
@@ -406,7 +406,7 @@ def _write_index_operands(graph: Any, node: Any) -> list[tuple[int, int]]:
 
 
 def _indexed(node: Any, c: list[str], dt: str) -> str:
-    raise NoLowering(f"{node.op} is rendered from its index (kernels/indexed.py)")
+    raise NoLowering(f"{node.op} is rendered from its index (kernels/common/indexed.py)")
 
 
 def _eager_bool_reduce(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -513,7 +513,7 @@ _ENTRIES: tuple[OpDef, ...] = (
     OpDef("bitcast", "pointwise", 1, (), _eager_bitcast, _bitcast, "raw"),
     OpDef("const", "pointwise", 0),
     OpDef("iota", "pointwise", 0),
-    # values that select where to read their inputs (kernels/indexed.py)
+    # values that select where to read their inputs (kernels/common/indexed.py)
     OpDef("cat", "pointwise", 0, (), _eager_cat, _indexed, "raw", indexed=True),
     OpDef(
         "take",

@@ -1,12 +1,13 @@
 """Kernel kinds: one fusion group + one launch config -> one Triton kernel with its metadata.
 
-Each kind is a plugin (``base.KernelKind``) in its own module and owns its config class:
-``pointwise``, ``reduction``, ``scan`` (a reduction kernel with a cumsum / cumprod), ``gemm``,
-``gemm_row``, ``attention`` (matmul, softmax, matmul: flash-attention style),
-``attention_bwd`` (its backward: dQ, dK, dV from recomputed tiles), ``scatter``
-(index_put / scatter / scatter_add). This registry is the one place that
-chooses a kind: ``analyze_group`` asks the kinds in order which one claims a set of nodes, and
-every other call finds the plugin by the kind named in the group's ``GroupInfo``.
+Each kind is a plugin (``common.base.KernelKind``) in its folder and owns its config class:
+``pointwise/``, ``reduction/`` (``reduction`` and ``scan``: a reduction kernel with a cumsum /
+cumprod), ``gemm/`` (``gemm`` and ``gemm_row``), ``attention/`` (matmul, softmax, matmul:
+flash-attention style), ``attention_bwd/`` (its backward: dQ, dK, dV from recomputed tiles),
+``scatter/`` (index_put / scatter / scatter_add); ``common/`` holds what they share. This
+registry is the one list of kinds: ``analyze_group`` asks the kinds in order which one claims
+a set of nodes, and every other call finds the plugin by the kind named in the group's
+``GroupInfo``.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.attention import AttentionConfig, AttentionKind
-from autofuse.kernels.attention_bwd import AttentionBwdConfig
-from autofuse.kernels.attention_bwd_space import AttentionBwdKind
-from autofuse.kernels.base import (
+from autofuse.kernels.attention.kind import AttentionConfig, AttentionKind
+from autofuse.kernels.attention_bwd.emit import AttentionBwdConfig
+from autofuse.kernels.attention_bwd.kind import AttentionBwdKind
+from autofuse.kernels.common.base import (
     INLINE_OPS,
     FusionRefused,
     GroupInfo,
@@ -27,13 +28,13 @@ from autofuse.kernels.base import (
     describe,
     next_pow2,
 )
-from autofuse.kernels.gemm import GemmKind
-from autofuse.kernels.gemm_row import GemmRowKind, RowGemmConfig
-from autofuse.kernels.gemm_template import GemmConfig
-from autofuse.kernels.pointwise import KernelConfig, PointwiseKind
-from autofuse.kernels.reduction import ReductionKind
-from autofuse.kernels.scan import ScanKind
-from autofuse.kernels.scatter import ScatterKind
+from autofuse.kernels.gemm.kind import GemmKind
+from autofuse.kernels.gemm.row import GemmRowKind, RowGemmConfig
+from autofuse.kernels.gemm.template import GemmConfig
+from autofuse.kernels.pointwise.kind import KernelConfig, PointwiseKind
+from autofuse.kernels.reduction.kind import ReductionKind
+from autofuse.kernels.reduction.scan import ScanKind
+from autofuse.kernels.scatter.kind import ScatterKind
 
 __all__ = [
     "INLINE_OPS",

@@ -30,7 +30,7 @@ from autofuse.kernels import (
     default_config,
     generate,
 )
-from autofuse.kernels.loader import load_kernel
+from autofuse.kernels.common.loader import load_kernel
 from autofuse.plan.launcher import Launcher
 from autofuse.plan.program import program
 from autofuse.settings import settings

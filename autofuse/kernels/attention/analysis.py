@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.base import FusionRefused, GroupInfo, describe, next_pow2
-from autofuse.kernels.gemm import ancestors
-from autofuse.kernels.reduction import reduction_domain
+from autofuse.kernels.common.base import FusionRefused, GroupInfo, describe, next_pow2
+from autofuse.kernels.gemm.kind import ancestors
+from autofuse.kernels.reduction.kind import reduction_domain
 
 
 @dataclass(frozen=True)

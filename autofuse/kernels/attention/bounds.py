@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
-from autofuse.kernels.base import GroupInfo
-from autofuse.kernels.gemm import ancestors
-from autofuse.kernels.gemm_row import _only_through, constant_selects
-from autofuse.kernels.views import broadcast_index, view_source_index
+from autofuse.kernels.common.base import GroupInfo
+from autofuse.kernels.common.views import broadcast_index, view_source_index
+from autofuse.kernels.gemm.kind import ancestors
+from autofuse.kernels.gemm.row import _only_through, constant_selects
 
 _FLT_MAX = 3.4028234663852886e38
 

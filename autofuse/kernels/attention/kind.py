@@ -24,21 +24,21 @@ from dataclasses import dataclass, replace
 
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
-from autofuse.kernels import attention_tma
-from autofuse.kernels.attention_analysis import (
+from autofuse.kernels.attention import tma as attention_tma
+from autofuse.kernels.attention.analysis import (
     AttentionParts,
     attention_dims,
     attention_parts,
     head_block,
     scale_fold,
 )
-from autofuse.kernels.attention_bounds import (
+from autofuse.kernels.attention.bounds import (
     key_bound,
     live_columns,
     whole_columns,
     whole_range_lines,
 )
-from autofuse.kernels.base import (
+from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
     Kernel,
@@ -51,11 +51,8 @@ from autofuse.kernels.base import (
     next_pow2,
     stored_nodes,
 )
-from autofuse.kernels.emitter import Emitter, Scope
-from autofuse.kernels.gemm import ITEM
-from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
-from autofuse.kernels.pointwise import check_pow2
-from autofuse.kernels.render import (
+from autofuse.kernels.common.emitter import Emitter, Scope
+from autofuse.kernels.common.render import (
     LOG2E,
     TL_DTYPE,
     Val,
@@ -64,11 +61,14 @@ from autofuse.kernels.render import (
     kernel_header,
     literal,
 )
-from autofuse.kernels.views import (
+from autofuse.kernels.common.views import (
     broadcast_index,
     domain_index,
     view_source_index,
 )
+from autofuse.kernels.gemm.kind import ITEM
+from autofuse.kernels.gemm.template import HOPPER_SMEM_BYTES
+from autofuse.kernels.pointwise.kind import check_pow2
 
 
 @dataclass(frozen=True, order=True)

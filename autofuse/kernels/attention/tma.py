@@ -21,8 +21,8 @@ from typing import Any
 
 from autofuse.ir.graph import buffer_strides
 from autofuse.ir.indexing import Expr
-from autofuse.kernels.attention_analysis import head_block
-from autofuse.kernels.gemm import ITEM
+from autofuse.kernels.attention.analysis import head_block
+from autofuse.kernels.gemm.kind import ITEM
 
 
 @dataclass(frozen=True)

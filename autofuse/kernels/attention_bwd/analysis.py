@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
-from autofuse.kernels.base import FusionRefused, describe
-from autofuse.kernels.views import domain_index, view_source_index
+from autofuse.kernels.common.base import FusionRefused, describe
+from autofuse.kernels.common.views import domain_index, view_source_index
 
 
 @dataclass(frozen=True)

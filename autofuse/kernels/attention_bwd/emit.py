@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
-from autofuse.kernels import attention_bwd_tma
-from autofuse.kernels.attention_analysis import head_block
-from autofuse.kernels.attention_bwd_analysis import BwdParts, GradMatmul, bwd_parts, tile_index
-from autofuse.kernels.attention_bwd_skip import SkipPlan, skip_plan
-from autofuse.kernels.base import (
+from autofuse.kernels.attention.analysis import head_block
+from autofuse.kernels.attention_bwd import tma as attention_bwd_tma
+from autofuse.kernels.attention_bwd.analysis import BwdParts, GradMatmul, bwd_parts, tile_index
+from autofuse.kernels.attention_bwd.skip import SkipPlan, skip_plan
+from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
     Kernel,
@@ -43,9 +43,9 @@ from autofuse.kernels.base import (
     loaded_nodes,
     stored_nodes,
 )
-from autofuse.kernels.emitter import Emitter, Loop, Scope
-from autofuse.kernels.render import TL_DTYPE, Val, cast, kernel_header, literal
-from autofuse.kernels.views import broadcast_index, view_source_index
+from autofuse.kernels.common.emitter import Emitter, Loop, Scope
+from autofuse.kernels.common.render import TL_DTYPE, Val, cast, kernel_header, literal
+from autofuse.kernels.common.views import broadcast_index, view_source_index
 
 KIND = "attention_bwd"  # the plugin's name (AttentionBwdKind, attention_bwd_space.py)
 

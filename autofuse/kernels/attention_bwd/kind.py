@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.attention_analysis import head_block
-from autofuse.kernels.attention_bwd import (
+from autofuse.kernels.attention.analysis import head_block
+from autofuse.kernels.attention_bwd.emit import (
     KIND,
     AttentionBwdConfig,
     BwdEmitter,
@@ -26,10 +26,10 @@ from autofuse.kernels.attention_bwd import (
     bwd_parts,
     generate_attention_bwd,
 )
-from autofuse.kernels.base import GroupInfo, Kernel, nearest_config, next_pow2
-from autofuse.kernels.gemm import ITEM
-from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
-from autofuse.kernels.pointwise import check_pow2
+from autofuse.kernels.common.base import GroupInfo, Kernel, nearest_config, next_pow2
+from autofuse.kernels.gemm.kind import ITEM
+from autofuse.kernels.gemm.template import HOPPER_SMEM_BYTES
+from autofuse.kernels.pointwise.kind import check_pow2
 
 
 def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdConfig]:

@@ -25,16 +25,16 @@ import dataclasses
 from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.attention_bounds import (
+from autofuse.kernels.attention.bounds import (
     ColumnLimit,
     key_bound,
     live_columns,
     whole_range_lines,
 )
-from autofuse.kernels.attention_bwd_analysis import recomputed_softmax
-from autofuse.kernels.base import GroupInfo
-from autofuse.kernels.gemm import ancestors
-from autofuse.kernels.views import broadcast_index
+from autofuse.kernels.attention_bwd.analysis import recomputed_softmax
+from autofuse.kernels.common.base import GroupInfo
+from autofuse.kernels.common.views import broadcast_index
+from autofuse.kernels.gemm.kind import ancestors
 
 _UNDERFLOW = -200.0  # exp(x) is 0.0 in fp32 below this
 

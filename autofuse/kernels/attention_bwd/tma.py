@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofuse.ir.indexing import Expr
-from autofuse.kernels.attention_tma import _split, descriptor_rows
+from autofuse.kernels.attention.tma import _split, descriptor_rows
 
 _SEQ = ("offs_m", "offs_n")
 

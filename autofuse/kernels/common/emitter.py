@@ -18,10 +18,10 @@ from typing import Any
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.ir.ops import Helper, op_def
-from autofuse.kernels import load_hints, rowops
-from autofuse.kernels.base import FusionRefused, GroupInfo, Kernel, KernelMeta, describe
-from autofuse.kernels.indexed import indexed_value
-from autofuse.kernels.render import (
+from autofuse.kernels.common import load_hints, rowops
+from autofuse.kernels.common.base import FusionRefused, GroupInfo, Kernel, KernelMeta, describe
+from autofuse.kernels.common.indexed import indexed_value
+from autofuse.kernels.common.render import (
     TL_DTYPE,
     Val,
     cast,
@@ -35,9 +35,9 @@ from autofuse.kernels.render import (
     render_op,
     row_reduce,
 )
-from autofuse.kernels.rewrites import ValueRewrites
-from autofuse.kernels.sizes import runtime_sizes_on
-from autofuse.kernels.views import (
+from autofuse.kernels.common.rewrites import ValueRewrites
+from autofuse.kernels.common.sizes import runtime_sizes_on
+from autofuse.kernels.common.views import (
     broadcast_index,
     domain_index,
     domain_of_flat,

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from autofuse.ir.indexing import Expr, Term
-from autofuse.kernels.render import Val, cast, compute_dtype
-from autofuse.kernels.views import broadcast_index
+from autofuse.kernels.common.render import Val, cast, compute_dtype
+from autofuse.kernels.common.views import broadcast_index
 
 
 def indexed_value(em: Any, i: int, index: tuple[Expr, ...]) -> Val:

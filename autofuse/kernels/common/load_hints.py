@@ -20,9 +20,9 @@ from typing import Any
 
 from autofuse.ir.graph import numel
 from autofuse.ir.indexing import Expr
-from autofuse.kernels.indexed import guarded
-from autofuse.kernels.render import Val, cast, compute_dtype, render_op
-from autofuse.kernels.views import broadcast_index
+from autofuse.kernels.common.indexed import guarded
+from autofuse.kernels.common.render import Val, cast, compute_dtype, render_op
+from autofuse.kernels.common.views import broadcast_index
 
 
 def select_branch(em: Any, i: int) -> int | None:

@@ -26,7 +26,7 @@ from autofuse.ir.ops import (
     minmax,
     op_def,
 )
-from autofuse.kernels.base import FusionRefused
+from autofuse.kernels.common.base import FusionRefused
 
 __all__ = [
     "LOG2E",

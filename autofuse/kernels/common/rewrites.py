@@ -1,7 +1,7 @@
 """Rewrites of single values the emitter applies while rendering (each gives a cheaper
 expression with the same result, or None where it does not apply): a select whose condition is
 known constant on the tile, ``exp(a - rowmax)`` in one expression, a division by a constant or
-a row value as a multiply by its reciprocal. A mixin of :class:`autofuse.kernels.emitter.Emitter`:
+a row value as a multiply by its reciprocal. A mixin of :class:`autofuse.kernels.common.emitter.Emitter`:
 the methods read its graph, values and scopes."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from autofuse.ir.indexing import Expr
-from autofuse.kernels.render import Val, cast, compute_dtype, exp_minus, is_float
-from autofuse.kernels.views import broadcast_index
+from autofuse.kernels.common.render import Val, cast, compute_dtype, exp_minus, is_float
+from autofuse.kernels.common.views import broadcast_index
 
 
 class ValueRewrites:

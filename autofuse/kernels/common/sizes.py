@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from autofuse.ir.graph import numel
-from autofuse.kernels.base import GroupInfo, next_pow2
+from autofuse.kernels.common.base import GroupInfo, next_pow2
 
 __all__ = ["config_xnumel", "runtime_bucket", "runtime_sizes", "runtime_sizes_on", "size_bucket"]
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides
 from autofuse.ir.indexing import Expr, linearize
-from autofuse.kernels.base import (
+from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
     Kernel,
@@ -24,8 +24,10 @@ from autofuse.kernels.base import (
     loaded_nodes,
     stored_nodes,
 )
-from autofuse.kernels.emitter import Emitter, Scope
-from autofuse.kernels.gemm_template import (
+from autofuse.kernels.common.emitter import Emitter, Scope
+from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype
+from autofuse.kernels.common.views import view_source_index
+from autofuse.kernels.gemm.template import (
     GemmConfig,
     GemmSpec,
     default_configs,
@@ -34,8 +36,6 @@ from autofuse.kernels.gemm_template import (
     prune_configs,
     render,
 )
-from autofuse.kernels.render import TL_DTYPE, Val, compute_dtype
-from autofuse.kernels.views import view_source_index
 
 ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 

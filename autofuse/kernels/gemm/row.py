@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
-from autofuse.kernels.base import (
+from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
     Kernel,
@@ -22,12 +22,8 @@ from autofuse.kernels.base import (
     loaded_nodes,
     stored_nodes,
 )
-from autofuse.kernels.emitter import Emitter, Scope, render_loop_kernel
-from autofuse.kernels.gemm import ITEM, ancestors, memory_offset
-from autofuse.kernels.gemm_template import HOPPER_SMEM_BYTES
-from autofuse.kernels.pointwise import check_pow2
-from autofuse.kernels.reduction import check_stored_shapes, reduction_domain
-from autofuse.kernels.render import (
+from autofuse.kernels.common.emitter import Emitter, Scope, render_loop_kernel
+from autofuse.kernels.common.render import (
     TL_DTYPE,
     Val,
     cast,
@@ -37,8 +33,12 @@ from autofuse.kernels.render import (
     literal,
     minmax,
 )
-from autofuse.kernels.rowops import is_row_op
-from autofuse.kernels.views import broadcast_index, view_source_index
+from autofuse.kernels.common.rowops import is_row_op
+from autofuse.kernels.common.views import broadcast_index, view_source_index
+from autofuse.kernels.gemm.kind import ITEM, ancestors, memory_offset
+from autofuse.kernels.gemm.template import HOPPER_SMEM_BYTES
+from autofuse.kernels.pointwise.kind import check_pow2
+from autofuse.kernels.reduction.kind import check_stored_shapes, reduction_domain
 
 
 @dataclass(frozen=True, order=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph, numel
-from autofuse.kernels.base import (
+from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
     Kernel,
@@ -15,8 +15,8 @@ from autofuse.kernels.base import (
     next_pow2,
     stored_nodes,
 )
-from autofuse.kernels.emitter import Emitter, render_loop_kernel
-from autofuse.kernels.sizes import config_xnumel
+from autofuse.kernels.common.emitter import Emitter, render_loop_kernel
+from autofuse.kernels.common.sizes import config_xnumel
 
 
 @dataclass(frozen=True, order=True)
@@ -48,7 +48,7 @@ def check_pow2(**values: int) -> None:
 
 class PointwiseKind:
     name = "pointwise"
-    runtime_sizes = True  # kernels/sizes.py: the row count an argument, configs by bucket
+    runtime_sizes = True  # kernels/common/sizes.py: the row count an argument, configs by bucket
     library_first = False
     config_class = KernelConfig
 

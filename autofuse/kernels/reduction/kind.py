@@ -5,8 +5,8 @@ by dependency level (softmax: max, then sum)."""
 from __future__ import annotations
 
 from autofuse.ir.graph import Graph, numel
-from autofuse.kernels import load_hints
-from autofuse.kernels.base import (
+from autofuse.kernels.common import load_hints
+from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
     Kernel,
@@ -17,9 +17,9 @@ from autofuse.kernels.base import (
     prev_pow2,
     stored_nodes,
 )
-from autofuse.kernels.emitter import Emitter, render_loop_kernel
-from autofuse.kernels.pointwise import KernelConfig, check_pow2
-from autofuse.kernels.sizes import config_xnumel
+from autofuse.kernels.common.emitter import Emitter, render_loop_kernel
+from autofuse.kernels.common.sizes import config_xnumel
+from autofuse.kernels.pointwise.kind import KernelConfig, check_pow2
 
 
 def reduction_domain(
@@ -65,7 +65,7 @@ def check_stored_shapes(graph: Graph, stored, domain, rdims, reshapes: bool = Fa
 
 class ReductionKind:
     name = "reduction"
-    runtime_sizes = True  # kernels/sizes.py: the row count an argument, configs by bucket
+    runtime_sizes = True  # kernels/common/sizes.py: the row count an argument, configs by bucket
     library_first = False
     config_class = KernelConfig
 

@@ -10,10 +10,10 @@ before it (the looped configs).
 from __future__ import annotations
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.base import GroupInfo, next_pow2
-from autofuse.kernels.pointwise import KernelConfig
-from autofuse.kernels.reduction import ReductionKind
-from autofuse.kernels.rowops import MAX_ROW, is_scan
+from autofuse.kernels.common.base import GroupInfo, next_pow2
+from autofuse.kernels.common.rowops import MAX_ROW, is_scan
+from autofuse.kernels.pointwise.kind import KernelConfig
+from autofuse.kernels.reduction.kind import ReductionKind
 
 
 class ScanKind(ReductionKind):

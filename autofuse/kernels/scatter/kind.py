@@ -19,7 +19,7 @@ from __future__ import annotations
 from autofuse.ir.graph import Graph, contiguous_strides
 from autofuse.ir.indexing import linearize
 from autofuse.ir.ops import TL_DTYPE, op_def
-from autofuse.kernels.base import (
+from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
     Kernel,
@@ -28,16 +28,16 @@ from autofuse.kernels.base import (
     loaded_nodes,
     stored_nodes,
 )
-from autofuse.kernels.emitter import Emitter, render_loop_kernel
-from autofuse.kernels.indexed import (
+from autofuse.kernels.common.emitter import Emitter, render_loop_kernel
+from autofuse.kernels.common.indexed import (
     broadcast_shapes,
     index_layout,
     index_term,
     indexed_position,
 )
-from autofuse.kernels.pointwise import KernelConfig, PointwiseKind
-from autofuse.kernels.render import cast, compute_dtype
-from autofuse.kernels.views import broadcast_index
+from autofuse.kernels.common.render import cast, compute_dtype
+from autofuse.kernels.common.views import broadcast_index
+from autofuse.kernels.pointwise.kind import KernelConfig, PointwiseKind
 
 
 def is_scatter(graph: Graph, i: int) -> bool:

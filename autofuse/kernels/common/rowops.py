@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from autofuse.ir.ops import Helper, op_def
-from autofuse.kernels.base import FusionRefused, describe
-from autofuse.kernels.render import TL_DTYPE, Val, combine, compute_dtype, identity, is_float
+from autofuse.kernels.common.base import FusionRefused, describe
+from autofuse.kernels.common.render import TL_DTYPE, Val, combine, compute_dtype, identity, is_float
 
 _ARG_DOC = "    # the {w} value wins, a NaN beats every number, ties go to the lower index\n"
 ARGMAX = Helper(
