@@ -579,7 +579,7 @@ def test_ill_conditioned_results_are_judged_against_eagers_own_error(rblock):
     (it rejected a looped softmax normalizer on CUDA). The check accepts twice eager's own
     error, and still rejects a kernel that is wrong."""
     from autofuse.ir.eager import run_graph
-    from autofuse.kernels.pointwise.kind import KernelConfig
+    from autofuse.kernels.common.configs import KernelConfig
     from autofuse.measure import Candidate, verify_candidate
     from autofuse.measure.verify import compare, reference_outputs
 

@@ -317,7 +317,7 @@ def test_the_library_plan_is_re_timed_with_the_best(monkeypatch, tmp_path):
 def test_neighbours_take_every_field_one_step_before_any_field_two_steps():
     """A polish with a budget of a few configs tries each direction (block, warps, ...) once
     before going further along any one of them."""
-    from autofuse.kernels.pointwise.kind import KernelConfig
+    from autofuse.kernels.common.configs import KernelConfig
     from autofuse.tune.climb import OPTIONS
 
     cfg = KernelConfig(4, 1024, 8)

@@ -28,10 +28,11 @@ from autofuse.kernels.common.base import (
     describe,
     next_pow2,
 )
+from autofuse.kernels.common.configs import KernelConfig
 from autofuse.kernels.gemm.kind import GemmKind
 from autofuse.kernels.gemm.row import GemmRowKind, RowGemmConfig
 from autofuse.kernels.gemm.template import GemmConfig
-from autofuse.kernels.pointwise.kind import KernelConfig, PointwiseKind
+from autofuse.kernels.pointwise.kind import PointwiseKind
 from autofuse.kernels.reduction.kind import ReductionKind
 from autofuse.kernels.reduction.scan import ScanKind
 from autofuse.kernels.scatter.kind import ScatterKind

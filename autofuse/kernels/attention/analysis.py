@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels.common.base import FusionRefused, GroupInfo, describe, next_pow2
-from autofuse.kernels.gemm.kind import ancestors
+from autofuse.kernels.common.memory import ancestors
 from autofuse.kernels.reduction.kind import reduction_domain
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
 from autofuse.kernels.common.base import GroupInfo
+from autofuse.kernels.common.memory import ancestors
 from autofuse.kernels.common.views import broadcast_index, view_source_index
-from autofuse.kernels.gemm.kind import ancestors
 from autofuse.kernels.gemm.row import _only_through, constant_selects
 
 _FLT_MAX = 3.4028234663852886e38

@@ -51,7 +51,9 @@ from autofuse.kernels.common.base import (
     next_pow2,
     stored_nodes,
 )
+from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES, check_pow2
 from autofuse.kernels.common.emitter import Emitter, Scope
+from autofuse.kernels.common.memory import ITEM
 from autofuse.kernels.common.render import (
     LOG2E,
     TL_DTYPE,
@@ -66,9 +68,6 @@ from autofuse.kernels.common.views import (
     domain_index,
     view_source_index,
 )
-from autofuse.kernels.gemm.kind import ITEM
-from autofuse.kernels.gemm.template import HOPPER_SMEM_BYTES
-from autofuse.kernels.pointwise.kind import check_pow2
 
 
 @dataclass(frozen=True, order=True)

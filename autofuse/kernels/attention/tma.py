@@ -22,7 +22,7 @@ from typing import Any
 from autofuse.ir.graph import buffer_strides
 from autofuse.ir.indexing import Expr
 from autofuse.kernels.attention.analysis import head_block
-from autofuse.kernels.gemm.kind import ITEM
+from autofuse.kernels.common.memory import ITEM
 
 
 @dataclass(frozen=True)

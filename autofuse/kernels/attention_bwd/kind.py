@@ -27,9 +27,8 @@ from autofuse.kernels.attention_bwd.emit import (
     generate_attention_bwd,
 )
 from autofuse.kernels.common.base import GroupInfo, Kernel, nearest_config, next_pow2
-from autofuse.kernels.gemm.kind import ITEM
-from autofuse.kernels.gemm.template import HOPPER_SMEM_BYTES
-from autofuse.kernels.pointwise.kind import check_pow2
+from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES, check_pow2
+from autofuse.kernels.common.memory import ITEM
 
 
 def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdConfig]:

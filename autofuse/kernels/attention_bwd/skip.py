@@ -33,8 +33,8 @@ from autofuse.kernels.attention.bounds import (
 )
 from autofuse.kernels.attention_bwd.analysis import recomputed_softmax
 from autofuse.kernels.common.base import GroupInfo
+from autofuse.kernels.common.memory import ancestors
 from autofuse.kernels.common.views import broadcast_index
-from autofuse.kernels.gemm.kind import ancestors
 
 _UNDERFLOW = -200.0  # exp(x) is 0.0 in fp32 below this
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides
+from autofuse.ir.graph import Graph, contiguous_strides
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.common.base import (
     FusionRefused,
@@ -25,8 +25,8 @@ from autofuse.kernels.common.base import (
     stored_nodes,
 )
 from autofuse.kernels.common.emitter import Emitter, Scope
+from autofuse.kernels.common.memory import ITEM, ancestors, memory_offset
 from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype
-from autofuse.kernels.common.views import view_source_index
 from autofuse.kernels.gemm.template import (
     GemmConfig,
     GemmSpec,
@@ -36,8 +36,6 @@ from autofuse.kernels.gemm.template import (
     prune_configs,
     render,
 )
-
-ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
 def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
@@ -81,26 +79,6 @@ def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
     )
     GemmEmitter(graph, info, GemmConfig(16, 16, 16, 1, 1, 2)).hooks()  # index checks
     return info
-
-
-def memory_offset(graph: Graph, i: int, idx) -> Expr:
-    """Offset into the buffer behind node ``i`` (through its views) of element ``idx``."""
-    while graph[i].kind == "view":
-        idx = view_source_index(graph, i, idx)
-        i = graph[i].inputs[0]
-    node = graph[i]
-    strides = buffer_strides(node)
-    return linearize(idx, strides, node.shape)
-
-
-def ancestors(graph: Graph, i: int) -> set[int]:
-    out, todo = set(), list(graph.compute_inputs(i))
-    while todo:
-        j = todo.pop()
-        if j not in out:
-            out.add(j)
-            todo.extend(graph.compute_inputs(j))
-    return out
 
 
 def gemm_dims(graph: Graph, info: GroupInfo) -> tuple[int, int, int, int]:

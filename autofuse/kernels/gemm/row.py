@@ -22,7 +22,9 @@ from autofuse.kernels.common.base import (
     loaded_nodes,
     stored_nodes,
 )
+from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES, check_pow2
 from autofuse.kernels.common.emitter import Emitter, Scope, render_loop_kernel
+from autofuse.kernels.common.memory import ITEM, ancestors, memory_offset
 from autofuse.kernels.common.render import (
     TL_DTYPE,
     Val,
@@ -35,9 +37,6 @@ from autofuse.kernels.common.render import (
 )
 from autofuse.kernels.common.rowops import is_row_op
 from autofuse.kernels.common.views import broadcast_index, view_source_index
-from autofuse.kernels.gemm.kind import ITEM, ancestors, memory_offset
-from autofuse.kernels.gemm.template import HOPPER_SMEM_BYTES
-from autofuse.kernels.pointwise.kind import check_pow2
 from autofuse.kernels.reduction.kind import check_stored_shapes, reduction_domain
 
 

@@ -78,7 +78,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autofuse.settings import HOPPER
+from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES
 
 __all__ = [
     "GemmConfig",
@@ -90,10 +90,8 @@ __all__ = [
     "load_kernel",
     "default_configs",
     "prune_configs",
-    "HOPPER_SMEM_BYTES",
 ]
 
-HOPPER_SMEM_BYTES = HOPPER.smem_bytes  # max dynamic shared memory per block on H100/H200
 
 Hook = Callable[[], Sequence[str]] | Sequence[str]
 

@@ -17,9 +17,9 @@ from autofuse.kernels.common.base import (
     prev_pow2,
     stored_nodes,
 )
+from autofuse.kernels.common.configs import KernelConfig, check_pow2
 from autofuse.kernels.common.emitter import Emitter, render_loop_kernel
 from autofuse.kernels.common.sizes import config_xnumel
-from autofuse.kernels.pointwise.kind import KernelConfig, check_pow2
 
 
 def reduction_domain(

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels.common.base import GroupInfo, next_pow2
+from autofuse.kernels.common.configs import KernelConfig
 from autofuse.kernels.common.rowops import MAX_ROW, is_scan
-from autofuse.kernels.pointwise.kind import KernelConfig
 from autofuse.kernels.reduction.kind import ReductionKind
 
 

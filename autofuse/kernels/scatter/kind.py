@@ -28,6 +28,7 @@ from autofuse.kernels.common.base import (
     loaded_nodes,
     stored_nodes,
 )
+from autofuse.kernels.common.configs import KernelConfig
 from autofuse.kernels.common.emitter import Emitter, render_loop_kernel
 from autofuse.kernels.common.indexed import (
     broadcast_shapes,
@@ -37,7 +38,7 @@ from autofuse.kernels.common.indexed import (
 )
 from autofuse.kernels.common.render import cast, compute_dtype
 from autofuse.kernels.common.views import broadcast_index
-from autofuse.kernels.pointwise.kind import KernelConfig, PointwiseKind
+from autofuse.kernels.pointwise.kind import PointwiseKind
 
 
 def is_scatter(graph: Graph, i: int) -> bool:
