@@ -9,7 +9,7 @@ import torch
 from autofuse.frontend import dynamo
 from autofuse.ir.graph import Graph
 from autofuse.kernels import analyze_group, generate
-from autofuse.kernels import attention_bwd_space as ab
+from autofuse.kernels.attention_bwd import kind as ab
 from autofuse.kernels.attention_bwd.emit import AttentionBwdConfig
 from autofuse.kernels.attention_bwd.kind import attention_bwd_configs
 from autofuse.partition import Partitioner

@@ -2,7 +2,9 @@
 
 A refactor of the kernel layer must not change one byte of what it generates. The corpus: the
 public suite (``experiments/workloads.py``) at small CPU shapes in bf16, the model functions
-(``experiments/model_functions.py``) at their CPU shapes, and, where the shared KernelBench
+(``experiments/model_functions.py``) at their CPU shapes, small functions for the kinds those
+do not reach (row GEMM, scan, scatter, and the attention backward: a training step through
+the backend, its forward and backward graphs), and, where the shared KernelBench
 folder is present, its level 1 and level 2 problems at the runner's reduced shapes. Each is
 captured and partitioned (greedy, untuned, matmuls in cuBLAS); every group's kernel is
 generated, never run, at its default config, with runtime sizes where its kind takes them, and
@@ -29,6 +31,7 @@ import torch
 from autofuse.capture import capture
 from autofuse.kernels import (
     FusionRefused,
+    Kernel,
     analyze_group,
     bucket_config_fits,
     config_label,
@@ -44,7 +47,7 @@ PINS = Path(__file__).resolve().parent / "data" / "kernel_sources.json"
 KB_LEVELS = (1, 2)
 SAMPLED = 3  # config-space entries per group beside the default (first, middle, last)
 
-Case = tuple[str, Callable[..., Any], tuple]
+Case = tuple[str, Callable[..., Any], tuple | None]
 
 # the suite's workloads at small CPU shapes (odd sizes: masks and tails)
 SUITE_SHAPES: dict[str, tuple[tuple[int, ...], ...]] = {
@@ -88,6 +91,53 @@ def model_cases() -> Iterator[Case]:
         yield f"model/{w.name}", w.fn, tuple(w.inputs("cpu", torch.float32))
 
 
+def _row_gemm(x, w):
+    return torch.softmax(x @ w, dim=-1)
+
+
+def _scan(x):
+    return torch.cumsum(x * 2.0, dim=-1), torch.cumprod(x, dim=0)
+
+
+def _scatter(x, idx, src):
+    return x.index_add(0, idx, src * 2.0), torch.zeros_like(x).scatter_add(1, idx[:, None] % 5, src)
+
+
+def _attention_step(q, k, v):
+    s = torch.softmax((q @ k.transpose(-1, -2)) * 0.25, dim=-1)
+    return s @ v
+
+
+def _backend_graphs(fn: Callable[..., Any], inputs: tuple) -> Callable[[], list]:
+    """The forward and backward graphs the backend compiles for a training step of ``fn``."""
+
+    def graphs() -> list:
+        from autofuse.frontend import dynamo
+
+        torch._dynamo.reset()
+        backend = dynamo.make_backend()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.compile(fn, backend=backend)(*inputs).sum().backward()
+        torch._dynamo.reset()
+        return [r.plan.graph for r in backend.records]
+
+    return graphs
+
+
+def kind_cases() -> Iterator[Case]:
+    """Kinds the suite and the model functions do not reach (row GEMM, scan, scatter, the
+    attention backward through the backend)."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(12, 16, generator=g), torch.randn(16, 20, generator=g)
+    yield "kinds/row_gemm", _row_gemm, (x, w)
+    yield "kinds/scan", _scan, (torch.randn(6, 40, generator=g),)
+    idx = torch.tensor([0, 2, 2, 5])
+    yield "kinds/scatter", _scatter, (torch.randn(6, 5, generator=g), idx, torch.randn(4, 5))
+    qkv = [torch.randn(2, 19, 16, generator=g).requires_grad_() for _ in range(3)]
+    yield "kinds/attention_train", _backend_graphs(_attention_step, tuple(qkv)), None
+
+
 def kernelbench_dir() -> Path | None:
     from experiments.kernelbench import default_dir
 
@@ -117,9 +167,9 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _source(graph: Any, info: Any, config: Any, index: int) -> str:
+def _kernel(graph: Any, info: Any, config: Any, index: int) -> Kernel | str:
     try:
-        return _digest(generate(graph, info, config, index).source)
+        return generate(graph, info, config, index)
     except Exception as e:  # noqa: BLE001 - a config a kind refuses is pinned as refused
         return f"refused: {type(e).__name__}"
 
@@ -131,31 +181,40 @@ def _sampled(space: list) -> list:
     return [space[i] for i in picks]
 
 
-def _group_sources(graph: Any, info: Any, index: int) -> dict[str, str]:
-    out = {}
+def _group_kernels(graph: Any, info: Any, index: int) -> Iterator[tuple[str, Kernel | str]]:
     cfg = default_config(info, graph)
-    out[f"default {config_label(cfg)}"] = _source(graph, info, cfg, index)
+    yield f"default {config_label(cfg)}", _kernel(graph, info, cfg, index)
     if bucket_config_fits(info):
         with runtime_sizes(("pin",)):
             cfg = default_config(info, graph)
-            out[f"runtime {config_label(cfg)}"] = _source(graph, info, cfg, index)
+            yield f"runtime {config_label(cfg)}", _kernel(graph, info, cfg, index)
     for cfg in _sampled(config_space(info, graph)):
-        out[f"space {config_label(cfg)}"] = _source(graph, info, cfg, index)
-    return out
+        yield f"space {config_label(cfg)}", _kernel(graph, info, cfg, index)
 
 
-def case_sources(fn: Callable[..., Any], inputs: tuple) -> dict[str, str]:
-    """Every kernel of ``fn``'s partitions: ``<partition>/<group nodes>/<config>`` -> hash."""
+def case_kernels(fn: Callable[..., Any], inputs: tuple | None) -> Iterator[tuple[str, Any, Any]]:
+    """Every kernel of ``fn``'s partitions: ``(<partition>/<group nodes>/<config>, graph,
+    kernel)``, the kernel a string where it was refused. ``inputs`` None: ``fn()`` gives the
+    graphs themselves (keys prefixed by the graph's position)."""
+    if inputs is None:
+        for n, graph in enumerate(fn()):
+            for key, g, kernel in graph_kernels(graph):
+                yield f"graph{n}/{key}", g, kernel
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             graph = capture(fn, inputs).graph
         except Exception as e:  # noqa: BLE001 - a capture failure is pinned as such
-            return {"capture": f"refused: {type(e).__name__}"}
+            yield "capture", None, f"refused: {type(e).__name__}"
+            return
+    yield from graph_kernels(graph)
+
+
+def graph_kernels(graph: Any) -> Iterator[tuple[str, Any, Any]]:
     space = Partitioner(graph)
     greedy, untuned = space.greedy(), space.untuned()
     parts = {"greedy": greedy, "untuned": untuned, "library": space.library_gemms(greedy)}
-    out: dict[str, str] = {}
     for pname, part in parts.items():
         for k, group in enumerate(part.groups if part is not None else ()):
             if eager_group(graph, group):
@@ -165,14 +224,22 @@ def case_sources(fn: Callable[..., Any], inputs: tuple) -> dict[str, str]:
                 info = analyze_group(graph, group)
             except FusionRefused:
                 continue
-            for key, digest in _group_sources(graph, info, k).items():
-                out[f"{pname}/{nodes}/{key}"] = digest
-    return out
+            for key, kernel in _group_kernels(graph, info, k):
+                yield f"{pname}/{nodes}/{key}", graph, kernel
+
+
+def case_sources(fn: Callable[..., Any], inputs: tuple) -> dict[str, str]:
+    """Every kernel of ``fn``'s partitions: ``<partition>/<group nodes>/<config>`` -> hash."""
+    return {
+        key: kernel if isinstance(kernel, str) else _digest(kernel.source)
+        for key, _, kernel in case_kernels(fn, inputs)
+    }
 
 
 def corpus(kernelbench: bool) -> Iterator[Case]:
     yield from suite_cases()
     yield from model_cases()
+    yield from kind_cases()
     if kernelbench:
         for level in KB_LEVELS:
             yield from kernelbench_cases(level)
