@@ -29,6 +29,7 @@ from autofuse.kernels.common.base import (
     next_pow2,
 )
 from autofuse.kernels.common.configs import KernelConfig
+from autofuse.kernels.common.cost import LoopCost, TileCost
 from autofuse.kernels.gemm.kind import GemmKind
 from autofuse.kernels.gemm.row import GemmRowKind, RowGemmConfig
 from autofuse.kernels.gemm.template import GemmConfig
@@ -56,6 +57,7 @@ __all__ = [
     "config_classes",
     "config_label",
     "config_space",
+    "cost_facts",
     "default_config",
     "generate",
     "kind_of",
@@ -119,6 +121,11 @@ def generate(graph: Graph, info: GroupInfo, config: Any, index: int = 0) -> Kern
     kind = kind_of(info)
     kind.check_config(info, config)
     return kind.generate(graph, info, config, index)
+
+
+def cost_facts(graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost | TileCost:
+    """What ``kernel`` moves and computes, as its kind tells the cost model."""
+    return kind_of(info).cost_facts(graph, info, kernel)
 
 
 def check_config(info: GroupInfo, config: Any) -> None:

@@ -38,6 +38,7 @@ from autofuse.kernels.attention.bounds import (
     whole_columns,
     whole_range_lines,
 )
+from autofuse.kernels.attention.cost import attention_cost
 from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
@@ -52,6 +53,7 @@ from autofuse.kernels.common.base import (
     stored_nodes,
 )
 from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES, check_pow2
+from autofuse.kernels.common.cost import TileCost
 from autofuse.kernels.common.emitter import Emitter, Scope
 from autofuse.kernels.common.memory import ITEM
 from autofuse.kernels.common.render import (
@@ -619,6 +621,9 @@ class AttentionKind:
         if not isinstance(config, AttentionConfig):
             raise ValueError(f"an attention kernel takes an AttentionConfig, got {config!r}")
         check_pow2(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, num_warps=config.num_warps)
+
+    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
+        return attention_cost(graph, info, kernel)
 
     def prefix(self, info: GroupInfo, config: AttentionConfig) -> str:
         return "att"

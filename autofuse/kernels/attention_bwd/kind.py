@@ -28,6 +28,7 @@ from autofuse.kernels.attention_bwd.emit import (
 )
 from autofuse.kernels.common.base import GroupInfo, Kernel, nearest_config, next_pow2
 from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES, check_pow2
+from autofuse.kernels.common.cost import LoopCost, loop_cost
 from autofuse.kernels.common.memory import ITEM
 
 
@@ -134,6 +135,10 @@ class AttentionBwdKind:
                 f"an attention backward kernel takes an AttentionBwdConfig, got {config!r}"
             )
         check_pow2(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, num_warps=config.num_warps)
+
+    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
+        cfg = kernel.config
+        return loop_cost(graph, info, kernel, cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps)
 
     def prefix(self, info: GroupInfo, config: AttentionBwdConfig) -> str:
         return "attbwd"

@@ -202,7 +202,8 @@ class KernelKind(Protocol):
     class; ``generate`` renders one kernel with its metadata; ``prefix`` names it.
     ``library_first``: a plan chosen without measuring runs this kind's matmuls as library
     calls (cuBLAS) with the rest of the group fused in its own kernel; only a search that
-    times the generated kernel faster picks it.
+    times the generated kernel faster picks it. ``cost_facts`` tells the cost model what one
+    of its kernels moves and computes (``common.cost``: a loop or a tiled product).
     """
 
     name: str
@@ -222,3 +223,5 @@ class KernelKind(Protocol):
     def prefix(self, info: GroupInfo, config: Any) -> str: ...
 
     def generate(self, graph: Graph, info: GroupInfo, config: Any, index: int) -> Kernel: ...
+
+    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> Any: ...

@@ -1,13 +1,23 @@
-"""Where a node's elements live: item sizes by dtype, a node's offset into the buffer behind its
-views, and a node's ancestors (the matmul kinds walk them)."""
+"""Where a node's elements live: item sizes by dtype, a node's bytes, its offset into the buffer
+behind its views, and its ancestors (the matmul kinds walk them)."""
 
 from __future__ import annotations
 
-from autofuse.ir.graph import Graph, buffer_strides
+from autofuse.ir.graph import Graph, buffer_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.common.views import view_source_index
 
 ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+ITEMSIZE = {
+    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+
+
+def nbytes(graph: Graph, i: int) -> int:
+    """The bytes of node ``i``'s value (an unknown dtype counted as 4 bytes an element)."""
+    n = graph[i]
+    return numel(n.shape) * ITEMSIZE.get(n.dtype, 4)
 
 
 def memory_offset(graph: Graph, i: int, idx) -> Expr:

@@ -24,9 +24,11 @@ from autofuse.kernels.common.base import (
     loaded_nodes,
     stored_nodes,
 )
+from autofuse.kernels.common.cost import TileCost
 from autofuse.kernels.common.emitter import Emitter, Scope
 from autofuse.kernels.common.memory import ITEM, ancestors, memory_offset
 from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype
+from autofuse.kernels.gemm.cost import gemm_cost
 from autofuse.kernels.gemm.template import (
     GemmConfig,
     GemmSpec,
@@ -337,6 +339,9 @@ class GemmKind:
     def check_config(self, info: GroupInfo, config: GemmConfig) -> None:
         if not isinstance(config, GemmConfig):
             raise ValueError(f"a GEMM kernel takes a GemmConfig, got {type(config).__name__}")
+
+    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
+        return gemm_cost(graph, info, kernel)
 
     def prefix(self, info: GroupInfo, config: GemmConfig) -> str:
         return "mm"

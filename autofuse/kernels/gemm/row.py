@@ -23,6 +23,7 @@ from autofuse.kernels.common.base import (
     stored_nodes,
 )
 from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES, check_pow2
+from autofuse.kernels.common.cost import LoopCost, loop_cost
 from autofuse.kernels.common.emitter import Emitter, Scope, render_loop_kernel
 from autofuse.kernels.common.memory import ITEM, ancestors, memory_offset
 from autofuse.kernels.common.render import (
@@ -576,6 +577,10 @@ class GemmRowKind:
 
     def check_config(self, info: GroupInfo, config: RowGemmConfig) -> None:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps, RBLOCK=config.RBLOCK)
+
+    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
+        cfg = kernel.config
+        return loop_cost(graph, info, kernel, cfg.XBLOCK, cfg.RBLOCK, cfg.num_warps)
 
     def prefix(self, info: GroupInfo, config: RowGemmConfig) -> str:
         return "mmper" if config.RBLOCK >= info.rnumel else "mmred"

@@ -14,6 +14,7 @@ from autofuse.kernels.common.base import (
     stored_nodes,
 )
 from autofuse.kernels.common.configs import KernelConfig, check_pow2
+from autofuse.kernels.common.cost import LoopCost, loop_cost
 from autofuse.kernels.common.emitter import Emitter, render_loop_kernel
 from autofuse.kernels.common.sizes import config_xnumel
 
@@ -61,6 +62,10 @@ class PointwiseKind:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)
         if config.RBLOCK:
             raise ValueError(f"a pointwise kernel takes RBLOCK=0, got {config.RBLOCK}")
+
+    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
+        cfg = kernel.config
+        return loop_cost(graph, info, kernel, cfg.XBLOCK, cfg.RBLOCK, cfg.num_warps)
 
     def prefix(self, info: GroupInfo, config: KernelConfig) -> str:
         return "poi"

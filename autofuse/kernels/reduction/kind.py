@@ -18,6 +18,7 @@ from autofuse.kernels.common.base import (
     stored_nodes,
 )
 from autofuse.kernels.common.configs import KernelConfig, check_pow2
+from autofuse.kernels.common.cost import LoopCost, loop_cost
 from autofuse.kernels.common.emitter import Emitter, render_loop_kernel
 from autofuse.kernels.common.sizes import config_xnumel
 
@@ -149,6 +150,10 @@ class ReductionKind:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)
         if config.RBLOCK < 1 or config.RBLOCK & (config.RBLOCK - 1):
             raise ValueError(f"RBLOCK must be a power of two for a reduction, got {config.RBLOCK}")
+
+    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
+        cfg = kernel.config
+        return loop_cost(graph, info, kernel, cfg.XBLOCK, cfg.RBLOCK, cfg.num_warps)
 
     def prefix(self, info: GroupInfo, config: KernelConfig) -> str:
         return "per" if config.RBLOCK >= info.rnumel else "red"
