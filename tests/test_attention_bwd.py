@@ -351,11 +351,11 @@ def test_the_search_times_tma_flip_and_whole_beside_the_default():
     backward's TMA reads, its flipped key programs and its whole-tile loop are each timed
     against it (their worth is the machine's register allocation)."""
     from autofuse.kernels.attention_bwd.kind import attention_bwd_default
-    from autofuse.tune.climb import _option_switches
+    from autofuse.tune.climb import option_switches
 
     graph, _, _, info, _, _ = _bwd_group(eager_attention, 64, 16)
     space = attention_bwd_configs(graph, info)
     default = attention_bwd_default(graph, info)
-    switched = {f for c in _option_switches(default, space) for f in ("TMA", "flip", "whole")
+    switched = {f for c in option_switches(default, space) for f in ("TMA", "flip", "whole")
                 if getattr(c, f) != getattr(default, f)}  # fmt: skip
     assert switched == {"TMA", "flip", "whole"}

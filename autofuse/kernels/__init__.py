@@ -63,6 +63,7 @@ __all__ = [
     "kind_of",
     "library_first",
     "next_pow2",
+    "switches",
 ]
 
 KINDS: tuple[KernelKind, ...] = (
@@ -83,7 +84,7 @@ def bucket_config_fits(info: GroupInfo) -> bool:
     """Whether a launch config chosen for one shape of a bucket is kept for the bucket's other
     shapes (the loop kinds, whose configs are chosen by bucket); other kinds choose again at
     each exact shape."""
-    return bool(getattr(kind_of(info), "runtime_sizes", False))
+    return kind_of(info).runtime_sizes
 
 
 def kind_of(info: GroupInfo) -> KernelKind:
@@ -145,6 +146,12 @@ def default_config(info: GroupInfo, graph: Graph | None = None) -> Any:
 
 def config_label(config: Any) -> str:
     return config.label() if hasattr(config, "label") else str(config)
+
+
+def switches(config: Any) -> tuple[str, ...]:
+    """The fields of ``config`` that the search and the polish switch on and off (its config
+    class's ``SWITCHES``; none for a config of no kind)."""
+    return tuple(getattr(type(config), "SWITCHES", ()))
 
 
 def config_classes() -> dict[str, type]:

@@ -21,6 +21,7 @@ adds them exactly as eager would.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
@@ -77,6 +78,7 @@ class AttentionConfig(TileConfig):
     """BLOCK_M query rows per program, BLOCK_N keys per step of the key loop; ``TMA``: K and V
     tiles read through tensor descriptors (``attention_tma.py``)."""
 
+    SWITCHES: ClassVar[tuple[str, ...]] = ("TMA",)  # the search and the polish switch it
     TMA: bool = False
 
     def label(self) -> str:
@@ -601,6 +603,7 @@ def attention_default(graph: Graph, info: GroupInfo) -> AttentionConfig:
 
 class AttentionKind:
     name = "attention"
+    runtime_sizes = False  # sizes baked in: a config and a kernel per exact shape
     library_first = False
     config_class = AttentionConfig
 

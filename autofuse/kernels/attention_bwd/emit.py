@@ -25,6 +25,7 @@ such a program visits every tile.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
@@ -57,6 +58,8 @@ class AttentionBwdConfig(TileConfig):
     BLOCK_N at a time, or, with ``swap``, holds BLOCK_N rows and walks BLOCK_M keys (both
     kinds then hold the same block and walk the other: a large held block, a small step)."""
 
+    # the search and the polish switch these on and off (``swap`` is a shape: a neighbour)
+    SWITCHES: ClassVar[tuple[str, ...]] = ("flip", "TMA", "whole")
     num_stages: int = 1
     swap: bool = False
     # the key programs compute their tiles turned over (keys by rows, as the Triton tutorial's

@@ -114,6 +114,7 @@ def attention_bwd_default(graph: Graph, info: GroupInfo) -> AttentionBwdConfig:
 
 class AttentionBwdKind:
     name = KIND
+    runtime_sizes = False  # sizes baked in: a config and a kernel per exact shape
     library_first = False
     config_class = AttentionBwdConfig
 

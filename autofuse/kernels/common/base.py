@@ -4,7 +4,7 @@ plugin protocol, and the refusal a kind raises when a group cannot be one of its
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from autofuse.ir.graph import Graph, numel
 
@@ -37,6 +37,7 @@ class TileConfig:
     stages. ``XBLOCK`` / ``RBLOCK`` are the loop emitter's (and the cost model's) names for
     the row and column blocks."""
 
+    SWITCHES: ClassVar[tuple[str, ...]] = ()  # fields the search and the polish switch on and off
     BLOCK_M: int
     BLOCK_N: int
     num_warps: int = 4
@@ -202,13 +203,16 @@ class KernelKind(Protocol):
     class; ``generate`` renders one kernel with its metadata; ``prefix`` names it.
     ``library_first``: a plan chosen without measuring runs this kind's matmuls as library
     calls (cuBLAS) with the rest of the group fused in its own kernel; only a search that
-    times the generated kernel faster picks it. ``cost_facts`` tells the cost model what one
+    times the generated kernel faster picks it. ``runtime_sizes``: its kernels take their row
+    count as an argument under ``common.sizes.runtime_sizes`` (configs chosen by size bucket,
+    one kernel for the bucket's shapes). ``cost_facts`` tells the cost model what one
     of its kernels moves and computes (``common.cost``: a loop or a tiled product).
     """
 
     name: str
     config_class: type
     library_first: bool
+    runtime_sizes: bool
 
     def claims(self, graph: Graph, members: frozenset[int]) -> bool: ...
 

@@ -4,6 +4,7 @@ reduction, scan, scatter), the power-of-two check, the shared memory a block may
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from autofuse.settings import HOPPER
 
@@ -15,6 +16,10 @@ class KernelConfig:
     """Launch parameters of a loop kernel (pointwise or reduction): XBLOCK elements (or rows)
     per program, RBLOCK reduced elements per step (0 for pointwise kernels), num_warps."""
 
+    SWITCHES: ClassVar[tuple[str, ...]] = (
+        "HOIST",
+        "ONE_STAGE",
+    )  # on/off: the search and the polish switch them
     XBLOCK: int
     RBLOCK: int = 0
     num_warps: int = 4

@@ -320,6 +320,7 @@ class GemmKind:
     # kernel for gemm+bias+GELU and SwiGLU (results/h200/lib_a3c3894.*; 447 us), and the
     # generated gemm+bias+GELU kernel took 448-466 us across its best configs
     # (gemm_probe_088186d.json): unmeasured plans, at default configs, start from cuBLAS
+    runtime_sizes = False  # sizes baked in: a config and a kernel per exact shape
     library_first = True
     config_class = GemmConfig
 

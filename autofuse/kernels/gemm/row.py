@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
@@ -46,6 +47,10 @@ class RowGemmConfig:
     """XBLOCK output rows (BLOCK_M) per program, RBLOCK columns (BLOCK_N) per step of the row,
     BLOCK_K of the inner product per dot."""
 
+    SWITCHES: ClassVar[tuple[str, ...]] = (
+        "SKIP",
+        "PIPELINE",
+    )  # the search and the polish switch them
     XBLOCK: int
     RBLOCK: int
     BLOCK_K: int
@@ -559,6 +564,7 @@ def _log2(x: int) -> int:
 
 class GemmRowKind:
     name = "gemm_row"
+    runtime_sizes = False  # sizes baked in: a config and a kernel per exact shape
     library_first = False
     config_class = RowGemmConfig
 

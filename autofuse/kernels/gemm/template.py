@@ -76,7 +76,7 @@ import ast
 import keyword
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES
 
@@ -98,6 +98,10 @@ Hook = Callable[[], Sequence[str]] | Sequence[str]
 
 @dataclass(frozen=True)
 class GemmConfig:
+    SWITCHES: ClassVar[tuple[str, ...]] = (
+        "TMA",
+        "PERSISTENT",
+    )  # the search and the polish switch them
     BLOCK_M: int
     BLOCK_N: int
     BLOCK_K: int
