@@ -63,6 +63,7 @@ __all__ = [
     "kind_of",
     "library_first",
     "next_pow2",
+    "proposed_groups",
     "switches",
 ]
 
@@ -115,6 +116,14 @@ def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
         if kind.claims(graph, members):
             return kind.analyze(graph, members)
     raise FusionRefused(f"no kernel kind takes the group {sorted(members)}")
+
+
+def proposed_groups(
+    graph: Graph, members: frozenset[int], reach: dict[int, int]
+) -> list[frozenset[int]]:
+    """The candidate groups the kinds propose among ``members`` (see ``KernelKind``), in the
+    kinds' order; not checked (the partitioner checks each)."""
+    return [group for kind in KINDS for group in kind.proposals(graph, members, reach)]
 
 
 def generate(graph: Graph, info: GroupInfo, config: Any, index: int = 0) -> Kernel:

@@ -307,7 +307,7 @@ def allocate_outputs(graph: Graph, info: GroupInfo, device: torch.device) -> lis
 
 
 _BROKEN: dict[tuple[str, str], str] = {}  # (source, name) -> why it could not be built
-_MISALIGNED: set[str] = set()  # TMA kernels already warned about a misaligned input
+_MISALIGNED: set[str] = set()  # kernels already warned about a misaligned input
 
 
 class KernelBuildWarning(RuntimeWarning):
@@ -327,13 +327,14 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
         return _give_up(run, kernel, e, "loaded")
     env = run.env
     ins = [env[i] if given else run.laid_out(i) for i, given in step.load_kinds(run.plan.graph)]
-    if launcher.scratch and any(t.data_ptr() % 16 for t in ins):
-        if kernel.name not in _MISALIGNED:  # a sliced input: TMA needs 16-byte aligned bases
+    align = kernel.meta.input_alignment
+    if align and any(t.data_ptr() % align for t in ins):
+        if kernel.name not in _MISALIGNED:  # a sliced input, its base off the kernel's alignment
             _MISALIGNED.add(kernel.name)
             warnings.warn(
-                f"autofuse: kernel {kernel.name} reads its operands through TMA descriptors, "
-                "which need 16-byte aligned buffers; an input is not, so its ops run in eager "
-                "on such inputs",
+                f"autofuse: kernel {kernel.name} reads its operands through tensor descriptors, "
+                f"which need {align}-byte aligned buffers; an input is not, so its ops run in "
+                "eager on such inputs",
                 RuntimeWarning,
                 stacklevel=3,
             )

@@ -39,8 +39,10 @@ from autofuse.kernels.attention.bounds import (
     whole_columns,
     whole_range_lines,
 )
+from autofuse.kernels.attention.chains import chain_groups
 from autofuse.kernels.attention.cost import attention_cost
 from autofuse.kernels.common.base import (
+    DESCRIPTOR_ALIGNMENT,
     FusionRefused,
     GroupInfo,
     Kernel,
@@ -546,6 +548,7 @@ def generate_attention(
             dots=2,
             work=em.key_fraction(),
             needs_allocator=config.TMA,
+            input_alignment=DESCRIPTOR_ALIGNMENT if config.TMA else 0,
         ),
     )
 
@@ -627,6 +630,13 @@ class AttentionKind:
 
     def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
         return attention_cost(graph, info, kernel)
+
+    def proposals(
+        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
+    ) -> list[frozenset[int]]:
+        """Attention chains (the backward's joined ones too), which pairwise merges reach only
+        through groups no kind takes."""
+        return chain_groups(graph, members, reach)
 
     def prefix(self, info: GroupInfo, config: AttentionConfig) -> str:
         return "att"

@@ -34,6 +34,7 @@ from autofuse.kernels.attention_bwd import tma as attention_bwd_tma
 from autofuse.kernels.attention_bwd.analysis import BwdParts, GradMatmul, bwd_parts, tile_index
 from autofuse.kernels.attention_bwd.skip import SkipPlan, skip_plan
 from autofuse.kernels.common.base import (
+    DESCRIPTOR_ALIGNMENT,
     FusionRefused,
     GroupInfo,
     Kernel,
@@ -533,5 +534,6 @@ def generate_attention_bwd(
             dots=em.dots,
             work=work,
             needs_allocator=bool(em.descriptors),
+            input_alignment=DESCRIPTOR_ALIGNMENT if em.descriptors else 0,
         ),
     )

@@ -141,6 +141,11 @@ class AttentionBwdKind:
         cfg = kernel.config
         return loop_cost(graph, info, kernel, cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps)
 
+    def proposals(
+        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
+    ) -> list[frozenset[int]]:
+        return []  # every group of this kind is reached by pairwise merges
+
     def prefix(self, info: GroupInfo, config: AttentionBwdConfig) -> str:
         return "attbwd"
 

@@ -99,6 +99,8 @@ class GroupInfo:
         return bool(self.reduce_dims)
 
 
+DESCRIPTOR_ALIGNMENT = 16  # a TMA tensor descriptor's base must be 16-byte aligned
+
 INLINE_OPS = ("const", "iota")  # computed where they are read; never loaded, never a group
 
 
@@ -141,7 +143,9 @@ class KernelMeta:
     tile (a row-GEMM recomputes its product in every pass). ``tiles``: a GEMM kernel's output
     tiling ``(BLOCK_M, BLOCK_N, BLOCK_K, shared memory bytes)``, None for other kernels.
     ``needs_allocator``: the kernel makes tensor descriptors on the device (Triton's scratch
-    allocator must be set). ``work``: the fraction of its product tiles the kernel computes (an
+    allocator must be set). ``input_alignment``: the bytes every loaded buffer's base must be
+    a multiple of (a tensor descriptor's: :data:`DESCRIPTOR_ALIGNMENT`), 0 for any; the runtime
+    runs the group's ops in eager on inputs that are not. ``work``: the fraction of its product tiles the kernel computes (an
     attention kernel whose mask bounds the key loop: about half for a causal one).
     ``selective_loads``: the positions in ``info.loads`` of buffers read only on the lanes a
     ``where`` takes them from (``masked_fill(~tril, min)``: the masked half is not read).
@@ -153,6 +157,7 @@ class KernelMeta:
     dots: int = 0
     tiles: tuple[int, int, int, int] | None = None
     needs_allocator: bool = False
+    input_alignment: int = 0
     work: float = 1.0
     selective_loads: tuple[int, ...] = ()
     kept_loads: tuple[int, ...] = ()
@@ -205,7 +210,9 @@ class KernelKind(Protocol):
     calls (cuBLAS) with the rest of the group fused in its own kernel; only a search that
     times the generated kernel faster picks it. ``runtime_sizes``: its kernels take their row
     count as an argument under ``common.sizes.runtime_sizes`` (configs chosen by size bucket,
-    one kernel for the bucket's shapes). ``cost_facts`` tells the cost model what one
+    one kernel for the bucket's shapes). ``proposals``: candidate groups among ``members`` that
+    pairwise merging cannot reach (``reach[n]``: the bitset of nodes reachable from ``n``), which
+    the partitioner tries first. ``cost_facts`` tells the cost model what one
     of its kernels moves and computes (``common.cost``: a loop or a tiled product).
     """
 
@@ -229,3 +236,7 @@ class KernelKind(Protocol):
     def generate(self, graph: Graph, info: GroupInfo, config: Any, index: int) -> Kernel: ...
 
     def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> Any: ...
+
+    def proposals(
+        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
+    ) -> list[frozenset[int]]: ...

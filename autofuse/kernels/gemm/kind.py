@@ -15,6 +15,7 @@ from dataclasses import replace
 from autofuse.ir.graph import Graph, contiguous_strides
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.common.base import (
+    DESCRIPTOR_ALIGNMENT,
     FusionRefused,
     GroupInfo,
     Kernel,
@@ -289,7 +290,8 @@ def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int 
                 config.BLOCK_K,
                 config.smem_bytes(item, len(info.matmuls)),
             ),
-            needs_allocator=bool(getattr(config, "TMA", False)),
+            needs_allocator=config.TMA,
+            input_alignment=DESCRIPTOR_ALIGNMENT if config.TMA else 0,
         ),
     )
 
@@ -343,6 +345,11 @@ class GemmKind:
 
     def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
         return gemm_cost(graph, info, kernel)
+
+    def proposals(
+        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
+    ) -> list[frozenset[int]]:
+        return []  # every group of this kind is reached by pairwise merges
 
     def prefix(self, info: GroupInfo, config: GemmConfig) -> str:
         return "mm"

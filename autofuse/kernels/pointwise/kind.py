@@ -67,6 +67,11 @@ class PointwiseKind:
         cfg = kernel.config
         return loop_cost(graph, info, kernel, cfg.XBLOCK, cfg.RBLOCK, cfg.num_warps)
 
+    def proposals(
+        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
+    ) -> list[frozenset[int]]:
+        return []  # every group of this kind is reached by pairwise merges
+
     def prefix(self, info: GroupInfo, config: KernelConfig) -> str:
         return "poi"
 
