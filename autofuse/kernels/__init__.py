@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.attention.kind import AttentionConfig, AttentionKind
+from autofuse.kernels.attention.emit import AttentionConfig
+from autofuse.kernels.attention.kind import AttentionKind
 from autofuse.kernels.attention_bwd.emit import AttentionBwdConfig
 from autofuse.kernels.attention_bwd.kind import AttentionBwdKind
 from autofuse.kernels.common.base import (

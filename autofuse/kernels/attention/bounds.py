@@ -27,8 +27,8 @@ from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
 from autofuse.kernels.common.base import GroupInfo
 from autofuse.kernels.common.memory import ancestors
+from autofuse.kernels.common.selects import constant_selects, only_through
 from autofuse.kernels.common.views import broadcast_index, view_source_index
-from autofuse.kernels.gemm.row import _only_through, constant_selects
 
 _FLT_MAX = 3.4028234663852886e38
 
@@ -89,7 +89,7 @@ def _additive_masks(graph: Graph, info: GroupInfo, full):
                 continue
             if mm not in ancestors(graph, x) | {graph.base_of(x)}:
                 continue
-            if not _only_through(graph, info, mm, a):
+            if not only_through(graph, info, mm, a):
                 continue
             index, j = broadcast_index(graph[m].shape, node.shape, full), m
             while graph[j].kind == "view":

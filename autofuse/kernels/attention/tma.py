@@ -36,7 +36,7 @@ class Operand:
     row: Expr
 
 
-def _split(off: Expr, key: str, dim: str) -> tuple[int, Expr] | None:
+def split_offset(off: Expr, key: str, dim: str) -> tuple[int, Expr] | None:
     """``off`` as ``pitch * key + dim + row`` (row free of key and dim, a multiple of the
     pitch): (pitch, row / pitch), else None."""
     pitch, unit, rest = None, False, []
@@ -70,7 +70,7 @@ def operand(em: Any, which: str) -> Operand | None:
     key_e = em.full[-1] if which == "k" else Expr.dim(key, 1, d.tk, True)
     index = (*em.bh3, dim_e, key_e) if which == "k" else (*em.bh3, key_e, dim_e)
     base, off = em.operand_offset(em.parts.operand(em.g, which), index)
-    split = _split(off, key, dim)
+    split = split_offset(off, key, dim)
     rows = None if split is None else descriptor_rows(em.g[base], split[0], size)
     return None if rows is None else Operand(base, split[0], rows, split[1])
 

@@ -11,7 +11,7 @@ d = 128: 173 against 206 registers at 32 x 64 swapped tiles, more spilled bytes 
 
 A tile is read this way where it needs no bounds mask (its rows never run past the sequence, so
 a tile never reaches into the next head's rows, and the head dim is one power-of-two block),
-its offset splits into ``row * pitch + position * pitch + dim`` (``attention_tma._split``) and the
+its offset splits into ``row * pitch + position * pitch + dim`` (``attention.tma.split_offset``) and the
 pitch is 16-byte aligned; any other tile keeps its pointer load. One descriptor per buffer and
 tile height, made once per program before its loops (Triton's scratch allocator: the kernel's
 ``needs_allocator``; the runtime checks the buffers' 16-byte alignment before such a launch).
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofuse.ir.indexing import Expr
-from autofuse.kernels.attention.tma import _split, descriptor_rows
+from autofuse.kernels.attention.tma import descriptor_rows, split_offset
 
 _SEQ = ("offs_m", "offs_n")
 
@@ -39,7 +39,7 @@ def tile(em: Any, base: int, off: Expr, pair: tuple[Expr, Expr], mask: str | Non
         return None
     size = head[0].terms[0][0].size
     (head_name,) = head[0].vars
-    split = _split(off, seq[0], head_name)
+    split = split_offset(off, seq[0], head_name)
     rows = None if split is None else descriptor_rows(em.g[base], split[0], size)
     if rows is None:
         return None

@@ -11,15 +11,15 @@ one walks the row in RBLOCK chunks and recomputes what each phase needs from its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
-from autofuse.ir.ops import Helper, op_def
+from autofuse.ir.op_helpers import Helper
+from autofuse.ir.ops import op_def
 from autofuse.kernels.common import load_hints, rowops
-from autofuse.kernels.common.base import FusionRefused, GroupInfo, Kernel, KernelMeta, describe
+from autofuse.kernels.common.base import FusionRefused, GroupInfo, describe
 from autofuse.kernels.common.indexed import indexed_value
 from autofuse.kernels.common.render import (
     TL_DTYPE,
@@ -29,7 +29,6 @@ from autofuse.kernels.common.render import (
     compute_dtype,
     identity,
     is_float,
-    kernel_header,
     literal,
     minmax,
     render_op,
@@ -381,6 +380,12 @@ class Emitter(ValueRewrites):
                 self.hoist_loads()
         else:
             self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        self.emit_phases()
+        self.emit_stores()
+        return self.lines
+
+    def emit_phases(self) -> None:
+        """The reductions, one phase per level (a level reads the rows of the one before)."""
         lv = self.levels()
         reds = [i for i in self.info.nodes if self.g[i].kind == "reduction"]
         self.online = {} if self.persistent else self.find_online()
@@ -408,6 +413,9 @@ class Emitter(ValueRewrites):
             for s_, m_ in self.online.items():
                 if m_ in phase:
                     self.finish_online(s_, m_, accs[s_][0], accs[m_][0])
+
+    def emit_stores(self) -> None:
+        """The stored nodes of a reduction kernel: row outputs, then elementwise ones."""
         rows = [s for s in self.info.stored if self.stored_index(s)[1] == 1]
         fulls = [s for s in self.info.stored if self.stored_index(s)[1] == 2]
         if rows:
@@ -421,7 +429,6 @@ class Emitter(ValueRewrites):
             self.line("# elementwise outputs")
             idx = {s: self.stored_index(s)[0] for s in fulls}
             self._in_loop(lambda: [self.store(s, self.value(s, idx[s]), idx[s], 2) for s in fulls])
-        return self.lines
 
     def hoist_loads(self) -> None:
         """Emit, before the first reduction, every load that ops over the whole domain read
@@ -568,54 +575,3 @@ class Emitter(ValueRewrites):
         """Reads of each loaded buffer: once per column loop that loads it, once if it is only
         loaded outside loops."""
         return tuple(max(1, sum(i in r for r in self.regions)) for i in self.info.loads)
-
-
-def render_loop_kernel(
-    em: Emitter,
-    name: str,
-    kind: str,
-    consts: Sequence[str] = (),
-    launch_kw: Sequence[tuple[str, int]] = (),
-) -> Kernel:
-    """The source and launch record of a loop kernel whose body ``em`` renders. ``consts``
-    and ``launch_kw``: the kind's constexprs beyond XBLOCK / RBLOCK."""
-    info, config = em.info, em.cfg
-    body = em.emit()
-    params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored] + ["xnumel"]
-    const_params = ["XBLOCK: tl.constexpr"]
-    if em.red:
-        params.append("rnumel")
-        const_params.append("RBLOCK: tl.constexpr")
-    const_params += [f"{c}: tl.constexpr" for c in consts]
-    what = f"{kind}, domain {list(info.domain)}" + (
-        f", reducing dims {list(info.reduce_dims)}" if em.red else ""
-    )
-    header = kernel_header(em, name, what, params + const_params)
-    helpers = [h.source for h in sorted(em.helpers, key=lambda h: h.name)]
-    src = "\n".join(
-        ["import triton", "import triton.language as tl", "", ""]
-        + [h + "\n" for h in helpers]
-        + header
-        + body
-    )
-    layout = [("in", k) for k in range(len(info.loads))]
-    layout += [("out", k) for k in range(len(info.stored))] + [("int", info.xnumel)]
-    kw = [("XBLOCK", config.XBLOCK), ("num_warps", config.num_warps)]
-    kw += [("num_stages", 1)] if getattr(config, "ONE_STAGE", False) else []
-    if em.red:
-        layout.append(("int", info.rnumel))
-        kw.insert(1, ("RBLOCK", config.RBLOCK))
-    if em.checked:  # debug mode for the index asserts, without checking every integer op
-        kw.append(("sanitize_overflow", False))
-    looped = em.red and not em.persistent
-    passes = em.load_passes() if looped else (1,) * len(info.loads)
-    return Kernel(
-        name=name,
-        source=src + "\n",
-        config=config,
-        info=info,
-        layout=tuple(layout),
-        grid=(-(-info.xnumel // config.XBLOCK),),
-        launch_kw=tuple(kw + list(launch_kw)),
-        meta=KernelMeta(load_passes=passes, dots=em.dots, **load_hints.meta_fields(em)),
-    )

@@ -13,12 +13,9 @@ from typing import Any
 
 import torch
 
+from autofuse.ir.op_helpers import MAX, MIN, PROD, Helper
 from autofuse.ir.ops import (
-    MAX,
-    MIN,
-    PROD,
     TL_DTYPE,
-    Helper,
     NoLowering,
     cast_rule,
     is_float,

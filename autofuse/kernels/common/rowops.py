@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofuse.ir.ops import Helper, op_def
+from autofuse.ir.op_helpers import Helper
+from autofuse.ir.ops import op_def
 from autofuse.kernels.common.base import FusionRefused, describe
 from autofuse.kernels.common.render import TL_DTYPE, Val, combine, compute_dtype, identity, is_float
 

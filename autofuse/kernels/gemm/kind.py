@@ -33,12 +33,11 @@ from autofuse.kernels.gemm.cost import gemm_cost
 from autofuse.kernels.gemm.template import (
     GemmConfig,
     GemmSpec,
-    default_configs,
     grid,
     param_names,
-    prune_configs,
     render,
 )
+from autofuse.kernels.gemm.tiles import default_configs, prune_configs
 
 
 def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
@@ -229,6 +228,26 @@ def tma_eligible(graph: Graph, info: GroupInfo) -> bool:
     return all(tma_operand(graph, info, j) for mm in info.matmuls for j in graph[mm].inputs)
 
 
+def _layout(spec: GemmSpec, n_in: int, m: int, n: int, k: int) -> list[tuple[str, int]]:
+    """The kernel's arguments for the template's parameters (``Kernel.layout``)."""
+    first_in = ("in", 0) if n_in else ("out", 0)
+    layout: list[tuple[str, int]] = []
+    for p in param_names(spec):
+        if p in ("a_ptr", "b_ptr", "b1_ptr"):
+            layout.append(first_in)  # the hooks address every buffer through in_ptr*/out_ptr*
+        elif p in ("M", "N", "K"):
+            layout.append(("int", {"M": m, "N": n, "K": k}[p]))
+        elif p.startswith("stride_"):
+            layout.append(("int", 0))
+        elif p.startswith("in_ptr"):
+            layout.append(("in", int(p[6:])))
+        elif p.startswith("out_ptr"):
+            layout.append(("out", int(p[7:])))
+        else:
+            raise ValueError(f"unexpected GEMM template parameter {p!r}")
+    return layout
+
+
 def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int = 0) -> Kernel:
     em = GemmEmitter(graph, info, config)
     hooks = em.hooks()
@@ -257,21 +276,7 @@ def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int 
         source = head + defs + source[len(head) :]
     batch, m, n, k = gemm_dims(graph, info)
     n_in = len(info.loads)
-    first_in = ("in", 0) if n_in else ("out", 0)
-    layout: list[tuple[str, int]] = []
-    for p in param_names(spec):
-        if p in ("a_ptr", "b_ptr", "b1_ptr"):
-            layout.append(first_in)  # the hooks address every buffer through in_ptr*/out_ptr*
-        elif p in ("M", "N", "K"):
-            layout.append(("int", {"M": m, "N": n, "K": k}[p]))
-        elif p.startswith("stride_"):
-            layout.append(("int", 0))
-        elif p.startswith("in_ptr"):
-            layout.append(("in", int(p[6:])))
-        elif p.startswith("out_ptr"):
-            layout.append(("out", int(p[7:])))
-        else:
-            raise ValueError(f"unexpected GEMM template parameter {p!r}")
+    layout = _layout(spec, n_in, m, n, k)
     item = ITEM.get(a_dtype, 2)
     return Kernel(
         name=name,

@@ -19,7 +19,8 @@ from autofuse.kernels.common.base import (
 )
 from autofuse.kernels.common.configs import KernelConfig, check_pow2
 from autofuse.kernels.common.cost import LoopCost, loop_cost
-from autofuse.kernels.common.emitter import Emitter, render_loop_kernel
+from autofuse.kernels.common.emitter import Emitter
+from autofuse.kernels.common.loop_kernel import render_loop_kernel
 from autofuse.kernels.common.sizes import config_xnumel
 
 

@@ -29,13 +29,14 @@ from autofuse.kernels.common.base import (
     stored_nodes,
 )
 from autofuse.kernels.common.configs import KernelConfig
-from autofuse.kernels.common.emitter import Emitter, render_loop_kernel
+from autofuse.kernels.common.emitter import Emitter
 from autofuse.kernels.common.indexed import (
     broadcast_shapes,
     index_layout,
     index_term,
     indexed_position,
 )
+from autofuse.kernels.common.loop_kernel import render_loop_kernel
 from autofuse.kernels.common.render import cast, compute_dtype
 from autofuse.kernels.common.views import broadcast_index
 from autofuse.kernels.pointwise.kind import PointwiseKind
