@@ -4,10 +4,10 @@ Each kind is a plugin (``common.base.KernelKind``) in its folder and owns its co
 ``pointwise/``, ``reduction/`` (``reduction`` and ``scan``: a reduction kernel with a cumsum /
 cumprod), ``gemm/`` (``gemm`` and ``gemm_row``), ``attention/`` (matmul, softmax, matmul:
 flash-attention style), ``attention_bwd/`` (its backward: dQ, dK, dV from recomputed tiles),
-``scatter/`` (index_put / scatter / scatter_add); ``common/`` holds what they share. This
-registry is the one list of kinds: ``analyze_group`` asks the kinds in order which one claims
-a set of nodes, and every other call finds the plugin by the kind named in the group's
-``GroupInfo``.
+``scatter/`` (index_put / scatter / scatter_add), ``fill/`` (a pointwise group that reads no
+buffer); ``common/`` holds what they share. This registry is the one list of kinds:
+``analyze_group`` asks the kinds in order which one claims a set of nodes, and every other call
+finds the plugin by the kind named in the group's ``GroupInfo``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from autofuse.kernels.common.base import (
 )
 from autofuse.kernels.common.configs import KernelConfig
 from autofuse.kernels.common.cost import LoopCost, TileCost
+from autofuse.kernels.fill.kind import FillKind
 from autofuse.kernels.gemm.kind import GemmKind
 from autofuse.kernels.gemm.row import GemmRowKind, RowGemmConfig
 from autofuse.kernels.gemm.template import GemmConfig
@@ -76,6 +77,7 @@ KINDS: tuple[KernelKind, ...] = (
     GemmKind(),
     ScanKind(),
     ReductionKind(),
+    FillKind(),
     PointwiseKind(),
 )
 _BY_NAME = {k.name: k for k in KINDS}
