@@ -1,6 +1,6 @@
 """The cost model's modeled time of every kernel of the pinned corpus (``test_kernel_sources``:
-the suite, the model functions and the kind cases; KernelBench aside), pinned exactly: a change in where the cost model finds a
-kernel's facts must not change one of its numbers.
+the suite, the model functions and the kind cases; KernelBench aside), pinned exactly: a change
+in where the cost model finds a kernel's facts must not change one of its numbers.
 
 Regenerate only when the model changes on purpose::
 
@@ -14,17 +14,16 @@ import sys
 from pathlib import Path
 
 from autofuse.measure.cost_model import CostModel
-from tests.test_kernel_sources import case_kernels, corpus
+from tests.test_kernel_sources import default_corpus_kernels
 
 PINS = Path(__file__).resolve().parent / "data" / "modeled_costs.json"
 
 
 def modeled_costs() -> dict[str, str]:
     model, out = CostModel(), {}
-    for name, fn, inputs in corpus(kernelbench=False):
-        for key, graph, kernel in case_kernels(fn, inputs):
-            if not isinstance(kernel, str):
-                out[f"{name} {key}"] = repr(model.kernel_time(graph, kernel.info, kernel))
+    for name, key, graph, kernel in default_corpus_kernels():
+        if not isinstance(kernel, str):
+            out[f"{name} {key}"] = repr(model.kernel_time(graph, kernel.info, kernel))
     return out
 
 

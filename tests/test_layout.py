@@ -238,6 +238,16 @@ def test_no_import_cycles():
     assert len(graph) > 40  # the walk saw the whole package
 
 
+def test_the_partitioner_imports_no_plan_runtime():
+    """Legality (which nodes fuse, which cannot lower) comes from the kernel layer: the
+    partitioner builds groups without importing the plan runtime."""
+    modules = _modules()
+    for name, path in modules.items():
+        if name.startswith("autofuse.partition"):
+            deps = _imports(name, path, modules)
+            assert not {d for d in deps if d.startswith("autofuse.plan")}, (name, deps)
+
+
 def test_no_public_class_is_defined_twice():
     """A record has one definition, imported where needed (two ``PlanChoice`` classes, one per
     chooser, once meant two meanings under one name)."""

@@ -61,12 +61,14 @@ __all__ = [
     "config_space",
     "cost_facts",
     "default_config",
+    "fusible",
     "generate",
     "kind_of",
     "library_first",
     "next_pow2",
     "proposed_groups",
     "switches",
+    "unlowerable",
 ]
 
 KINDS: tuple[KernelKind, ...] = (
@@ -104,6 +106,21 @@ def kind_of(info: GroupInfo) -> KernelKind:
 def library_first(info: GroupInfo) -> bool:
     """Whether an unmeasured plan runs the group's matmuls in cuBLAS (its kind says so)."""
     return kind_of(info).library_first
+
+
+def fusible(graph: Graph, i: int) -> bool:
+    """Nodes the partitioner places in groups (a lone matmul runs as torch.mm / cuBLAS)."""
+    n = graph[i]
+    return n.kind in _LOWERED and n.op not in INLINE_OPS
+
+
+def unlowerable(graph: Graph, i: int) -> str | None:
+    """Why node ``i`` cannot be a kernel even alone (it then runs in eager), or None."""
+    try:
+        analyze_group(graph, frozenset({i}))
+    except FusionRefused as e:
+        return f"no kernel for {graph[i].op}: {e.reason}; runs in eager"
+    return None
 
 
 def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:

@@ -28,10 +28,11 @@ from autofuse.kernels import (
     FusionRefused,
     GroupInfo,
     analyze_group,
+    fusible,
     library_first,
     proposed_groups,
+    unlowerable,
 )
-from autofuse.plan.runtime import fusible, unlowerable
 
 
 @dataclass(frozen=True, order=True)

@@ -22,13 +22,14 @@ from autofuse.ir.graph import Graph, buffer_strides
 from autofuse.ir.ops import op_def
 from autofuse.kernels import (
     INLINE_OPS,
-    FusionRefused,
     GroupInfo,
     Kernel,
     KernelConfig,
     analyze_group,
     default_config,
+    fusible,
     generate,
+    unlowerable,
 )
 from autofuse.kernels.common.loader import load_kernel
 from autofuse.plan.launcher import Launcher
@@ -133,21 +134,6 @@ def eager_reason(graph: Graph, i: int) -> str:
     if node.op == "getitem":
         return "output of a multi-output op"
     return f"unsupported op {node.attr('target', node.op)}: runs in eager"
-
-
-def fusible(graph: Graph, i: int) -> bool:
-    """Nodes the partitioner places in groups (a lone matmul runs as torch.mm / cuBLAS)."""
-    n = graph[i]
-    return n.kind in ("pointwise", "reduction", "matmul") and n.op not in INLINE_OPS
-
-
-def unlowerable(graph: Graph, i: int) -> str | None:
-    """Why node ``i`` cannot be a kernel even alone (it then runs in eager), or None."""
-    try:
-        analyze_group(graph, frozenset({i}))
-    except FusionRefused as e:
-        return f"no kernel for {graph[i].op}: {e.reason}; runs in eager"
-    return None
 
 
 def eager_group(graph: Graph, group: frozenset[int]) -> bool:

@@ -249,7 +249,7 @@ def _node_cost(graph, i: int, measurer) -> float:
 
 def _eager_cost(graph, measurer) -> float:
     """The ops that run in eager in every partition (unsupported ops)."""
-    from autofuse.plan.runtime import fusible
+    from autofuse.kernels import fusible
 
     return sum(
         _node_cost(graph, i, measurer)

@@ -77,6 +77,10 @@ class AttentionEmitter(Emitter):
     batch dims from ``bh``, the program's (batch, head)); the first matmul's value is the tile
     ``qk``; the softmax and the second matmul are this class's own lines."""
 
+    def block(self, axis: str) -> int:
+        """Query rows (``x``: BLOCK_M) by keys (``r``: BLOCK_N) per tile."""
+        return self.cfg.BLOCK_M if axis == "x" else self.cfg.BLOCK_N
+
     def __init__(self, graph: Graph, info: GroupInfo, config, parts: AttentionParts) -> None:
         super().__init__(graph, info, config)
         self.parts = parts

@@ -145,6 +145,10 @@ class BwdEmitter(Emitter):
     that the program holds fixed are loaded once, before the loop), every other tile value is
     the loop emitter's ``value`` at the domain index."""
 
+    def block(self, axis: str) -> int:
+        """Query rows (``x``: BLOCK_M) by keys (``r``: BLOCK_N) per tile."""
+        return self.cfg.BLOCK_M if axis == "x" else self.cfg.BLOCK_N
+
     def __init__(self, graph: Graph, info: GroupInfo, config, parts: BwdParts) -> None:
         super().__init__(graph, info, config)
         self.parts = parts

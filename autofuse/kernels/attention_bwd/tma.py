@@ -11,10 +11,11 @@ d = 128: 173 against 206 registers at 32 x 64 swapped tiles, more spilled bytes 
 
 A tile is read this way where it needs no bounds mask (its rows never run past the sequence, so
 a tile never reaches into the next head's rows, and the head dim is one power-of-two block),
-its offset splits into ``row * pitch + position * pitch + dim`` (``attention.tma.split_offset``) and the
-pitch is 16-byte aligned; any other tile keeps its pointer load. One descriptor per buffer and
-tile height, made once per program before its loops (Triton's scratch allocator: the kernel's
-``needs_allocator``; the runtime checks the buffers' 16-byte alignment before such a launch).
+its offset splits into ``row * pitch + position * pitch + dim``
+(``attention.tma.split_offset``) and the pitch is 16-byte aligned; any other tile keeps its
+pointer load. One descriptor per buffer and tile height, made once per program before its loops
+(Triton's scratch allocator: the kernel's ``needs_allocator``; the runtime checks the buffers'
+alignment, ``input_alignment``, before such a launch).
 """
 
 from __future__ import annotations

@@ -34,22 +34,13 @@ def prev_pow2(n: int) -> int:
 @dataclass(frozen=True, order=True)
 class TileConfig:
     """The attention kinds' tiles: BLOCK_M query rows by BLOCK_N keys, warps and pipeline
-    stages. ``XBLOCK`` / ``RBLOCK`` are the loop emitter's (and the cost model's) names for
-    the row and column blocks."""
+    stages."""
 
     SWITCHES: ClassVar[tuple[str, ...]] = ()  # fields the search and the polish switch on and off
     BLOCK_M: int
     BLOCK_N: int
     num_warps: int = 4
     num_stages: int = 2
-
-    @property
-    def XBLOCK(self) -> int:
-        return self.BLOCK_M
-
-    @property
-    def RBLOCK(self) -> int:
-        return self.BLOCK_N
 
     def label(self) -> str:
         return (
@@ -145,8 +136,9 @@ class KernelMeta:
     ``needs_allocator``: the kernel makes tensor descriptors on the device (Triton's scratch
     allocator must be set). ``input_alignment``: the bytes every loaded buffer's base must be
     a multiple of (a tensor descriptor's: :data:`DESCRIPTOR_ALIGNMENT`), 0 for any; the runtime
-    runs the group's ops in eager on inputs that are not. ``work``: the fraction of its product tiles the kernel computes (an
-    attention kernel whose mask bounds the key loop: about half for a causal one).
+    runs the group's ops in eager on inputs that are not. ``work``: the fraction of its product
+    tiles the kernel computes (an attention kernel whose mask bounds the key loop: about half
+    for a causal one).
     ``selective_loads``: the positions in ``info.loads`` of buffers read only on the lanes a
     ``where`` takes them from (``masked_fill(~tril, min)``: the masked half is not read).
     ``kept_loads``: the positions of broadcast buffers loaded ``evict_last`` (re-read by other

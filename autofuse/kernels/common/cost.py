@@ -40,9 +40,10 @@ class LoopCost:
 class TileCost:
     """A tiled product: ``programs`` (output tiles) of ``warps`` warps taking ``smem`` bytes of
     shared memory; ``mma_flops`` at the tensor-core rate where ``tensor_cores`` (16-bit
-    operands; else the CUDA-core rate) at the product of ``efficiency`` (tile size, padding), ``core_ops``
-    on CUDA cores beside them; ``dram`` and ``l2`` bytes. ``quantized``: the tiles' last wave
-    lowers the compute efficiency (a GEMM), else each wave costs a program's overhead."""
+    operands; else the CUDA-core rate) at the product of ``efficiency`` (tile size, padding),
+    ``core_ops`` on CUDA cores beside them; ``dram`` and ``l2`` bytes. ``quantized``: the
+    tiles' last wave lowers the compute efficiency (a GEMM), else each wave costs a program's
+    overhead."""
 
     programs: int
     warps: int

@@ -74,7 +74,7 @@ class Emitter(ValueRewrites):
         self.g, self.info, self.cfg = graph, info, config
         self.members = frozenset(info.nodes)
         self.red = info.reduces
-        self.persistent = self.red and config.RBLOCK >= info.rnumel
+        self.persistent = self.red and self.block("r") >= info.rnumel
         self.lines: list[str] = []
         self.depth = 1
         self.scopes = [Scope()]
@@ -447,11 +447,15 @@ class Emitter(ValueRewrites):
             ):
                 self.value(i, broadcast_index(g[i].shape, dom, self.full))
 
+    def block(self, axis: str) -> int:
+        """The config's block along ``axis``: ``x`` rows per program, ``r`` columns a step."""
+        return self.cfg.XBLOCK if axis == "x" else self.cfg.RBLOCK
+
     def mask_line(self, axis: str, shape: str) -> str:
         """``xmask``/``rmask``: all-true constants when the block divides the extent (the
         compiler then drops them from every load and store), else the bounds check."""
         numel = self.info.xnumel if axis == "x" else self.info.rnumel
-        block = self.cfg.XBLOCK if axis == "x" else self.cfg.RBLOCK
+        block = self.block(axis)
         runtime = axis == "x" and runtime_sizes_on()  # the argument: any size
         if numel % block == 0 and numel > 0 and not runtime:  # an empty row masks every lane
             return f"{axis}mask = tl.full({shape}, True, tl.int1)"

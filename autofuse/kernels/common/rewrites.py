@@ -1,8 +1,9 @@
 """Rewrites of single values the emitter applies while rendering (each gives a cheaper
 expression with the same result, or None where it does not apply): a select whose condition is
 known constant on the tile, ``exp(a - rowmax)`` in one expression, a division by a constant or
-a row value as a multiply by its reciprocal. A mixin of :class:`autofuse.kernels.common.emitter.Emitter`:
-the methods read its graph, values and scopes."""
+a row value as a multiply by its reciprocal. A mixin of
+:class:`autofuse.kernels.common.emitter.Emitter`: the methods read its graph, values and scopes.
+"""
 
 from __future__ import annotations
 

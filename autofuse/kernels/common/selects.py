@@ -88,10 +88,10 @@ def column_bound(em: Emitter, sel: ConstantSelect) -> ColumnBound | None:
     sides = [_iota_expr(g, j, broadcast_index(g[j].shape, g[c].shape, index)) for j in g[c].inputs]
     if None in sides:
         return None
-    row = _row_term(sides[0], em.cfg.XBLOCK)
+    row = _row_term(sides[0], em.block("x"))
     col = _col_offset(sides[1])
     if row is None or col is None:  # the column on the left: c op r
-        row, col = _row_term(sides[1], em.cfg.XBLOCK), _col_offset(sides[0])
+        row, col = _row_term(sides[1], em.block("x")), _col_offset(sides[0])
     else:
         op = _FLIP[op]  # r op c == c flip(op) r
     if row is None or col is None:

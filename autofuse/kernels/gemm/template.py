@@ -486,7 +486,7 @@ def launch(kernel: Any, spec: GemmSpec, cfg: GemmConfig, batch: int = 1, **args:
 
 
 def load_kernel(src: str, name: str) -> Any:
-    """Import a rendered template (``autofuse.kernels.common.loader``) and return ``module.<name>``."""
+    """Import a rendered template (``kernels.common.loader``) and return ``module.<name>``."""
     from autofuse.kernels.common.loader import load_kernel as load
 
     return load(src, name)
