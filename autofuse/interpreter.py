@@ -70,6 +70,7 @@ def apply_patches() -> None:
     import triton.language as tl
     from triton.runtime import interpreter as interp
 
+    _interpretable_language()
     _run_device_asserts(interp)
     _bool_masks(interp)
     _round_bf16_casts(interp)
@@ -89,6 +90,36 @@ def apply_patches() -> None:
     create_dot._autofuse_patched = True
     interp.InterpreterBuilder.create_dot = create_dot
     _APPLIED = True
+
+
+def _interpretable_language() -> None:
+    """Triton decides at each ``@triton.jit`` whether the function is interpreted. Its own
+    library functions (``tl.sum``, ``tl.max``, ``tl.cumsum``, ...) were decided when Triton was
+    first imported: where a library imported Triton before autofuse switched the interpreter
+    on (``import transformers`` first, on a machine without CUDA), they are compiled-mode
+    functions that refuse to run in an interpreted kernel ("Cannot call @triton.jit'd outside
+    of the scope of a kernel"). Rebuild each as the interpreter's function, in every loaded
+    ``triton.language`` module and on the tensor class (their method forms)."""
+    import sys
+
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    done: dict[int, object] = {}
+
+    def swap(owner, name: str, value) -> None:
+        if isinstance(value, JITFunction) and not isinstance(value, InterpretedFunction):
+            if id(value) not in done:
+                done[id(value)] = InterpretedFunction(value.fn)
+            setattr(owner, name, done[id(value)])
+
+    mods = [m for n, m in list(sys.modules.items()) if n.startswith("triton.language") and m]
+    for mod in mods:
+        for name, value in list(vars(mod).items()):
+            swap(mod, name, value)
+    for name, value in list(vars(tl.core.tensor).items()):
+        swap(tl.core.tensor, name, value)
 
 
 def _run_device_asserts(interp) -> None:

@@ -73,8 +73,26 @@ class DecoderBlock(torch.nn.Module):
         return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
 
 
-def make(name: str):
-    """(fn, inputs) on CUDA, deterministic: the same in every process."""
+class HFModel(torch.nn.Module):
+    """A Hugging Face model of ``experiments.models`` called on its token ids alone, returning
+    the last hidden state (a module: ``load`` keys it by its class and parameters)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids).last_hidden_state
+
+
+def make(name: str, device: str = "cuda"):
+    """(fn, inputs) on CUDA, deterministic: the same in every process. ``hf_<model>``: a whole
+    model of ``experiments.models`` (``hf_bert``), realistic size on CUDA, tiny elsewhere."""
+    if name.startswith("hf_"):
+        from experiments.models import build
+
+        case = build(name[3:], "realistic" if device == "cuda" else "tiny", device, seed=0)
+        return HFModel(case.model).eval(), (case.inputs["input_ids"],)
     if name == "decoder_block":
         torch.manual_seed(0)
         block = DecoderBlock().to("cuda", torch.bfloat16).eval()

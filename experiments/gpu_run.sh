@@ -16,7 +16,11 @@
 # of the tuned workloads: MODEL_WORKLOADS, SUITE_WORKLOADS (comma-separated names); the models
 # stage's models: MODELS, and MODELS_MAX_AUTOTUNE=1 to time torch.compile's max-autotune too;
 # serving (experiments.serving: per-request time over a length distribution, compile counts):
-# SERVING_MODELS (decoder,encoder), SERVING_MODE_S (warm-up seconds per mode), SERVING_ARGS.
+# SERVING_MODELS (decoder,encoder), SERVING_MODE_S (warm-up seconds per mode), SERVING_ARGS;
+# conv (experiments.conv_layout: the first convolution alone and the whole problem in eager, both
+# memory formats, beside torch.compile; KernelBench level 2 CONV_PROBLEMS under KB_DIR);
+# breakdown (experiments.breakdown: each of MODELS' training step by phase and kernel class,
+# eager, torch.compile default and autofuse).
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -62,7 +66,13 @@ for s in $stages; do
         serving) timeout "$(limit serving 560)" python3 -m experiments.serving --out "$OUT" \
                      --tag "serving_$C" --models "${SERVING_MODELS:-decoder,encoder}" \
                      --budget-s "${SERVING_MODE_S:-40}" ${SERVING_ARGS:-} 2>&1 | grep -v Warning | tail -16 ;;
-        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving)"; exit 2 ;;
+        conv) timeout "$(limit conv 150)" python3 -m experiments.conv_layout "${KB_DIR:?set KB_DIR to a KernelBench checkout}" \
+                  --level 2 --problems "${CONV_PROBLEMS:-1-5}" --dtypes fp32,bf16 --out "$OUT" 2>&1 | tail -12
+              mv "$OUT/conv_layout.json" "$OUT/conv_layout_$C.json" 2>/dev/null ;;
+        breakdown) timeout "$(limit breakdown 300)" python3 -m experiments.breakdown --out "$OUT" \
+                       --models "${MODELS:-gpt2,llama_eager,llama_sdpa,bert,vit}" --size realistic 2>&1 | tail -8
+                   mv "$OUT/breakdown.json" "$OUT/breakdown_$C.json" 2>/dev/null ;;
+        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown)"; exit 2 ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done

@@ -110,3 +110,42 @@ def test_the_three_forms_in_a_fresh_process():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "size-1 forms ok" in run.stdout
+
+
+def _attention_ones(x0, x2, x3, x4):
+    return (torch.softmax((x0 @ x2.transpose(-2, -1)) * 0.5 + x4, dim=-1) @ x3,)
+
+
+def _broadcast_scores(x1, x2, x3):
+    mask = torch.ones(8, 3, dtype=torch.bool).triu(1)
+    s = (x1 @ x2.transpose(-2, -1) * 0.5).masked_fill(mask, float("-inf"))
+    return (torch.softmax(s, dim=-1) @ x3,)
+
+
+def _empty_log_softmax(x0):
+    return (torch.log_softmax(x0[1:0:2], dim=0),)
+
+
+CASES = {  # found by experiments.fuzz: size-1 and size-0 dims in matmul, attention and reductions
+    "attention_of_ones": (_attention_ones, [(1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1)], True),
+    "scores_broadcast_by_a_mask": (_broadcast_scores, [(1, 1, 4), (1, 1, 4), (1, 3, 1)], False),
+    "log_softmax_of_an_empty_slice": (_empty_log_softmax, [(1, 0)], True),
+}
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fuzzer_found_size_one_and_empty_forms(case, front):
+    fn, shapes, backward = CASES[case]
+    torch.manual_seed(0)
+    args = [torch.randn(s, requires_grad=backward) for s in shapes]
+    out = _front(fn, args, front)(*args)
+    ref = fn(*args)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+    if backward and ref[0].numel():
+        gy = torch.randn_like(ref[0])
+        got = torch.autograd.grad(out[0], args, gy, allow_unused=True)
+        want = torch.autograd.grad(ref[0], args, gy, allow_unused=True)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)

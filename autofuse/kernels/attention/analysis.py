@@ -70,6 +70,11 @@ def attention_parts(graph: Graph, members: frozenset[int]) -> AttentionParts:
     domain, rdims = reduction_domain(graph, [amax, total])
     if rdims != (len(domain) - 1,) or len(domain) < 2 or graph[x].shape != domain:
         raise FusionRefused(f"{describe(graph, amax)} does not reduce the rows of the scores")
+    if graph[mm1].shape != domain:
+        raise FusionRefused(
+            f"the scores {describe(graph, mm1)} of shape {list(graph[mm1].shape)} are "
+            f"broadcast to the softmax's {list(domain)}: one program per score row needs them whole"
+        )
     probs = _probs(graph, members, exp, total, mm2)
     copies = _operand_copies(graph, members, mm1, mm2)
     _check_roles(graph, members, mm1, mm2, x, copies)

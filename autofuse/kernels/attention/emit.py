@@ -41,6 +41,7 @@ from autofuse.kernels.common.render import (
     compute_dtype,
     kernel_header,
     literal,
+    tile_offset,
 )
 from autofuse.kernels.common.views import (
     broadcast_index,
@@ -211,7 +212,7 @@ class AttentionEmitter(Emitter):
         base, off = self.operand_offset(j, index)
         self.note_load(base)
         masked = f", {mask}, other=0.0" if mask else ""
-        self.line(f"{var} = tl.load({self.ptr[base]} + ({off.render()}){masked})")
+        self.line(f"{var} = tl.load({self.ptr[base]} + ({tile_offset(off, _TILE[which])}){masked})")
 
     # -- kernel ------------------------------------------------------------------------------
     def emit(self) -> list[str]:
@@ -429,7 +430,8 @@ class AttentionEmitter(Emitter):
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
         off = linearize((*self.bh3, self.full[-2], dv), contiguous_strides(node.shape), node.shape)
         mask = "xmask" + ("" if d.dv == head_block(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
-        ptr = _row_block(f"{self.out_ptr[mm2]} + ({off.render()})", off, "BLOCK_DV")
+        cols = tile_offset(off, ("offs_dv[None, :]",))  # a head dim of 1: no column term
+        ptr = _row_block(f"{self.out_ptr[mm2]} + ({cols})", off, "BLOCK_DV")
         self.line(f"tl.store({ptr}, out.to({TL_DTYPE[node.dtype]}), {mask})")
         self._store_stats()
 
@@ -449,6 +451,11 @@ class AttentionEmitter(Emitter):
             val = f"{var}[:, None].to({TL_DTYPE[node.dtype]})"
             ptr = _row_block(f"{self.out_ptr[i]} + ({off.render()})", off, "1")
             self.line(f"tl.store({ptr}, {val}, xmask)")
+
+
+# the row and column variables of each operand tile: Q [BLOCK_M, D], K^T [D, BLOCK_N], V [BLOCK_N, DV]
+_TILE = {"q": ("xindex", "offs_d[None, :]"), "k": ("offs_d[:, None]", "rindex"),
+         "v": ("offs_n[:, None]", "offs_dv[None, :]")}  # fmt: skip
 
 
 def _row_block(ptr: str, off: Expr, cols: str) -> str:

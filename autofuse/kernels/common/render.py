@@ -219,3 +219,10 @@ def kernel_header(em: Any, name: str, what: str, params: list[str]) -> list[str]
         "@triton.jit(debug=True)" if em.checked else "@triton.jit",
         f"def {name}({', '.join(params)}):",
     ]
+
+
+def tile_offset(off: Any, tile: tuple[str, ...]) -> str:
+    """``off`` rendered as a whole tile's offsets: a dim of size 1 (one query row, one key, a
+    head dim of 1) leaves its variable out of the address, and a pointer without it would not
+    take the tile's mask; ``0 * var`` (folded by the compiler) gives it the tile's shape."""
+    return off.render() + "".join(f" + 0 * {v}" for v in tile if v not in off.vars)

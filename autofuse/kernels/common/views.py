@@ -34,7 +34,10 @@ def view_source_index(graph: Graph, i: int, index: tuple[Expr, ...]) -> tuple[Ex
 
 
 def domain_of_flat(flat: Expr, shape: tuple[int, ...]) -> tuple[Expr, ...]:
-    """The index into a contiguous tensor of ``shape`` of the element at flat offset ``flat``."""
+    """The index into a contiguous tensor of ``shape`` of the element at flat offset ``flat``
+    (an empty tensor has no element: any index, zeros, never stored or read)."""
+    if numel(shape) == 0:
+        return tuple(Expr.constant(0) for _ in shape)
     strides = contiguous_strides(shape)
     return tuple(
         Expr.constant(0)

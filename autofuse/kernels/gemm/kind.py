@@ -28,7 +28,7 @@ from autofuse.kernels.common.base import (
 from autofuse.kernels.common.cost import TileCost
 from autofuse.kernels.common.emitter import Emitter, Scope
 from autofuse.kernels.common.memory import ITEM, ancestors, memory_offset
-from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype
+from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype, tile_offset
 from autofuse.kernels.gemm.cost import gemm_cost
 from autofuse.kernels.gemm.template import (
     GemmConfig,
@@ -38,6 +38,8 @@ from autofuse.kernels.gemm.template import (
     render,
 )
 from autofuse.kernels.gemm.tiles import default_configs, prune_configs
+
+_B_TILE = ("offs_k[:, None]", "offs_n[None, :]")  # the B operand tile's variables
 
 
 def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
@@ -142,7 +144,8 @@ class GemmEmitter(Emitter):
             return self._descriptor_load(src, which, var)
         if base not in self.members:  # a plain (possibly strided) load, no conversion
             off = self._offset(src, idx)
-            ptr = f"{self.ptr[base]} + ({off.render()})"
+            tile = ("offs_m[:, None]", "offs_k[None, :]") if which == 0 else _B_TILE
+            ptr = f"{self.ptr[base]} + ({tile_offset(off, tile)})"
             if self._even(which):  # the tile never crosses an edge: no mask in the K loop
                 self.line(f"{var} = tl.load({ptr})")
             else:
@@ -192,7 +195,8 @@ class GemmEmitter(Emitter):
                 code = f"tl.full([BLOCK_M, BLOCK_N], {code}, tl.float32)"
             if compute_dtype(node.dtype) != node.dtype or v.dtype != node.dtype:
                 code = f"{code}.to({TL_DTYPE[node.dtype]})"
-            self.line(f"tl.store({self.out_ptr[s]} + ({off.render()}), {code}, mask)")
+            tile = tile_offset(off, ("offs_m[:, None]", "offs_n[None, :]"))
+            self.line(f"tl.store({self.out_ptr[s]} + ({tile}), {code}, mask)")
         return self.lines
 
     def hooks(self) -> dict[str, list[str]]:
