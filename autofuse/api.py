@@ -12,13 +12,14 @@ The pipeline, as a short list of named steps::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from autofuse.capture.state import buffers_kept
-from autofuse.capture.trace import capture, check_callable
+from autofuse.capture.trace import capture, check_callable, check_real
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.graph_choice import (
     GraphChoice,
@@ -90,6 +91,8 @@ def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: 
 
     check_callable(fn, "autofuse.optimize")
     check_options(options, OPTIMIZE, "autofuse.optimize")
+    check_real(fn, example_inputs, "autofuse.optimize")
+    note_interpreter_size(fn, example_inputs)
     example_kwargs = dict(options.pop("example_kwargs", None) or {})
     cuda_graph = parse_cuda_graph(options.pop("cuda_graph", False), "autofuse.optimize")
     dynamic = options.pop("dynamic", None)
@@ -130,6 +133,31 @@ def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: 
         _choose_graphs(opt, tuple(example_inputs))
     attach(opt, fn, example_inputs, {k: v for k, v in options.items() if k != "study_name"})
     return opt
+
+
+INTERPRETER_NUMEL = 1 << 18  # elements above which a call under the interpreter takes seconds
+
+
+def note_interpreter_size(fn: Any, example_inputs: Any) -> None:
+    """Under Triton's interpreter a kernel runs as numpy on CPU: say so (an
+    :class:`InterpreterNote`) where the inputs are large enough for a call to take seconds,
+    rather than leave a silent wait."""
+    from torch.utils._pytree import tree_leaves
+
+    from autofuse.interpreter import InterpreterNote, interpreting
+
+    state = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
+    tensors = [t for t in [*tree_leaves(tuple(example_inputs)), *state] if torch.is_tensor(t)]
+    numel = sum(t.numel() for t in tensors if not t.is_cuda)
+    if interpreting() and numel > INTERPRETER_NUMEL:
+        warnings.warn(
+            f"autofuse.optimize: the example inputs hold {numel:,} elements and the kernels run "
+            "in Triton's interpreter on CPU: each call may take seconds to minutes (a 1024 x "
+            "1024 softmax takes about 27 s a call), with no progress shown; use small shapes "
+            "on CPU (64 x 64 runs in a fraction of a second) or run on a CUDA GPU",
+            InterpreterNote,
+            stacklevel=4,
+        )
 
 
 def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> None:

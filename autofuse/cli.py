@@ -1,4 +1,4 @@
-"""Command line: ``autofuse demo`` (the seed article's examples), ``autofuse cache list | show
+"""Command line: ``autofuse demo`` (two small examples), ``autofuse cache list | show
 | clear | export | import`` (autofuse/cache/commands.py), ``autofuse tune SPEC`` (overnight
 tuning of a list of workloads) and ``autofuse report DIR``."""
 
@@ -8,6 +8,13 @@ import argparse
 import os
 import sys
 from typing import Any
+
+DESCRIPTION = (
+    "autofuse: profiler-driven fusion tuning for PyTorch. Commands: demo (two small examples "
+    "explained and optimized), tune SPEC (tune a list of workloads, resumably), report RUN_DIR "
+    "(report.md and report.html of a run), cache list | show | clear | export | import (the "
+    "cached plans)."
+)
 
 
 def _ensure_backend() -> str:
@@ -94,11 +101,17 @@ def version_text() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="autofuse", description=__doc__)
+    from autofuse.tune.overnight import add_parser, whole
+
+    p = argparse.ArgumentParser(prog="autofuse", description=DESCRIPTION)
     p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="explain and optimize the seed article's two examples")
-    d.add_argument("--trials", type=int, default=10, help="search trials (0: greedy plan only)")
+    d = sub.add_parser(
+        "demo", help="explain and optimize two small examples (pointwise, reduction)"
+    )
+    d.add_argument(
+        "--trials", type=whole(0), default=10, help="search trials (0: greedy plan only)"
+    )
     d.add_argument("--cache-dir", default=None, help="default: the cache home")
     d.set_defaults(func=demo)
     c = sub.add_parser("cache", help="list, show, clear, export or import cached plans")
@@ -112,8 +125,6 @@ def main(argv: list[str] | None = None) -> int:
                    "another device or versions (their kernels are recompiled here)")  # fmt: skip
     c.add_argument("--cache-dir", default=None, help="default: the cache home")
     c.set_defaults(func=cache_cmd)
-    from autofuse.tune.overnight import add_parser
-
     add_parser(sub)
     sub.choices["tune"].set_defaults(func=tune)
     r = sub.add_parser("report", help="report.md and report.html for an autofuse tune folder")
@@ -121,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     r.set_defaults(func=report)
     args = p.parse_args(argv)
     from autofuse.files import FolderNotWritable
-    from autofuse.tune.runfiles import SpecError
+    from autofuse.tune.runfiles import UsageError
 
     try:
         return args.func(args)
-    except (FolderNotWritable, SpecError) as e:  # the user's to fix: the message, no traceback
+    except (FolderNotWritable, UsageError) as e:  # the user's to fix: the message, no traceback
         msg = str(e)
         print(msg if msg.startswith("autofuse") else f"autofuse {args.cmd}: {msg}", file=sys.stderr)
         return 2

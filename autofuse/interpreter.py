@@ -8,7 +8,8 @@ the second patch turns it on. A mask ``block_condition & scalar_condition`` (a g
 check on an index read once per program, e.g. of the program's batch) is typed int1 but holds
 int32 data there, which its loads and stores refuse: the third patch reads such masks as bool.
 Its float32 -> bf16 cast truncates (999.9 becomes 996) where the GPU and torch round to nearest
-even (1000): the fourth patch rounds. Nothing changes on a GPU.
+even (1000): the fourth patch rounds. ``AUTOFUSE_CHECK_BOUNDS`` checks every access on top of
+these (``autofuse/bounds.py``, installed by the kernel loader). Nothing changes on a GPU.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def _bool_masks(interp) -> None:
     """Masked loads and stores read their mask's data as bool (int1 typed, int32 held: see the
     module docstring)."""
     import numpy as np
+    import triton.language as tl
 
     cls = interp.InterpreterBuilder
     if getattr(cls.create_masked_load, "_autofuse_patched", False):
@@ -154,6 +156,8 @@ def _bool_masks(interp) -> None:
     load, store = cls.create_masked_load, cls.create_masked_store
 
     def _bool(mask):
+        if isinstance(mask, np.ndarray):  # Triton 3.6's descriptor loads pass a bare array
+            return interp.TensorHandle(mask.astype(np.bool_, copy=False), tl.int1)
         if mask.data.dtype == np.bool_:
             return mask
         return interp.TensorHandle(mask.data != 0, mask.dtype)

@@ -41,6 +41,25 @@ def shares_memory(args: tuple, kwargs: dict) -> bool:
     return False
 
 
+class _Name(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def kind_of(leaf: Any) -> str:
+    """What an argument leaf is, as an error message names it (``Tensor``, ``int``, ...)."""
+    return "Tensor" if isinstance(leaf, torch.Tensor) else type(leaf).__name__
+
+
+def readable(spec: Any, names: Sequence[str]) -> str:
+    """An argument structure as Python writes it, each leaf named by its kind:
+    ``(Tensor, [Tensor, Tensor])`` rather than a pytree ``TreeSpec``."""
+    try:
+        return repr(pytree.tree_unflatten([_Name(n) for n in names], spec))
+    except Exception:  # noqa: BLE001 - a structure pytree cannot rebuild: its own words
+        return str(spec)
+
+
 def describe_refusals(graph, partition: Partition) -> tuple[str, ...]:
     out = []
     for r in partition.refusals:
@@ -109,9 +128,9 @@ class OptimizedFunction:
         if spec != c.in_spec:
             if self._flat_call and len(args) != len(c.leaf_kinds):
                 check_count(c.graph, args)
-            raise InputError(
-                f"arguments have structure {spec}, but the plan was captured with {c.in_spec}"
-            )
+            got = readable(spec, [kind_of(x) for x in leaves])
+            want = readable(c.in_spec, [k.capitalize() for k in c.leaf_kinds])
+            raise InputError(f"arguments are {got}, but the plan was captured for {want}")
         tensors, scalars = [], []
         for leaf, kind in zip(leaves, c.leaf_kinds):
             (tensors if kind == "tensor" else scalars).append(leaf)

@@ -23,8 +23,12 @@ them again, for tests and for programs that change the environment on purpose):
   stages, ``ir/split.py``, when the captured inputs are CUDA tensors), ``1`` (always, the
   interpreter too), ``0`` (never). ``AUTOFUSE_SPLIT_MIN_RNUMEL``: the shortest reduced extent
   split (default 4096; tests lower it).
+- ``AUTOFUSE_CHECK_BOUNDS``: check every load and store of every generated kernel against the
+  buffers of its launch; an access outside all of them raises :class:`OutOfBoundsAccess` naming
+  the kernel, the nearest buffer and the offsets (``autofuse/bounds.py``; default off).
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
-  ``+autofuse``, ``all``); an unknown topic raises, naming the valid ones.
+  ``+autofuse``, ``all``); an unknown topic is ignored with one ``SettingsWarning`` naming the
+  valid ones.
 
 ``target()`` describes the device kernels are built and modeled for (kind, multiprocessors, L2,
 shared memory per block): the CUDA device when there is one, else an H100/H200-class default
@@ -68,6 +72,23 @@ def parse_logs(value: str) -> frozenset[str]:
     return topics
 
 
+class SettingsWarning(UserWarning):
+    """An ``AUTOFUSE_*`` variable with a value autofuse cannot use: what it does instead."""
+
+
+def _log_topics() -> frozenset[str]:
+    """``AUTOFUSE_LOGS``'s topics: an unknown one is left out with one warning naming the
+    valid ones (read at ``import autofuse``: a typo must not stop the import)."""
+    value = os.environ.get("AUTOFUSE_LOGS", "")
+    try:
+        return parse_logs(value)
+    except ValueError as e:
+        import warnings
+
+        warnings.warn(f"autofuse: {e}; the unknown ones are ignored", SettingsWarning, stacklevel=4)
+        return frozenset(t.strip() for t in value.split(",")) & LOG_TOPICS
+
+
 @dataclass(frozen=True)
 class Settings:
     cache_dir: Path
@@ -78,6 +99,7 @@ class Settings:
     direct_launch: bool = True
     split_reductions: str = "auto"  # "auto" (CUDA inputs), "on", "off"
     split_min_rnumel: int = 4096
+    check_bounds: bool = False
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -98,9 +120,10 @@ def settings() -> Settings:
         strict=_flag("AUTOFUSE_STRICT", False),
         lean_launch=_flag("AUTOFUSE_LEAN_LAUNCH", True),
         direct_launch=_flag("AUTOFUSE_DIRECT_LAUNCH", True),
-        logs=parse_logs(os.environ.get("AUTOFUSE_LOGS", "")),
+        logs=_log_topics(),
         split_reductions=_split_mode(),
         split_min_rnumel=int(os.environ.get("AUTOFUSE_SPLIT_MIN_RNUMEL", "4096")),
+        check_bounds=_flag("AUTOFUSE_CHECK_BOUNDS", False),
         signing_key=_signing_key(),
     )
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 import signal
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
+from autofuse.bounds import bounds_error
 from autofuse.frontend.dynamo import compiled_graphs
 from autofuse.plan.runtime import KernelBuildWarning
 
@@ -36,6 +37,7 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
 }
+FAILING = ("wrong", "oob", "error", "timeout")  # the statuses of a case that did not pass
 REFERENCE_FACTOR = 4.0  # the compiled result's error against float64 may be this many times eager's
 
 
@@ -45,8 +47,9 @@ class CaseTimeout(Exception):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one case did: ``status`` is one of pass / wrong / error / timeout / skip (the
-    sample fails in eager too); ``how`` says how the backend ran it where it passed."""
+    """What one case did: ``status`` is one of pass / wrong / oob (a generated kernel's access
+    outside its buffers, ``AUTOFUSE_CHECK_BOUNDS``) / error / timeout / skip (the sample fails in
+    eager too); ``how`` says how the backend ran it where it passed."""
 
     status: str
     how: str = ""
@@ -83,26 +86,42 @@ def _grad_leaves(args: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def _cotangents(outs: list[torch.Tensor]) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(1234)
-    return [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
-
-
-def run_case(fn: Callable[..., Any], args: tuple, kwargs: dict, backward: bool) -> Any:
-    """``fn(*args, **kwargs)``; with ``backward`` also the gradients of its differentiable
-    outputs with respect to the inputs that require grad (None where unused)."""
-    out = fn(*args, **kwargs)
-    if not backward:
-        return out
-    leaves = _grad_leaves((args, kwargs))
-    outs = [
+def differentiable(out: Any) -> list[torch.Tensor]:
+    """The floating outputs of ``out`` that carry a gradient."""
+    return [
         o
         for o in pytree.tree_leaves(out)
         if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point
     ]
+
+
+def _cotangents(outs: list[torch.Tensor], like: Sequence[torch.dtype] = ()) -> list[torch.Tensor]:
+    """Fixed random cotangents, rounded to ``like``'s dtypes first where given (the float64
+    reference then differentiates with the very cotangents eager's bfloat16 outputs got)."""
+    gen = torch.Generator().manual_seed(1234)
+    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32) for o in outs]
+    cots = [c.to(like[k]) if k < len(like) else c for k, c in enumerate(cots)]
+    return [c.to(o.dtype) for c, o in zip(cots, outs)]
+
+
+def run_case(
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    backward: bool,
+    like: Sequence[torch.dtype] = (),
+) -> Any:
+    """``fn(*args, **kwargs)``; with ``backward`` also the gradients of its differentiable
+    outputs with respect to the inputs that require grad (None where unused), for cotangents
+    rounded to ``like``'s dtypes."""
+    out = fn(*args, **kwargs)
+    if not backward:
+        return out
+    leaves = _grad_leaves((args, kwargs))
+    outs = differentiable(out)
     if not outs or not leaves:
         return out, ()
-    grads = torch.autograd.grad(outs, leaves, _cotangents(outs), allow_unused=True)
+    grads = torch.autograd.grad(outs, leaves, _cotangents(outs, like), allow_unused=True)
     return out, tuple(grads)
 
 
@@ -266,10 +285,14 @@ def judge(
     actual: Any,
     expected: Any,
 ) -> str:
-    """'' when the compiled results pass, else the first difference."""
+    """'' when the compiled results pass, else the first difference (against eager's, then
+    against a float64 reference run with eager's cotangents)."""
     if random_output:
         return structure_only(actual, expected)
-    return compare(actual, expected, lambda: run_case(fn, *_to64(_clone((args, kwargs))), backward))
+    like = [o.dtype for o in differentiable(expected[0])] if backward else []
+    return compare(
+        actual, expected, lambda: run_case(fn, *_to64(_clone((args, kwargs))), backward, like)
+    )
 
 
 def check_case(
@@ -302,14 +325,11 @@ def check_case(
     except Exception as e:  # noqa: BLE001 - every other failure is an error of the case
         if "CaseTimeout" in repr(e):  # raised inside Triton's interpreter, which wraps it
             return Outcome("timeout", detail=f"over {timeout_s:.0f} s", seconds=timeout_s)
-        line = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-        return Outcome("error", detail=line, seconds=time.perf_counter() - t0)
+        oob = bounds_error(e)
+        e = oob or e
+        line = " ".join(f"{type(e).__name__}: {e}".split())[: 600 if oob else 300]
+        return Outcome("oob" if oob else "error", detail=line, seconds=time.perf_counter() - t0)
     how, kernels, eager = how_it_ran(first)
-    if random_output:
-        why = structure_only(actual, expected)
-    else:
-        why = compare(
-            actual, expected, lambda: run_case(fn, *_to64(_clone((args, kwargs))), backward)
-        )
+    why = judge(fn, args, kwargs, backward, random_output, actual, expected)
     status = "wrong" if why else "pass"
     return Outcome(status, how, why, kernels, eager, time.perf_counter() - t0)

@@ -7,14 +7,21 @@ backward, compared with eager (``experiments/opinfo_check.py``). Expected failur
 in ``experiments/opinfo_expected.py``.
 
     python -m experiments.opinfo_sweep --ops add,mul --dtypes float32,int --samples 2
+    python -m experiments.opinfo_sweep --samples all --grad-dtypes all --check-bounds \
+        --shard 0/4 --out results/opinfo/all0.json
     python -m experiments.opinfo_sweep --shard 0/4 --out results/opinfo/shard0.json
     python -m experiments.opinfo_sweep --merge results/opinfo/shard*.json --out results/opinfo/summary.json
 
 ``--dtypes`` takes dtype names or the classes ``lowp`` (bfloat16, else float16), ``int``
-(int32, else int64, else the first integer dtype) and ``bool``. Each case's record is
+(int32, else int64, else the first integer dtype) and ``bool``. ``--samples all`` takes every
+sample of each op and dtype; ``--grad-dtypes all`` runs the backward (gradients of the
+backend's outputs against eager's) in every dtype picked that the op differentiates in.
+``--check-bounds`` turns ``AUTOFUSE_CHECK_BOUNDS`` on: an access of a generated kernel outside
+its buffers is a case of its own status, ``oob``. Each case's record is
 appended to ``<out>.jsonl`` as it finishes; a killed shard started again skips the cases it
 has. Statuses per case: pass (``how``: generated / eager_step / no_graph), xfail (an expected
-failure), wrong (a silent mismatch), error, timeout, skip (the sample fails in eager too).
+failure), wrong (a silent mismatch), oob (out of bounds), error, timeout, skip (the sample
+fails in eager too).
 """
 
 from __future__ import annotations
@@ -33,12 +40,13 @@ from typing import Any
 
 import torch
 
-from experiments.opinfo_check import Outcome, check_case
+from autofuse.settings import reload_settings, settings
+from experiments.opinfo_check import FAILING, Outcome, check_case
 from experiments.opinfo_expected import EXPECTED, expected_failure
 
 DEFAULT_DTYPES = ("float32", "lowp", "int", "bool")
 MODES = ("fwd", "bwd")
-STATUSES = ("pass", "xfail", "wrong", "error", "timeout", "skip")
+STATUSES = ("pass", "xfail", "wrong", "oob", "error", "timeout", "skip")
 # the float dtypes with a backward case (a backward in every dtype would double the sweep)
 DEFAULT_GRAD_DTYPES = ("float32",)
 # ops whose output is random (compared by structure, shape and dtype only)
@@ -106,12 +114,14 @@ def cases(
     backward_ok = set(op.supported_backward_dtypes("cpu")) if op.supports_autograd else set()
     for dtype in pick_dtypes(op, dtypes):
         for mode in modes:
-            if mode == "bwd" and (dtype not in backward_ok or str(dtype)[6:] not in grad_dtypes):
+            in_grad = "all" in grad_dtypes or str(dtype)[6:] in grad_dtypes
+            if mode == "bwd" and (dtype not in backward_ok or not in_grad):
                 continue
             yield dtype, mode
 
 
-def samples(op: Any, dtype: torch.dtype, mode: str, n: int) -> list[Any]:
+def samples(op: Any, dtype: torch.dtype, mode: str, n: int | None) -> list[Any]:
+    """The first ``n`` samples (None: all of them)."""
     torch.manual_seed(0)
     return list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=mode == "bwd"), n))
 
@@ -128,7 +138,7 @@ def run_op(op: Any, args: argparse.Namespace, done: set[tuple]) -> Iterator[dict
         try:
             picked = samples(op, dtype, mode, args.samples)
         except Exception as e:  # noqa: BLE001 - the OpInfo cannot make samples here
-            yield _record(name, dt, mode, -1, Outcome("skip", detail=f"samples: {e}"[:200]))
+            yield case_record(name, dt, mode, -1, Outcome("skip", detail=f"samples: {e}"[:200]))
             continue
         for k, s in enumerate(picked):
             if (name, dt, mode, k) in done:
@@ -136,15 +146,15 @@ def run_op(op: Any, args: argparse.Namespace, done: set[tuple]) -> Iterator[dict
             outcome = check_case(
                 fn, (s.input, *s.args), dict(s.kwargs), mode == "bwd", is_random(op), args.timeout
             )
-            yield _record(name, dt, mode, k, outcome)
+            yield case_record(name, dt, mode, k, outcome)
 
 
-def _record(op: str, dtype: str, mode: str, sample: int, outcome: Outcome) -> dict:
+def case_record(op: str, dtype: str, mode: str, sample: int, outcome: Outcome) -> dict:
     rec = {"op": op, "dtype": dtype, "mode": mode, "sample": sample, **asdict(outcome)}
     rec["eager_ops"] = list(outcome.eager_ops)
     rec["seconds"] = round(outcome.seconds, 2)
     reason = expected_failure(op, dtype, mode)
-    if reason and outcome.status in ("wrong", "error", "timeout"):
+    if reason and outcome.status in FAILING:
         rec["status"], rec["expected"] = "xfail", reason
     elif reason:
         rec["xpass"] = reason
@@ -157,11 +167,13 @@ def _record(op: str, dtype: str, mode: str, sample: int, outcome: Outcome) -> di
 
 
 def op_class(recs: Sequence[dict]) -> str:
-    """One op's class over its cases: wrong > error > xfail > eager_step > generated."""
+    """One op's class over its cases: wrong > oob > error > xfail > eager_step > generated."""
     st = {r["status"] for r in recs}
     how = {r.get("how") for r in recs if r["status"] == "pass"}
     if "wrong" in st:
         return "wrong"
+    if "oob" in st:
+        return "oob"
     if st & {"error", "timeout"}:
         return "error"
     if "xfail" in st:
@@ -183,7 +195,7 @@ def summarize(records: Sequence[dict]) -> dict:
     failing = [
         {k: r[k] for k in ("op", "dtype", "mode", "sample", "status", "detail")}
         for r in records
-        if r["status"] in ("wrong", "error", "timeout")
+        if r["status"] in FAILING
     ]
     return {
         "cases": {s: cases_by.get(s, 0) for s in STATUSES},
@@ -216,7 +228,7 @@ def _write(out: Path, config: dict, records: list[dict]) -> None:
 def _reclassed(rec: dict) -> dict:
     """A record judged by today's expected-failure list."""
     reason = expected_failure(rec["op"], rec["dtype"], rec["mode"])
-    if reason and rec["status"] in ("wrong", "error", "timeout"):
+    if reason and rec["status"] in FAILING:
         return {**rec, "status": "xfail", "expected": reason}
     return rec
 
@@ -243,9 +255,10 @@ def markdown(s: dict, config: dict) -> str:
     lines = [
         "# OpInfo sweep through the autofuse backend (CPU, Triton interpreter)",
         "",
-        f"Ops of `op_db` run: {s['ops_total']} (not run: {len(s.get('ops_not_run', ()))}); dtypes {config.get('dtypes')}, first "
-        f"{config.get('samples')} sample(s) per op and dtype, backward in "
-        f"{config.get('grad_dtypes')}, {config.get('timeout')} s per case.",
+        f"Ops of `op_db` run: {s['ops_total']} (not run: {len(s.get('ops_not_run', ()))}); "
+        f"dtypes {config.get('dtypes')}, {_samples_text(config.get('samples'))} per op and "
+        f"dtype, backward in {config.get('grad_dtypes')}, {config.get('timeout')} s per case; "
+        f"bounds checked: {'yes' if config.get('check_bounds') else 'no'}.",
         "",
         "| ops | count |",
         "|---|---|",
@@ -289,6 +302,22 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _count(text: str) -> int | None:
+    if text == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--samples {text!r}: a positive count or 'all'")
+    return n
+
+
+def _samples_text(n: int | None) -> str:
+    return "every sample" if n is None else f"first {n} sample(s)"
+
+
 def _csv(text: str) -> list[str]:
     return [t for t in text.split(",") if t]
 
@@ -299,9 +328,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", type=_csv, default=list(DEFAULT_DTYPES))
     p.add_argument("--modes", type=_csv, default=list(MODES))
     p.add_argument("--grad-dtypes", type=_csv, default=list(DEFAULT_GRAD_DTYPES))
-    p.add_argument("--samples", type=int, default=2, help="first N samples per op and dtype")
+    p.add_argument(
+        "--samples", type=_count, default=2, help="first N samples per op and dtype, or all"
+    )
     p.add_argument("--shard", type=_shard, default=(0, 1), help="i/n: every n-th op from the i-th")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per case")
+    p.add_argument(
+        "--check-bounds", action="store_true", help="AUTOFUSE_CHECK_BOUNDS=1 for every case"
+    )
     p.add_argument("--out", type=Path, default=Path("results/opinfo/sweep.json"))
     p.add_argument("--merge", nargs="+", default=None, help="shard JSON files to summarize")
     args = p.parse_args(argv)
@@ -318,18 +352,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({k: s[k] for k in ("cases", "ops", "ops_total")}))
         return 0
     os.environ.setdefault("TRITON_INTERPRET", "1" if not torch.cuda.is_available() else "0")
+    if args.check_bounds:
+        os.environ["AUTOFUSE_CHECK_BOUNDS"] = "1"
+        reload_settings()
     log = args.out.with_suffix(".jsonl")
     log.parent.mkdir(parents=True, exist_ok=True)
     records = _read_jsonl(log)
     done = {(r["op"], r["dtype"], r["mode"], r["sample"]) for r in records}
     config = {k: v for k, v in vars(args).items() if k not in ("out", "merge")}
+    config["check_bounds"] = settings().check_bounds  # the flag or the environment
     t0 = time.time()
     for op in select_ops(args.ops, args.shard):
         for rec in run_op(op, args, done):
             records.append(rec)
             with open(log, "a") as f:
                 f.write(json.dumps(rec) + "\n")
-            if rec["status"] in ("wrong", "error", "timeout"):
+            if rec["status"] in FAILING:
                 print(f"{rec['status']}: {rec['op']} {rec['dtype']} {rec['mode']}"
                       f" #{rec['sample']}: {rec['detail'][:160]}", flush=True)  # fmt: skip
         _write(args.out, {**config, "seconds": round(time.time() - t0)}, records)

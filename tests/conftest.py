@@ -9,6 +9,9 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # every load and store of every kernel the CPU suite runs is checked against its launch's
+    # buffers (on a GPU the mode builds guarded kernels and launches through Triton: opt in)
+    os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")
 os.environ.setdefault(
     "AUTOFUSE_KERNEL_DIR", os.path.join(os.getcwd(), ".autofuse_cache", "kernels")
 )

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from experiments import opinfo_sweep as sweep
-from experiments.opinfo_check import compare, how_it_ran, tensor_mismatch
+from experiments.opinfo_check import FAILING, compare, how_it_ran, tensor_mismatch
 from experiments.opinfo_expected import EXPECTED, expected_failure
 
 CI_OPS = (
@@ -26,7 +26,6 @@ CI_OPS = (
 ).split()
 OTHER_DTYPES = ("lowp", "int", "bool")
 EXHAUSTIVE_SHARDS = 16
-FAILING = ("wrong", "error", "timeout")
 
 
 def _args(dtypes: list[str], samples: int = 1, timeout: float = 120.0) -> argparse.Namespace:
@@ -148,3 +147,57 @@ def test_op_class_orders_outcomes():
     assert sweep.op_class([rec("pass", "generated"), rec("pass", "no_graph")]) == "eager_step"
     assert sweep.op_class([rec("xfail"), rec("pass", "generated")]) == "xfail"
     assert sweep.op_class([rec("error"), rec("wrong")]) == "wrong"
+
+
+def test_sweep_takes_every_sample_and_backward_in_every_dtype_when_asked(ci_ops):
+    op = ci_ops["unsqueeze"]
+    args = sweep.parse_args(["--samples", "all", "--grad-dtypes", "all"])
+    assert args.samples is None
+    every = list(op.sample_inputs("cpu", torch.float32))
+    assert len(sweep.samples(op, torch.float32, "fwd", None)) == len(every) > 2
+    pairs = set(sweep.cases(op, ["float32", "lowp"], ["fwd", "bwd"], ["all"]))
+    assert (torch.bfloat16, "bwd") in pairs and (torch.float32, "bwd") in pairs
+    assert (torch.bfloat16, "bwd") not in set(
+        sweep.cases(op, ["float32", "lowp"], ["fwd", "bwd"], ["float32"])
+    )
+    for bad in ("0", "some"):
+        with pytest.raises(SystemExit):
+            sweep.parse_args(["--samples", bad])
+
+
+def test_an_out_of_bounds_access_is_a_status_of_its_own(monkeypatch):
+    """A case whose compiled run raises OutOfBoundsAccess (wrapped, as Triton's interpreter
+    does) is ``oob``, named in the summary's failing cases; an expected one is an xfail."""
+    from autofuse.bounds import OutOfBoundsAccess
+    from experiments import opinfo_check
+
+    def compiled(*a, **k):
+        try:
+            raise OutOfBoundsAccess("autofuse: kernel k stores to memory outside ...")
+        except OutOfBoundsAccess as e:
+            raise RuntimeError("interpreter error") from e
+
+    monkeypatch.setattr(opinfo_check.torch, "compile", lambda fn, **kw: compiled)
+    out = opinfo_check.check_case(torch.neg, (torch.ones(2),), {}, False, False, 60.0)
+    assert out.status == "oob" and "kernel k stores" in out.detail
+    rec = sweep.case_record("opx", "float32", "fwd", 0, out)
+    summary = sweep.summarize([rec])
+    assert summary["cases"]["oob"] == 1 and summary["op_classes"]["opx"] == "oob"
+    assert summary["failing"][0]["status"] == "oob"
+    monkeypatch.setitem(EXPECTED, "opx", "a known overrun")
+    assert sweep.case_record("opx", "float32", "fwd", 0, out)["status"] == "xfail"
+    assert "every sample" in sweep.markdown(summary, {"samples": None, "check_bounds": True})
+
+
+def test_float64_reference_gradients_use_the_cotangents_eager_had():
+    """A bfloat16 backward is judged against a float64 run with eager's (bfloat16-rounded)
+    cotangents, not unrounded ones (which made cross's gradient look 7 ulps off)."""
+    from experiments.opinfo_check import run_case
+
+    x = torch.linspace(-1, 1, 64, dtype=torch.bfloat16).requires_grad_()
+    _, (g16,) = run_case(lambda t: t * 1, (x,), {}, True)
+    x64 = x.detach().double().requires_grad_()
+    _, (g64,) = run_case(lambda t: t * 1, (x64,), {}, True, like=[torch.bfloat16])
+    assert torch.equal(g16.double(), g64)
+    _, (unrounded,) = run_case(lambda t: t * 1, (x64,), {}, True)
+    assert not torch.equal(g16.double(), unrounded)

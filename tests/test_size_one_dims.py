@@ -126,10 +126,25 @@ def _empty_log_softmax(x0):
     return (torch.log_softmax(x0[1:0:2], dim=0),)
 
 
+def _slice_of_empty(x0, x1):
+    return ((x0 - x1)[-2::1],)
+
+
+def _group_norm_of_empty(x0, x1, x2):
+    return (F.group_norm(x0, 1, x1, x2),)
+
+
+def _expand_channels_last(x1):
+    return ((x1 - x1).expand((3, -1, -1, -1, 3)),)
+
+
 CASES = {  # found by experiments.fuzz: size-1 and size-0 dims in matmul, attention and reductions
     "attention_of_ones": (_attention_ones, [(1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1)], True),
     "scores_broadcast_by_a_mask": (_broadcast_scores, [(1, 1, 4), (1, 1, 4), (1, 3, 1)], False),
     "log_softmax_of_an_empty_slice": (_empty_log_softmax, [(1, 0)], True),
+    "slice_of_an_empty_difference": (_slice_of_empty, [(0,), (1,)], True),
+    "group_norm_of_an_empty_batch": (_group_norm_of_empty, [(0, 1), (1,), (1,)], True),
+    "expand_of_a_channels_last_result": (_expand_channels_last, [(1, 2, 2, 1)], True),
 }
 
 
@@ -138,11 +153,16 @@ CASES = {  # found by experiments.fuzz: size-1 and size-0 dims in matmul, attent
 def test_fuzzer_found_size_one_and_empty_forms(case, front):
     fn, shapes, backward = CASES[case]
     torch.manual_seed(0)
-    args = [torch.randn(s, requires_grad=backward) for s in shapes]
+    args = [torch.randn(s) for s in shapes]
+    if case == "expand_of_a_channels_last_result":
+        args = [a.contiguous(memory_format=torch.channels_last) for a in args]
+    args = [a.requires_grad_(backward) for a in args]
     out = _front(fn, args, front)(*args)
     ref = fn(*args)
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+        live = [(a, b) for a, b, n in zip(o.stride(), r.stride(), r.shape) if n > 1]
+        assert all(a == b for a, b in live) or not r.numel(), (o.stride(), r.stride())
     if backward and ref[0].numel():
         gy = torch.randn_like(ref[0])
         got = torch.autograd.grad(out[0], args, gy, allow_unused=True)

@@ -166,3 +166,16 @@ def test_other_centres_are_split_as_before():
         split = split_reductions(g, POLICY)
         assert any(n.name.endswith(".part") for n in split.nodes)
         assert not any("chunk_m2" in n.name for n in split.nodes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_variance_near_the_dtypes_max_is_rescued_as_unsplit(split_on, dtype):
+    """(x - mean)^2 past the dtype's max: Chan's M2 overflows, and the decomposition's rescue
+    (the sum of (diff * 2^-k)^2, split beside the chunk moments) gives eager's finite value."""
+    g = torch.Generator().manual_seed(1)
+    x = ((torch.rand(3, 4096, generator=g, dtype=torch.float64) * 2 - 1) * 2e19).to(dtype)
+    for fn in (lambda x: x.var(-1), lambda x: x.std(-1)):
+        assert any(n.name.endswith(".chunk_m2") for n in capture(fn, (x,)).graph.nodes)
+        got, eager = autofuse.optimize(fn, (x,))(x), fn(x)
+        assert torch.isfinite(got).all() and torch.isfinite(eager).all()
+        _close(got, fn(x.double()), dtype, "var / std")

@@ -1,16 +1,22 @@
 """The call index: ``autofuse.load`` reaches a cached plan from what the caller gives, with no
 capture (capture imports Dynamo and traces: seconds in a new process).
 
-A call key hashes the function's identity and code (its bytecode and constants, its defaults
-and closure values, the simple global constants it reads, what it reads through modules and
-classes (``cfg.scale``, ``utils.act``) and, recursively up to 8 calls deep, the Python
+A call key hashes the function's qualified name and code (its bytecode and constants, its
+defaults and closure values, the simple global constants it reads, what it reads through modules
+and classes (``cfg.scale``, ``utils.act``) and, recursively up to 8 calls deep, the Python
 functions it calls; for a module, its class, the code and globals of its own classes' methods,
 its ``repr``, each submodule's simple attributes, hooks and train/eval flag, and its
-parameters' names, shapes and dtypes), the inputs' structure, shapes, strides, dtypes and devices, grad mode, the device,
-versions and the options that change the plan. ``<cache home>/calls/<call key>.json`` names
-the plan entry and holds what is needed to call it like the function (the captured program's
-input/output structure and scalars). It is written when a plan is tuned or first loaded by
-capture, and read (and checked against its own digest) by the next ``load``.
+parameters' names, shapes and dtypes), the inputs' structure, shapes, strides, dtypes and
+devices, grad mode, the device, versions and the options that change the plan. Not a module's
+import name (a spec file loaded by path and the same file imported by production give one
+key); code of an installed package (under site-packages) by the package's name and version; a
+registry object (a ``Mapping`` of names to functions) by its items.
+
+``<cache home>/calls/<call key>.json`` names the plan entry and holds what is needed to call it
+like the function (the captured program's input/output structure and scalars). It is written
+when a plan is tuned or first loaded by capture, and read (and checked against its own digest)
+by the next ``load``. (An installed package re-installed with changed code under the same
+version keeps its keys: ``retrace=True`` or ``autofuse cache clear`` then.)
 
 A function that reads anything the key cannot see (a global tensor, an object whose state
 changes what it computes, calls nested deeper) gets no call key: ``load`` captures it every
@@ -22,12 +28,15 @@ copied under another function's key is ignored.
 from __future__ import annotations
 
 import dis
+import functools
 import hashlib
 import json
 import logging
 import os
+import sys
 import types
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +76,12 @@ def _value(v: Any, depth: int, seen: set[int]) -> Any:
         return [type(v).__name__, [_value(x, depth, seen) for x in items]]
     if isinstance(v, dict):
         return ["dict", [[repr(k), _value(x, depth, seen)] for k, x in v.items()]]
+    if isinstance(v, Mapping):  # a registry object (name -> function): its class and items
+        try:
+            items = list(v.items())
+        except Exception as e:  # noqa: BLE001 - a mapping that cannot list itself
+            raise Opaque(f"a {type(v).__name__} ({type(e).__name__})") from e
+        return ["mapping", _home(type(v)), [[repr(k), _value(x, depth, seen)] for k, x in items]]
     if isinstance(v, (torch.dtype, torch.device, torch.Size)):
         return [type(v).__name__, str(v)]
     if isinstance(v, torch.Tensor):
@@ -79,7 +94,7 @@ def _value(v: Any, depth: int, seen: set[int]) -> Any:
     if isinstance(v, logging.Logger):
         return ["logger", v.name]
     if isinstance(v, type):
-        return ["class", f"{v.__module__}.{v.__qualname__}"]
+        return _class(v, depth, seen)
     if isinstance(v, (types.FunctionType, types.MethodType)) or hasattr(v, "__code__"):
         return _function(v, depth, seen)
     if isinstance(
@@ -98,10 +113,10 @@ def _function(fn: Any, depth: int, seen: set[int]) -> list:
     if isinstance(fn, types.MethodType):
         return ["method", _function(fn.__func__, depth, seen), _value(fn.__self__, depth, seen)]
     code = getattr(fn, "__code__", None)
-    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+    name = _home(fn)
     if not isinstance(code, types.CodeType):
         raise Opaque(f"the callable {name}")
-    if id(fn) in seen or name.split(".")[0] in _LIBRARIES:
+    if id(fn) in seen or _library(fn):
         return ["fn", name]  # a cycle, or a library function (its version is in the key)
     if depth <= 0:
         raise Opaque(f"{name}: functions called deeper than the key follows")
@@ -117,6 +132,58 @@ def _function(fn: Any, depth: int, seen: set[int]) -> list:
         if chain[0] in glb:
             out.append(_through_modules(glb[chain[0]], chain, depth - 1, seen))
     return out
+
+
+@functools.cache
+def _installed_version(top: str) -> str | None:
+    """``name==version`` of the installed package ``top`` (a regular install, under
+    site-packages: not the user's own code, nor an editable install), else None."""
+    parts = Path(str(getattr(sys.modules.get(top), "__file__", None) or "")).parts
+    if "site-packages" not in parts and "dist-packages" not in parts:
+        return None
+    try:
+        from importlib import metadata
+
+        return f"{top}=={metadata.version(top)}"  # a distribution named as its package
+    except Exception:  # noqa: BLE001 - named otherwise (PIL: pillow), or no metadata
+        pass
+    try:
+        dists = metadata.packages_distributions().get(top) or []  # (scans every install)
+        return f"{dists[0]}=={metadata.version(dists[0])}" if dists else None
+    except Exception:  # noqa: BLE001 - no metadata: its code is keyed instead
+        return None
+
+
+def _library(obj: Any) -> bool:
+    """A function or class of a library: keyed by its name and version, not its code (torch,
+    triton, ..., whose versions every key holds, or an installed package such as
+    transformers)."""
+    top = str(getattr(obj, "__module__", "") or "").split(".")[0]
+    return top in _LIBRARIES or _installed_version(top) is not None
+
+
+def _home(obj: Any) -> str:
+    """How the key names a function or class: a library's by module, name and version; the
+    user's by qualified name alone (its code is keyed), as the module's name depends on how it
+    was imported (``autofuse tune spec.py`` loads the file under a name of its own, production
+    imports it as ``spec``)."""
+    qualname = str(getattr(obj, "__qualname__", "") or type(obj).__qualname__)
+    module = str(getattr(obj, "__module__", "") or "")
+    if not _library(obj):
+        return qualname
+    top = module.split(".")[0]
+    version = None if top in _LIBRARIES else _installed_version(top)  # (theirs: in every key)
+    return f"{module}.{qualname}" + (f" ({version})" if version else "")
+
+
+def _class(cls: type, depth: int, seen: set[int]) -> list:
+    """A class the code reads: a library's by name; the user's with its methods' code."""
+    if _library(cls) or id(cls) in seen or depth <= 0:
+        return ["class", _home(cls)]
+    try:
+        return ["class", _home(cls), _class_code(cls, depth - 1, seen | {id(cls)})]
+    except Opaque:  # methods reading what the key cannot see: the class by its name, as ever
+        return ["class", _home(cls)]
 
 
 def _attribute_chains(co: types.CodeType) -> list[tuple[str, ...]]:
@@ -163,7 +230,7 @@ def _global_names(co: types.CodeType) -> list[str]:
 
 
 def _module(m: torch.nn.Module) -> list:
-    out: list = ["nn.Module", f"{type(m).__module__}.{type(m).__qualname__}", repr(m)]
+    out: list = ["nn.Module", _home(type(m)), repr(m)]
     seen: set[int] = set()
     for name, sub in m.named_modules():
         attrs = []
@@ -174,23 +241,23 @@ def _module(m: torch.nn.Module) -> list:
                 attrs.append([k, _value(v, 1, seen)])
             except Opaque:
                 attrs.append([k, _shallow(v)])
-        out.append([name, sub.training, _class_code(type(sub)), attrs, _hooks(sub)])
+        out.append([name, sub.training, _class_code(type(sub), _DEPTH, set()), attrs, _hooks(sub)])
     for name, t in [*m.named_parameters(), *m.named_buffers()]:
         out.append([name, list(t.shape), str(t.dtype), t.requires_grad])
     return out
 
 
-def _class_code(cls: type) -> list:
-    """The methods of a module's own classes (not torch's), with what they read: the globals of
+def _class_code(cls: type, depth: int, seen: set[int]) -> list:
+    """The methods of a class's own classes (not torch's), with what they read: the globals of
     ``forward`` and of the helpers it calls are part of the key."""
     out: list = []
     for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] in _LIBRARIES or klass is object:
+        if _library(klass) or klass is object:
             continue
         for name, attr in sorted(vars(klass).items()):
             fn = getattr(attr, "__func__", attr)
             if isinstance(fn, types.FunctionType):
-                out.append([klass.__qualname__, name, _function(fn, _DEPTH, set())])
+                out.append([klass.__qualname__, name, _function(fn, depth, seen)])
     return out
 
 
@@ -206,7 +273,7 @@ def _hooks(m: torch.nn.Module) -> list:
 def _shallow(obj: Any) -> list:
     """An object attribute of a module (a model config, say): its class and the simple values
     among its own attributes, so a config that changes what forward computes changes the key."""
-    out: list = [f"{type(obj).__module__}.{type(obj).__qualname__}"]
+    out: list = [_home(type(obj))]
     for k, v in sorted(getattr(obj, "__dict__", {}).items()):
         try:
             out.append([k, _value(v, 0, set())])

@@ -17,8 +17,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from autofuse.cache.binaries import BIN_DIR
 from autofuse.cache.calls import CALLS_DIR
-from autofuse.cache.disk import _read_entry, list_entries, plans_dir
+from autofuse.cache.disk import _read_entry, entry_files, list_entries, plans_dir
 from autofuse.cache.keys import PLAN_FILE, valid_key
 from autofuse.plan.runtime import KernelStep
 from autofuse.settings import cache_home, settings
@@ -147,6 +148,23 @@ def _remove(paths: list[Path]) -> int:
     return n
 
 
+def _remove_entry(entry: Path) -> list[Path]:
+    """Remove what autofuse wrote in an entry folder (the folder once empty); returns the paths
+    left there that it did not write. A symbolic link is not autofuse's: left as it is."""
+    if entry.is_symlink():
+        return [entry]
+    ours, theirs = entry_files(entry)
+    _remove(ours)
+    _rmdir_if_empty(entry / BIN_DIR, entry)
+    return theirs
+
+
+def _say_left(left: list[Path]) -> None:
+    if left:
+        shown = ", ".join(str(p) for p in left[:5]) + (" …" if len(left) > 5 else "")
+        print(f"left in place, not written by autofuse: {shown}", file=sys.stderr)
+
+
 def _rmdir_if_empty(*folders: Path) -> None:
     for d in folders:
         try:
@@ -169,18 +187,24 @@ def clear_all(root: Any) -> tuple[int, int, int]:
     records = [p for p in children(calls) if _CALL_FILE.match(p.name)]
     pyc = kernels / "__pycache__"
     sources = [p for p in children(kernels) + children(pyc) if _own_kernel_file(p)]
-    n_entries = sum(not p.name.startswith(_TEMPS) for p in entries)
-    _remove(entries), _remove(records)
+    temps = [p for p in entries if p.name.startswith(_TEMPS) and not p.is_symlink()]
+    kept = [p for p in entries if p not in temps]
+    n_entries = sum(not p.is_symlink() for p in kept)
+    left = [f for p in kept for f in _remove_entry(p)]
+    _remove(temps), _remove(records)
     n_kernels = _remove(sources)
     _rmdir_if_empty(plans, calls, pyc, kernels)
+    _say_left(left)
     return n_entries, len(records), n_kernels
 
 
 def cache_clear(root: Any, key: str | None) -> int:
     if key is not None:
         key = resolve_key(root, key)
-        shutil.rmtree(plans_dir(root) / key)
-        print(f"removed entry {key}")
+        left = _remove_entry(plans_dir(root) / key)
+        print(f"removed entry {key}" if left != [plans_dir(root) / key] else
+              f"entry {key} is a symbolic link (autofuse writes none): left in place")  # fmt: skip
+        _say_left(left)
         return 0
     n, calls, kernels = clear_all(root)
     print(f"removed {n} entries, {calls} call records and {kernels} kernel files "

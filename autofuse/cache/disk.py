@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from autofuse.cache.binaries import BinaryStore
+from autofuse.cache.binaries import BIN_DIR, BinaryStore
 from autofuse.cache.codec import (
     _canonical,
     _decode_graph,
@@ -198,12 +198,54 @@ def _exchange_supported() -> bool:
         return bool(_exchange(a, b))
 
 
+def entry_files(entry: Path) -> tuple[list[Path], list[Path]]:
+    """(the files of an entry folder autofuse wrote: ``plan.json``, the kernel sources it
+    names, their binaries under ``bin/``; every other path there, left in place)."""
+    sources: set[str] = set()
+    try:
+        doc = json.loads((entry / PLAN_FILE).read_text())
+        for step in doc["payload"]["steps"]:
+            if step.get("kind") == "kernel":
+                sources.add(str(step["kernel"]["source_file"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # a damaged plan.json: only itself is known to be autofuse's
+    stems = tuple(f"{Path(f).stem}." for f in sources)
+    ours, theirs = [], []
+    for p in sorted(entry.rglob("*")):
+        rel = p.relative_to(entry)
+        binary = rel.parts[0] == BIN_DIR and len(rel.parts) == 2 and rel.name.startswith(stems)
+        own = rel.as_posix() in sources | {PLAN_FILE} or (
+            binary and rel.suffix in (".json", ".tmp")
+        )
+        if p.is_dir() and not p.is_symlink():
+            continue
+        (ours if own and p.is_file() and not p.is_symlink() else theirs).append(p)
+    return ours, theirs
+
+
+def _keep_foreign(final: Path, tmp: Path) -> None:
+    """Copy the files of an entry folder that autofuse did not write into its replacement
+    ``tmp`` (a retuned plan replaces the folder: a file of the user's there must stay)."""
+    try:
+        if not final.is_dir() or final.is_symlink():
+            return
+        for p in entry_files(final)[1]:
+            dest = tmp / p.relative_to(final)
+            if p.is_file() and not p.is_symlink() and not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, dest)
+    except OSError:  # another writer replaced the entry meanwhile (its files went with it)
+        pass
+
+
 def _publish(tmp: Path, final: Path) -> None:
     """Rename the complete entry ``tmp`` to ``final``, replacing an older entry.
 
     Where the OS can swap two directories atomically, readers never see the entry missing;
     elsewhere the old entry is moved aside first (a reader in that instant sees a miss).
+    Files of the old entry that autofuse did not write are copied into the new one first.
     """
+    _keep_foreign(final, tmp)
     for _ in range(100):
         try:
             os.replace(tmp, final)  # no entry yet (or an empty directory)

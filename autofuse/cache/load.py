@@ -25,6 +25,7 @@ from autofuse.settings import cache_home
 # The production entry point
 # ---------------------------------------------------------------------------------------------
 
+HINT_TRIALS = 20  # the search a miss's hint asks for (any trials= caches the winner)
 _WARNED: set[tuple[str, str]] = set()  # (cache dir, key) misses already reported
 
 
@@ -106,10 +107,18 @@ def load(
     if fast is not None:
         return fast
     from autofuse.capture.state import buffers_kept
-    from autofuse.capture.trace import capture
+    from autofuse.capture.trace import TraceUnsupported, capture
 
-    with buffers_kept(fn):  # capturing a module in train mode moves no statistics
-        captured = capture(fn, example_inputs)
+    try:
+        with buffers_kept(fn):  # capturing a module in train mode moves no statistics
+            captured = capture(fn, example_inputs)
+    except TraceUnsupported as e:  # optimize runs it on the backend path: no plan to load
+        why = f"{_fn_name(fn)} cannot be captured as one plan ({e})"
+        hint = (
+            "optimize() runs such code through the torch.compile backend path, whose plans are "
+            "not cached for load: call torch.compile(fn, backend='autofuse') in this process"
+        )
+        return _missed(fn, "", why, hint, strict, os.path.abspath(cache_dir))
     key = key_for(captured, example_inputs, options)
     plan, meta, problem = _read_entry(cache_dir, key)
     if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)
@@ -123,15 +132,23 @@ def load(
         return opt
     name = _fn_name(fn)
     why = f"the cached entry is unusable: {problem}" if problem else "no cached plan"
-    msg = (
-        f"autofuse: {why} for {name} (key {key}) in {os.fspath(cache_dir)!r}. Run "
-        f"autofuse.optimize({name}, example_inputs, cache_dir={os.fspath(cache_dir)!r}) with "
-        "the same inputs (shapes, dtypes, device) and options first to tune and cache a plan."
+    why = f"{why} for {name} (key {key}) in {os.fspath(cache_dir)!r}"
+    hint = (
+        f"Run autofuse.optimize({name}, example_inputs, trials={HINT_TRIALS}, "
+        f"cache_dir={os.fspath(cache_dir)!r}) with the same inputs (shapes, dtypes, device) and "
+        "options first: a search (trials=) tunes and caches a plan (without trials, optimize "
+        "builds the greedy plan and caches nothing)."
     )
+    return _missed(fn, key, why, hint, strict, os.path.abspath(cache_dir))
+
+
+def _missed(fn: Any, key: str, why: str, hint: str, strict: bool, where: str) -> Any:
+    """A miss: :class:`CacheMiss` with ``strict``, else ``fn`` in eager after one warning."""
+    msg = f"autofuse: {why}. {hint}"
     if strict:
         raise CacheMiss(msg)
-    seen = (os.path.abspath(cache_dir), key)
-    if seen not in _WARNED:
-        _WARNED.add(seen)
-        warnings.warn(msg + f" Running {name} in eager PyTorch.", CacheMissWarning, stacklevel=2)
+    if (where, key or why) not in _WARNED:
+        _WARNED.add((where, key or why))
+        name = _fn_name(fn)
+        warnings.warn(msg + f" Running {name} in eager PyTorch.", CacheMissWarning, stacklevel=3)
     return EagerFunction(fn, key, why)

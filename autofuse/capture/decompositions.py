@@ -83,7 +83,10 @@ def _std_decomp(x, dim=None, *, correction=None, keepdim=False):
 
 def _group_norm_decomp(x, weight, bias, n, c, hw, group, eps):
     """native_group_norm as a row reduction: x viewed as [N, G, C/G * HxW] (each group one
-    row), normalized in fp32 for 16-bit inputs; mean and rstd per (N, G) as eager returns."""
+    row), normalized in fp32 for 16-bit inputs; mean and rstd per (N, G) as eager returns.
+    An empty input keeps eager's own op (its rows have no length to divide by)."""
+    if x.numel() == 0:
+        return NotImplemented
     low = x.dtype in (torch.float16, torch.bfloat16)
     xg = x.reshape(n, group, -1)
     xg = xg.float() if low else xg  # cast over the reduction's domain: one kernel with it

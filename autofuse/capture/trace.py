@@ -88,6 +88,24 @@ def check_callable(fn: Any, where: str) -> None:
         )
 
 
+def check_real(fn: Any, example_inputs: Any, where: str) -> None:
+    """Example inputs and a module's state hold data: a meta tensor has none to run or verify
+    kernels on (raises :class:`CaptureError` naming it, before any capture)."""
+    leaves = pytree.tree_leaves(example_inputs) if not isinstance(example_inputs, torch.Tensor) \
+        else [example_inputs]  # fmt: skip
+    named = [(f"example input leaf {i}", x) for i, x in enumerate(leaves)]
+    if isinstance(fn, torch.nn.Module):
+        named += [(f"the module's {n}", t) for n, t in (*fn.named_parameters(),
+                                                         *fn.named_buffers())]  # fmt: skip
+    for what, x in named:
+        if isinstance(x, torch.Tensor) and x.is_meta:
+            raise CaptureError(
+                f"{where}: {what} is a meta tensor (shapes, no data): kernels are run and "
+                "checked against eager on real tensors; give tensors on the device it will run "
+                "on (cuda, or cpu for Triton's interpreter)"
+            )
+
+
 def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
     """Trace ``fn(*example_inputs)`` to ATen and convert it to the IR."""
     check_callable(fn, "autofuse")

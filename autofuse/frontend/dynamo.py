@@ -257,6 +257,7 @@ class AutofuseBackend:
     def __init__(self, **options: Any) -> None:
         check_options(options, BACKEND, "autofuse backend")
         self.options = dict(options)
+        self.origin = "backend"  # the front end that made it, for its notes (options.py)
         self.records: list[CompiledGraph] = []
         # plans: partitions made (greedy or searched); bucket_instances: a bucket's plan built
         # for another shape of the bucket (no partition, no search, its kernels shared)
@@ -333,7 +334,7 @@ class AutofuseBackend:
 
     def plan_for(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any, Any]:
         tuned = wants_tuning(self.options) and torch.cuda.is_available()
-        note_backend_tuning(self.options, torch.cuda.is_available())
+        note_backend_tuning(self.options, torch.cuda.is_available(), self.origin)
         key = (graph.key, _device_of(metas), tuned, runtime_sizes_on())
         with _PLANS_LOCK:
             hit = _PLANS.get(key)

@@ -32,9 +32,10 @@ from .routing import AutogradUnsupported, needs_grad, route  # noqa: F401 - re-e
 class AutogradPath:
     """``fn`` compiled by Dynamo with the autofuse backend (options as given to optimize)."""
 
-    def __init__(self, fn: Any, options: dict[str, Any]) -> None:
+    def __init__(self, fn: Any, options: dict[str, Any], origin: str = "optimize") -> None:
         self.fn = fn
         self.backend = AutofuseBackend(**options)
+        self.backend.origin = origin  # whose voice its notes speak in (options.py)
         self.compiled = torch.compile(fn, backend=self.backend)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -90,7 +91,7 @@ class BackendFunction:
     inference) plan, ``.plans`` every compiled graph's."""
 
     def __init__(self, fn: Any, options: dict[str, Any]) -> None:
-        self.autograd = AutogradPath(fn, options)
+        self.autograd = AutogradPath(fn, options, "optimize-backend")
         self.__name__ = f"autofuse_{getattr(fn, '__name__', type(fn).__name__)}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -33,7 +33,15 @@ def same_layout(t: torch.Tensor, shape: Sequence[int], strides: Sequence[int]) -
 
 
 def restride(t: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
-    """A copy of ``t`` laid out with ``strides``."""
+    """A copy of ``t`` laid out with ``strides``. A stride of 0 on a dim longer than one (an
+    ``expand``: every element there one memory location) holds the values at index 0 of that
+    dim, expanded: no copy writes overlapping memory."""
+    shape = tuple(t.shape)
+    zero = [d for d, (s, n) in enumerate(zip(strides, shape)) if s == 0 and n > 1]
+    if zero:
+        for d in zero:
+            t = t.narrow(d, 0, 1)
+        return restride(t, strides).expand(shape)
     out = torch.empty_strided(tuple(t.shape), tuple(strides), dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from autofuse.bounds import bounds_error
 from autofuse.interpreter import interpreting
 from autofuse.ir.eager import conform, eval_node, run_graph
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, buffer_strides
@@ -289,6 +290,8 @@ def verify_candidate(
                 launch(kernel, [*inputs, *outs])
         _sync(device)
     except Exception as e:  # noqa: BLE001 - any failure to build or run is the candidate's
+        if bounds_error(e) is not None:
+            raise  # AUTOFUSE_CHECK_BOUNDS: a kernel out of bounds is a bug, never a rejection
         return describe_error(e)
     try:
         refs = reference_outputs(sub, inputs, device)

@@ -15,13 +15,15 @@ A plan decoded from a cache entry carries the entry's binaries (``store``): the 
 for a given alignment uses the verified stored binary when there is one (no compile), and a
 first compile stores its binary there (``autofuse/cache/binaries.py``).
 
-Off under Triton's interpreter, on CPU tensors, with ``AUTOFUSE_LEAN_LAUNCH=0``, and for any
+Off under Triton's interpreter, on CPU tensors, with ``AUTOFUSE_LEAN_LAUNCH=0`` or
+``AUTOFUSE_CHECK_BOUNDS=1``, and for any
 kernel whose first launch returns something that is not a compiled kernel (other Triton
 versions): those take the regular path every time.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +37,8 @@ _STATS = {"lean": 0, "regular": 0, "restored": 0, "direct": 0}
 
 
 def lean_enabled() -> bool:
-    return settings().lean_launch and not interpreting()
+    s = settings()  # bounds-checked kernels take Triton's launch, which passes their extents
+    return s.lean_launch and not s.check_bounds and not interpreting()
 
 
 class Launcher:
@@ -90,7 +93,8 @@ class Launcher:
         specializes) or a stored binary, kept for the next launches with these alignments."""
         if not self.lean or not args or not _on_cuda(args):
             _STATS["regular"] += 1
-            self.fn[self.grid](*args, **self.meta)
+            with _quiet_numpy(not (args and _on_cuda(args))):
+                self.fn[self.grid](*args, **self.meta)
             return
         slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         key = tuple(args[i].data_ptr() % 16 == 0 for i in slots)
@@ -168,6 +172,23 @@ def ensure_allocator() -> None:
 
     if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         _allocation.set_allocator(_scratch)
+
+
+@contextlib.contextmanager
+def _quiet_numpy(on: bool) -> Any:
+    """Triton's interpreter computes in numpy: ``x / 0`` gives inf and an all-NaN argmax its
+    NaN's index as in eager, without numpy's ``RuntimeWarning`` (eager says nothing either)."""
+    if not on:
+        yield
+        return
+    import warnings
+
+    import numpy as np
+
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime")
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"numpy\.")
+        yield
 
 
 def _on_cuda(args: Sequence[Any]) -> bool:

@@ -45,9 +45,10 @@ def tune_and_cache(
         if plan is None:
             logs.emit("cache", f"miss: {where}: tuning")
         else:
-            study = _continued_study(load_metadata(cache_dir, key) or {}, options, where)
+            meta = load_metadata(cache_dir, key) or {}
+            study = _continued_study(meta, options, where)
             if study is None:
-                return plan, None
+                return plan, cached_result(plan, meta)
             options.setdefault("study_name", study)
     if retune and not options.get("study_name"):  # a fresh study, not a resumed one
         options["study_name"] = study_name(
@@ -77,8 +78,9 @@ def cache_result(
         "trials": result.trials,
         "study": result.study_name,
         "kernel_times_s": {k: v[0] for k, v in result.kernel_times.items()},
-        "baselines_s": {  # for speedups in `autofuse cache list / show`
-            k: getattr(result, f"{k}_value", None) for k in ("greedy", "unfused", "eager")
+        "baselines_s": {  # for speedups in `autofuse cache list / show` and a hit's report
+            k: getattr(result, f"{k}_value", None)
+            for k in ("greedy", "unfused", "eager", "library")
         },
         "key_parts": key_parts(captured, DeviceInfo.current(inputs_device(example_inputs))),
     }
@@ -88,6 +90,29 @@ def cache_result(
     where = f"{captured.source_name} (key {key[:16]}…) in {str(cache_dir)!r}"
     logs.emit("cache", f"saved: {where} ({result.trials} trials, study {result.study_name})")
     return key
+
+
+def cached_result(plan: Plan, meta: dict) -> Any:
+    """The search record of a cached plan, as its entry keeps it (times, trials, baselines), for
+    the report of a cache hit; None where the entry has no times."""
+    from autofuse.tune.tuner import TuneResult
+
+    value, source = meta.get("value_s"), str(meta.get("source") or "modeled")
+    times, base = meta.get("kernel_times_s"), meta.get("baselines_s") or {}
+    if not isinstance(value, (int, float)) or not isinstance(times, dict):
+        return None
+
+    def number(k: str) -> float | None:
+        v = base.get(k) if isinstance(base, dict) else None
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    return TuneResult(
+        plan, float(value), source, number("greedy"), number("unfused"), number("eager"),
+        int(meta.get("trials") or 0), 0, 0.0, library_value=number("library"), cached=True,
+        kernel_times={str(k): (float(t), source) for k, t in times.items()
+                      if isinstance(t, (int, float))},
+        study_name=str(meta.get("study") or ""),
+    )  # fmt: skip
 
 
 def record_call(fn: Any, captured: Captured, example_inputs: Sequence[Any], cache_dir: Any) -> str:

@@ -79,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
     from autofuse.tune.roofline import device_name, stamp
 
     workloads = load_spec(args.spec)
+    names = [w.name for w in workloads]
     if args.workloads:
         wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
         unknown = sorted(set(wanted) - {w.name for w in workloads})
@@ -89,10 +90,11 @@ def main(args: argparse.Namespace) -> int:
     if args.run_dir:  # a worker started by the coordinator below
         return results.worker(args, workloads, Path(args.run_dir), args.worker_index)
     ensure_writable(cache_home(args.cache_dir), "--cache-dir")
-    folder = run_dir(args.out, args.resume, device_name())
+    folder = run_dir(args.out, args.resume, device_name(), names)
     ensure_writable(folder, "--out")
     _check_out(folder)
     doc = read_json(folder / RUN_FILE) or {"stamp": stamp(), "runs": []}
+    doc["workloads"] = sorted(set(doc.get("workloads") or ()) | set(names))
     storage = args.storage or str(folder / STORAGE_FILE)
     doc["storage"] = storage if args.storage else STORAGE_FILE
     doc["runs"].append({"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -152,21 +154,47 @@ def _spawn(args, workloads, folder: Path, n: int, gpus: list[str], storage: str)
     return max((p.returncode or 0) for p in procs)
 
 
+def whole(least: int) -> Any:
+    """An argparse type: a whole number of at least ``least`` (checked before any work)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least} (got {value})")
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds (got {text})")
+    return value
+
+
 def add_parser(sub: Any) -> None:
     t = sub.add_parser("tune", help="tune the workloads of a SPEC file, resumably (overnight)")
     t.add_argument("spec", help="a Python file or module path defining WORKLOADS")
-    t.add_argument("--trials", type=int, default=50, help="trials per workload (default 50)")
-    t.add_argument("--time-budget", type=float, default=None,
+    t.add_argument("--trials", type=whole(1), default=50, help="trials per workload (default 50)")
+    t.add_argument("--time-budget", type=seconds, default=None,
                    help="seconds of search per workload (default: no limit)")  # fmt: skip
     t.add_argument("--storage", default=None,
                    help=f"study storage URL (default: <run dir>/{STORAGE_FILE})")  # fmt: skip
-    t.add_argument("--workers", type=int, default=0,
+    t.add_argument("--workers", type=whole(1), default=0,
                    help="worker processes (default: one per visible GPU, else 1)")  # fmt: skip
     t.add_argument("--out", default="autofuse-runs", help="results root (default ./autofuse-runs)")
     t.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                    help="continue the newest run of this device in --out (or RUN_DIR)")  # fmt: skip
     t.add_argument("--workloads", default="", help="only these (comma-separated names)")
-    t.add_argument("--polish", type=int, default=16,
+    t.add_argument("--polish", type=whole(0), default=16,
                    help="configs hill-climbed per kernel of the best plan (default 16)")  # fmt: skip
     t.add_argument("--cache-dir", default=None,
                    help="where the winners are cached (default: the cache home)")  # fmt: skip

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,11 @@ class Workload:
 FIELDS = ("name", "fn", "module", "inputs", "trials", "time_budget", "flops")
 
 
-class SpecError(ValueError):
+class UsageError(ValueError):
+    """A command-line value that is wrong: the command says so (naming it) before any work."""
+
+
+class SpecError(UsageError):
     """A spec file that cannot be read, or a record of it that is wrong (named)."""
 
 
@@ -63,17 +67,7 @@ def _field(rec: Any, key: str, default: Any = None) -> Any:
 
 def load_spec(spec: str) -> list[Workload]:
     """The ``WORKLOADS`` of a spec file or module, checked (a bad record raises naming it)."""
-    if spec.endswith(".py") or os.sep in spec:
-        path = Path(spec)
-        if not path.is_file():
-            raise SpecError(f"autofuse tune: no spec file {spec!r}")
-        mod_spec = importlib.util.spec_from_file_location(f"autofuse_spec_{path.stem}", path)
-        assert mod_spec is not None and mod_spec.loader is not None
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[mod_spec.name] = module
-        mod_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(spec)
+    module = _import_spec(spec)
     records = getattr(module, "WORKLOADS", None)
     if not isinstance(records, (list, tuple)) or not records:
         raise SpecError(f"autofuse tune: {spec} must define WORKLOADS, a non-empty list")
@@ -88,6 +82,8 @@ def load_spec(spec: str) -> list[Workload]:
             raise SpecError(f"{where} ({name}): give exactly one of 'fn' or 'module' (callable)")
         if not callable(_field(rec, "inputs")):
             raise SpecError(f"{where} ({name}): 'inputs' must be a factory of the inputs")
+        check_count(_field(rec, "trials"), "'trials'", f"{where} ({name})", least=1)
+        check_count(_field(rec, "time_budget"), "'time_budget'", f"{where} ({name})")
         out.append(Workload(name, fn, module_f, _field(rec, "inputs"), _field(rec, "trials"),
                             _field(rec, "time_budget"), _field(rec, "flops", 0.0)))  # fmt: skip
     names = [w.name for w in out]
@@ -96,25 +92,97 @@ def load_spec(spec: str) -> list[Workload]:
     return out
 
 
+def _import_spec(spec: str) -> Any:
+    """The spec's module: a file loaded by path, or a module path imported from here (the
+    current folder first); an import that fails is the user's to fix (named, no traceback)."""
+    try:
+        if spec.endswith(".py") or os.sep in spec:
+            path = Path(spec)
+            if not path.is_file():
+                raise SpecError(f"autofuse tune: no spec file {spec!r}")
+            name = f"autofuse_spec_{path.stem}"
+            mod_spec = importlib.util.spec_from_file_location(name, path)
+            assert mod_spec is not None and mod_spec.loader is not None
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[mod_spec.name] = module
+            mod_spec.loader.exec_module(module)
+            return module
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        return importlib.import_module(spec)
+    except ImportError as e:
+        what = "the spec" if e.name and spec.startswith(e.name) else f"spec {spec!r} imports"
+        raise SpecError(
+            f"autofuse tune: cannot import {what} ({type(e).__name__}: {e}); give a Python file "
+            f"(path/to/spec.py) or a module path importable from {os.getcwd()}"
+        ) from e
+
+
+def check_count(value: Any, what: str, where: str, least: int | None = None) -> None:
+    """``value`` (None: not given) is a whole number of at least ``least``, or with no ``least``
+    a number of seconds above 0; else :class:`UsageError` naming ``what`` and ``where``."""
+    if value is None:
+        return
+    kinds = (int,) if least is not None else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        bad = True
+    else:
+        bad = value < least if least is not None else not value > 0  # (NaN is bad too)
+    if bad:
+        want = f"a whole number, at least {least}" if least is not None else "seconds, above 0"
+        raise UsageError(f"{where}: {what} must be {want} (got {value!r})")
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower() or "device"
 
 
-def run_dir(out: str | Path, resume: Any, device: str) -> Path:
-    """``<out>/<date>_<gpu>``; with ``resume`` the newest such folder (or the one named)."""
+def run_dir(out: str | Path, resume: Any, device: str, names: Sequence[str]) -> Path:
+    """``<out>/<date>_<gpu>``; with ``resume`` the newest run there of the spec defining
+    ``names`` (or the folder named, which must be one: else :class:`UsageError`)."""
     out = Path(out)
     tag = slug(device)
     if isinstance(resume, str):
+        problem = not_a_run_of(Path(resume), names)
+        if problem is not None:
+            raise UsageError(
+                f"autofuse tune: --resume {resume}: {problem}. Give a run folder of this spec "
+                "(autofuse-runs/<date>_<device>), --resume alone for the newest one in --out, "
+                "or leave --resume out to start a new run"
+            )
         return Path(resume)
     if resume:
-        found = sorted(p for p in out.glob(f"*_{tag}") if (p / RUN_FILE).is_file())
+        found = sorted(p for p in out.glob(f"*_{tag}") if not_a_run_of(p, names) is None)
         if found:
             return found[-1]
+        print(f"autofuse tune: --resume: no earlier run of this spec on {device} in {out}; "
+              "starting a new one", file=sys.stderr, flush=True)  # fmt: skip
     base = f"{time.strftime('%Y-%m-%d')}_{tag}"
     path, n = out / base, 2
     while path.exists():
         path, n = out / f"{time.strftime('%Y-%m-%d')}-{n}_{tag}", n + 1
     return path
+
+
+def run_workloads(folder: Path) -> set[str]:
+    """The workloads of a run folder: its spec's names (``run.json``) and its results."""
+    doc = read_json(folder / RUN_FILE) or {}
+    names = {str(n) for n in doc.get("workloads", ()) if isinstance(doc.get("workloads"), list)}
+    return names | {p.stem for p in folder.glob("*.json") if p.name != RUN_FILE}
+
+
+def not_a_run_of(folder: Path, names: Sequence[str]) -> str | None:
+    """Why ``folder`` is not a run of the spec defining ``names`` (None: it is one)."""
+    if not folder.exists():
+        return "no such folder"
+    if not folder.is_dir():
+        return "a file, not a run folder"
+    if not (folder / RUN_FILE).is_file():
+        return f"no {RUN_FILE} there: not a folder autofuse tune wrote"
+    others = sorted(run_workloads(folder) - set(names))
+    if others:
+        return f"a run of another spec (it holds {others}, which this spec does not define)"
+    return None
 
 
 def write_json(path: Path, doc: Any) -> None:

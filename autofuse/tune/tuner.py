@@ -79,14 +79,17 @@ class TuneResult:
     end_to_end: dict[str, float] = field(default_factory=dict)
     library_value: float | None = None  # matmuls by torch (cuBLAS), their epilogues fused
     pruned: int = 0  # sampled partitions the cost model ruled out unbuilt (tune/prune.py)
+    cached: bool = False  # read back from the cache entry (tune/entry.py), not tuned now
 
     def summary(self) -> str:
         unit = "modeled" if self.source == "modeled" else "measured"
         pruned = f", {self.pruned} pruned by the cost model" if self.pruned else ""
+        run = f"{self.trials} trials ({self.failed} failed{pruned}) in {self.seconds:.1f} s"
+        if self.cached:
+            run = f"from the cache: tuned earlier with {self.trials} trials"
         lines = [
             f"tuned plan: {len(self.plan.kernels)} kernels, {len(self.plan.fallbacks)} eager ops, "
-            f"{self.value * 1e6:.2f} us ({unit}); {self.trials} trials ({self.failed} failed"
-            f"{pruned}) in {self.seconds:.1f} s, study {self.study_name}",
+            f"{self.value * 1e6:.2f} us ({unit}); {run}, study {self.study_name}",
         ]
         baselines = (
             ("greedy plan", self.greedy_value, unit),

@@ -70,7 +70,8 @@ def attention_parts(graph: Graph, members: frozenset[int]) -> AttentionParts:
     domain, rdims = reduction_domain(graph, [amax, total])
     if rdims != (len(domain) - 1,) or len(domain) < 2 or graph[x].shape != domain:
         raise FusionRefused(f"{describe(graph, amax)} does not reduce the rows of the scores")
-    if graph[mm1].shape != domain:
+    scores = graph[mm1].shape  # (B * H, T, Tk) as the matmul computes it, viewed as domain
+    if math.prod(scores) != math.prod(domain) or scores[-2:] != domain[-2:]:
         raise FusionRefused(
             f"the scores {describe(graph, mm1)} of shape {list(graph[mm1].shape)} are "
             f"broadcast to the softmax's {list(domain)}: one program per score row needs them whole"

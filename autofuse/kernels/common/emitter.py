@@ -44,6 +44,9 @@ from autofuse.kernels.common.views import (
     view_source_index,
 )
 
+_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+_HALF = ("float16", "bfloat16")
+
 
 @dataclass
 class Scope:
@@ -195,14 +198,27 @@ class Emitter(ValueRewrites):
                 self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
                 for j in node.inputs
             ]
+            if node.op in _COMPARISONS:
+                args = [self.rounded(j, a) for j, a in zip(node.inputs, args)]
             expr = self.divide(node, args) or render_op(node.op, node, args, self.helpers)
             cls = max((a.cls for a in args), default=0)
             v = self.tmp(expr, cls, compute_dtype(node.dtype), node.name)
         self.scopes[-1].cache[key] = v
         return v
 
+    def rounded(self, j: int, v: Val) -> Val:
+        """``v`` (node ``j`` computed in float32) rounded to ``j``'s 16-bit dtype, as eager holds
+        it: a comparison with a saved 16-bit value (amax's backward recomputes ``x == max``)
+        must see the same rounding, or no element equals the max."""
+        dtype = self.g[j].dtype
+        if j not in self.members or dtype not in _HALF or v.literal or v.dtype == dtype:
+            return v
+        return Val(f"{v.code}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[v.dtype]})", v.cls, v.dtype)
+
     def load(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]
+        if numel(node.shape) == 0:  # an empty buffer has no address to read: no lane uses it
+            return Val("0", 0, compute_dtype(node.dtype), True)
         strides = buffer_strides(node)
         off = linearize(index, strides, node.shape)
         cls = self.cls_of(off)

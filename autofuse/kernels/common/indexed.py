@@ -46,6 +46,8 @@ def _cat(em: Any, i: int, index: tuple[Expr, ...]) -> Val:
         if hi > lo:
             spans.append((j, lo, hi))
         lo = hi
+    if not spans:  # every input empty along dim: so is the output, no element is read
+        return Val("0", 0, cd, True)
     if not e.vars:  # the index along dim is known: read that input alone
         j, lo, _ = next(s for s in spans if s[1] <= e.const < s[2])
         return em.value(j, index[:d] + (e.shift(-lo),) + index[d + 1 :])

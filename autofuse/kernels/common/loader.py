@@ -29,8 +29,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from autofuse.bounds import install as install_bounds_checks
 from autofuse.files import write_atomic
-from autofuse.interpreter import apply_patches
+from autofuse.interpreter import apply_patches, interpreting
+from autofuse.kernels.guards import GuardedKernel, guard_source
 from autofuse.settings import settings
 
 _LOADED: dict[tuple[str, str], Any] = {}  # (source, name) -> jitted function
@@ -151,7 +153,10 @@ def _code_of(source: str) -> str:
 def load_kernel(source: str, name: str) -> Any:
     """Run ``source`` in a fresh module and return its function ``name`` (once per process
     and code text: a source whose code, without its comment lines, was built already gets
-    that function)."""
+    that function). With ``AUTOFUSE_CHECK_BOUNDS`` on a GPU, its guarded variant
+    (:func:`load_guarded`); the interpreter checks every access itself."""
+    if settings().check_bounds and not interpreting():
+        return load_guarded(source, name)
     key = (source, name)  # str hashes are cached: a hit costs a dict lookup
     fn = _LOADED.get(key)
     if fn is not None:
@@ -159,16 +164,38 @@ def load_kernel(source: str, name: str) -> Any:
     with _LOCK:
         if key in _LOADED:
             return _LOADED[key]
-        code_key = (_code_of(source), name)
-        if code_key in _BUILT:
-            fn = _LOADED[key] = _BUILT[code_key]
-            return fn
-        apply_patches()
-        digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-        module = _module_from_source(source, name, digest)
-        try:
-            fn = getattr(module, name)
-        except AttributeError:
-            raise AttributeError(f"kernel source defines no {name!r}") from None
-        _LOADED[key] = _BUILT[code_key] = fn
+        fn = _LOADED[key] = _build(source, name)
         return fn
+
+
+def _build(source: str, name: str) -> Any:
+    """Build ``source`` (under ``_LOCK``), or reuse the build of the same code text."""
+    code_key = (_code_of(source), name)
+    if code_key in _BUILT:
+        return _BUILT[code_key]
+    apply_patches()
+    if interpreting():
+        install_bounds_checks()  # after the interpreter's patches: checks what they pass on
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    module = _module_from_source(source, name, digest)
+    try:
+        fn = getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"kernel source defines no {name!r}") from None
+    _BUILT[code_key] = fn
+    return fn
+
+
+_GUARDED: dict[tuple[str, str], Any] = {}
+
+
+def load_guarded(source: str, name: str) -> Any:
+    """``source``'s kernel ``name`` with a bounds guard before each access it can guard
+    (``autofuse/kernels/guards.py``), built in debug mode and launched as the plain one is."""
+    fn = _GUARDED.get((source, name))
+    if fn is None:
+        guarded = guard_source(source, name)
+        with _LOCK:
+            fn = _build(guarded.source, name)
+        fn = _GUARDED[(source, name)] = GuardedKernel(fn, guarded.extents)
+    return fn

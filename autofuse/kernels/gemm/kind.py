@@ -142,7 +142,7 @@ class GemmEmitter(Emitter):
         base = self.g.base_of(src)
         if getattr(self.cfg, "TMA", False) and tma_operand(self.g, self.info, src):
             return self._descriptor_load(src, which, var)
-        if base not in self.members:  # a plain (possibly strided) load, no conversion
+        if base not in self.members and base in self.ptr:  # a plain (strided) load as it is
             off = self._offset(src, idx)
             tile = ("offs_m[:, None]", "offs_k[None, :]") if which == 0 else _B_TILE
             ptr = f"{self.ptr[base]} + ({tile_offset(off, tile)})"
