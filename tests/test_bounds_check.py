@@ -1,5 +1,6 @@
 """AUTOFUSE_CHECK_BOUNDS: every load and store of a kernel is checked against the buffers of its
-launch (the interpreter: autofuse/bounds.py; a GPU: guarded sources, autofuse/kernels/guards.py)."""
+launch (the interpreter: autofuse/bounds.py; a GPU: guarded sources,
+autofuse/kernels/common/guards.py)."""
 
 import dataclasses
 import os
@@ -14,7 +15,7 @@ import torch
 from autofuse import settings as af_settings
 from autofuse.bounds import BoundsCheckWarning, OutOfBoundsAccess, bounds_error, install
 from autofuse.interpreter import interpreting
-from autofuse.kernels.guards import guard_source
+from autofuse.kernels.common.guards import guard_source
 from autofuse.kernels.loader import load_guarded, load_kernel
 
 SHIFTED = """

@@ -32,7 +32,7 @@ from typing import Any
 from autofuse.bounds import install as install_bounds_checks
 from autofuse.files import write_atomic
 from autofuse.interpreter import apply_patches, interpreting
-from autofuse.kernels.guards import GuardedKernel, guard_source
+from autofuse.kernels.common.guards import GuardedKernel, guard_source
 from autofuse.settings import settings
 
 _LOADED: dict[tuple[str, str], Any] = {}  # (source, name) -> jitted function
@@ -191,7 +191,7 @@ _GUARDED: dict[tuple[str, str], Any] = {}
 
 def load_guarded(source: str, name: str) -> Any:
     """``source``'s kernel ``name`` with a bounds guard before each access it can guard
-    (``autofuse/kernels/guards.py``), built in debug mode and launched as the plain one is."""
+    (``kernels/common/guards.py``), built in debug mode and launched as the plain one is."""
     fn = _GUARDED.get((source, name))
     if fn is None:
         guarded = guard_source(source, name)
