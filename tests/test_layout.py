@@ -155,8 +155,9 @@ def test_the_kinds_live_in_folders_and_the_registry_lists_them():
 def _named(
     path: Path, forbidden: set[str], strings: set[str] = frozenset()
 ) -> list[tuple[int, str]]:
-    """Where ``path``'s code names one of ``forbidden`` (a name, an attribute, a keyword or a
-    string constant, docstrings aside) or holds one of ``strings`` as a string constant."""
+    """Where ``path``'s code names one of ``forbidden`` (an attribute, a keyword, a string
+    constant, docstrings aside, or a name that is not all lowercase) or holds one of
+    ``strings`` as a string constant."""
     tree = ast.parse(path.read_text())
     docs = {
         id(n.body[0].value)
@@ -167,8 +168,8 @@ def _named(
     hits = []
     for n in ast.walk(tree):
         name = None
-        if isinstance(n, ast.Name):
-            name = n.id
+        if isinstance(n, ast.Name) and not n.id.islower():
+            name = n.id  # a lowercase field (``whole``) is also a plain word: a local's name
         elif isinstance(n, ast.Attribute):
             name = n.attr
         elif isinstance(n, ast.keyword):
