@@ -16,7 +16,7 @@ from autofuse import settings as af_settings
 from autofuse.bounds import BoundsCheckWarning, OutOfBoundsAccess, bounds_error, install
 from autofuse.interpreter import interpreting
 from autofuse.kernels.common.guards import guard_source
-from autofuse.kernels.loader import load_guarded, load_kernel
+from autofuse.kernels.common.loader import load_guarded, load_kernel
 
 SHIFTED = """
 import triton
@@ -268,7 +268,7 @@ def test_gpu_guarded_kernel_traps_on_a_store_past_the_end():
         os.environ.pop("AUTOFUSE_CHECK_BOUNDS")
         af_settings.reload_settings()
     code = (
-        "import torch\nfrom autofuse.kernels.loader import load_kernel\n"
+        "import torch\nfrom autofuse.kernels.common.loader import load_kernel\n"
         f"fn = load_kernel({SHIFTED!r}, 'k_shift')\n"
         "x, y = torch.arange(16.0, device='cuda'), torch.zeros(16, device='cuda')\n"
         "fn[(2,)](x, y, 16, LOAD_AT=0, STORE_AT=3, BLOCK=8)\ntorch.cuda.synchronize()\n"
