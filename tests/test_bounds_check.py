@@ -232,7 +232,7 @@ def test_guarded_variants_of_generated_kernels_run_and_agree(checking, monkeypat
     import torch.nn.functional as F
 
     import autofuse
-    from autofuse.kernels import loader
+    from autofuse.kernels.common import loader
 
     monkeypatch.setattr(loader, "interpreting", lambda: False)
     guarded = []
