@@ -15,7 +15,7 @@ the program, the argument left and the element offsets reached. The check is two
 
 Where this Triton's interpreter lacks an entry point, the mode warns once
 (:class:`BoundsCheckWarning`) and kernels run unchecked. On a GPU the same setting builds
-kernels with guards instead (``autofuse/kernels/guards.py``).
+kernels with guards instead (``autofuse/kernels/common/guards.py``).
 """
 
 from __future__ import annotations

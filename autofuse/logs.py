@@ -62,7 +62,7 @@ def no_output_code() -> Iterator[None]:
 
 def kernel_file(source: str, name: str) -> str:
     """A readable copy of ``source`` (the kernel runs from the verified text itself)."""
-    from autofuse.kernels.loader import kernel_file as copy
+    from autofuse.kernels.common.loader import kernel_file as copy
 
     try:
         return str(copy(source, name))

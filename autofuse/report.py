@@ -4,19 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofuse.ir.graph import Graph, numel
 from autofuse.kernels import INLINE_OPS, config_label, kind_of
+from autofuse.kernels.common.memory import nbytes
 from autofuse.plan.runtime import EagerStep, KernelStep, Plan
-
-_ITEMSIZE = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
-    "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-}  # fmt: skip
-
-
-def nbytes(graph: Graph, i: int) -> int:
-    n = graph[i]
-    return numel(n.shape) * _ITEMSIZE.get(n.dtype, 4)
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ class Counts:
     def now(self) -> dict[str, int]:
         from torch._dynamo.utils import counters
 
-        from autofuse.kernels.loader import kernels_built
+        from autofuse.kernels.common.loader import kernels_built
 
         out = {"dynamo_graphs": int(counters["stats"]["unique_graphs"])}
         if self.backend is not None:

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import autofuse
-from autofuse.kernels import config_label, config_space, default_config, load_hints
+from autofuse.kernels import config_label, config_space, default_config
+from autofuse.kernels.common import load_hints
 from autofuse.measure import Candidate, GPUTimer
 from autofuse.partition.partitioner import Partitioner
 from experiments.bench import stamp

@@ -79,7 +79,7 @@ def check_partitions(
 
 def fresh_runtime(monkeypatch):
     """As a new process would: no kernel imported, launched or marked broken yet."""
-    from autofuse.kernels import loader
+    from autofuse.kernels.common import loader
     from autofuse.plan import runtime
 
     monkeypatch.setattr(loader, "_LOADED", {})

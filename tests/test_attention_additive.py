@@ -12,7 +12,7 @@ import torch
 
 import autofuse
 from autofuse.capture.trace import capture
-from autofuse.kernels.attention import AttentionConfig
+from autofuse.kernels.attention.emit import AttentionConfig
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 from tests.test_attention_kind import _check

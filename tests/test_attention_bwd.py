@@ -9,9 +9,9 @@ import torch
 from autofuse.frontend import dynamo
 from autofuse.ir.graph import Graph
 from autofuse.kernels import analyze_group, generate
-from autofuse.kernels import attention_bwd_space as ab
-from autofuse.kernels.attention_bwd import AttentionBwdConfig
-from autofuse.kernels.attention_bwd_space import attention_bwd_configs
+from autofuse.kernels.attention_bwd import kind as ab
+from autofuse.kernels.attention_bwd.emit import AttentionBwdConfig
+from autofuse.kernels.attention_bwd.kind import attention_bwd_configs
 from autofuse.partition import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 from experiments.model_functions import eager_attention, eager_attention_gqa
@@ -350,12 +350,12 @@ def test_the_search_times_tma_flip_and_whole_beside_the_default():
     """The tuner's fixed first trials switch one option of the default config at a time: the
     backward's TMA reads, its flipped key programs and its whole-tile loop are each timed
     against it (their worth is the machine's register allocation)."""
-    from autofuse.kernels.attention_bwd_space import attention_bwd_default
-    from autofuse.tune.climb import _option_switches
+    from autofuse.kernels.attention_bwd.kind import attention_bwd_default
+    from autofuse.tune.climb import option_switches
 
     graph, _, _, info, _, _ = _bwd_group(eager_attention, 64, 16)
     space = attention_bwd_configs(graph, info)
     default = attention_bwd_default(graph, info)
-    switched = {f for c in _option_switches(default, space) for f in ("TMA", "flip", "whole")
+    switched = {f for c in option_switches(default, space) for f in ("TMA", "flip", "whole")
                 if getattr(c, f) != getattr(default, f)}  # fmt: skip
     assert switched == {"TMA", "flip", "whole"}

@@ -9,7 +9,8 @@ import torch
 
 import autofuse
 from autofuse.capture.trace import capture
-from autofuse.kernels.attention import AttentionConfig, attention_configs, generate_attention
+from autofuse.kernels.attention.emit import AttentionConfig, generate_attention
+from autofuse.kernels.attention.kind import attention_configs
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 

@@ -19,8 +19,8 @@ pytest.importorskip("transformers")
 
 import autofuse  # noqa: E402
 from autofuse.frontend import dynamo  # noqa: E402
-from autofuse.kernels.attention_analysis import attention_parts  # noqa: E402
-from autofuse.kernels.base import FusionRefused  # noqa: E402
+from autofuse.kernels.attention.analysis import attention_parts  # noqa: E402
+from autofuse.kernels.common.base import FusionRefused  # noqa: E402
 from autofuse.partition.partitioner import Partitioner  # noqa: E402
 from experiments.models import build, max_rel_err, tolerance  # noqa: E402
 
@@ -129,11 +129,13 @@ def test_a_non_identity_op_before_p_at_v_is_still_refused():
         return (p.clone() * 0.5) @ v
 
     from autofuse.capture.trace import capture
+    from autofuse.kernels import proposed_groups
 
     q, k, v = (torch.randn(2, 8, 16) for _ in range(3))
     g = capture(f, (q, k, v)).graph
     space = Partitioner(g)
-    ((seed, why),) = space._chains(frozenset(space.nodes))
-    assert why is not None and "does not read the softmax" in why
+    (seed,) = proposed_groups(g, frozenset(space.nodes), space._reach)
+    why = space.check(seed)
+    assert isinstance(why, str) and "does not read the softmax" in why
     with pytest.raises(FusionRefused, match="reads mul"):
         attention_parts(g, seed)

@@ -1,5 +1,6 @@
 """AUTOFUSE_CHECK_BOUNDS: every load and store of a kernel is checked against the buffers of its
-launch (the interpreter: autofuse/bounds.py; a GPU: guarded sources, autofuse/kernels/guards.py)."""
+launch (the interpreter: autofuse/bounds.py; a GPU: guarded sources,
+autofuse/kernels/common/guards.py)."""
 
 import dataclasses
 import os
@@ -14,8 +15,8 @@ import torch
 from autofuse import settings as af_settings
 from autofuse.bounds import BoundsCheckWarning, OutOfBoundsAccess, bounds_error, install
 from autofuse.interpreter import interpreting
-from autofuse.kernels.guards import guard_source
-from autofuse.kernels.loader import load_guarded, load_kernel
+from autofuse.kernels.common.guards import guard_source
+from autofuse.kernels.common.loader import load_guarded, load_kernel
 
 SHIFTED = """
 import triton
@@ -231,7 +232,7 @@ def test_guarded_variants_of_generated_kernels_run_and_agree(checking, monkeypat
     import torch.nn.functional as F
 
     import autofuse
-    from autofuse.kernels import loader
+    from autofuse.kernels.common import loader
 
     monkeypatch.setattr(loader, "interpreting", lambda: False)
     guarded = []
@@ -267,7 +268,7 @@ def test_gpu_guarded_kernel_traps_on_a_store_past_the_end():
         os.environ.pop("AUTOFUSE_CHECK_BOUNDS")
         af_settings.reload_settings()
     code = (
-        "import torch\nfrom autofuse.kernels.loader import load_kernel\n"
+        "import torch\nfrom autofuse.kernels.common.loader import load_kernel\n"
         f"fn = load_kernel({SHIFTED!r}, 'k_shift')\n"
         "x, y = torch.arange(16.0, device='cuda'), torch.zeros(16, device='cuda')\n"
         "fn[(2,)](x, y, 16, LOAD_AT=0, STORE_AT=3, BLOCK=8)\ntorch.cuda.synchronize()\n"

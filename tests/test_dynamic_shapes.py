@@ -1,5 +1,5 @@
 """Dynamic shapes through the backend: graphs Dynamo makes symbolic get runtime-size loop
-kernels (``kernels/sizes.py``) and one plan per shape bucket (``plan/buckets.py``): correct at
+kernels (``kernels/common/sizes.py``) and one plan per shape bucket (``plan/buckets.py``): correct at
 every size (1, primes, just above a block), at most one plan per bucket, and no kernel built
 twice for the sizes of one bucket (counted by the loader). Tiny shapes, Triton's interpreter."""
 
@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from autofuse.frontend import dynamo
-from autofuse.kernels.loader import kernels_built
-from autofuse.kernels.sizes import size_bucket
+from autofuse.kernels.common.loader import kernels_built
+from autofuse.kernels.common.sizes import size_bucket
 from tests.helpers import assert_close
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py

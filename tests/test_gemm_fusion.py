@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import autofuse
 from autofuse.capture.trace import capture
-from autofuse.kernels.gemm import gemm_configs
+from autofuse.kernels.gemm.kind import gemm_configs
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, eager_group, execute
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from autofuse.capture.trace import capture
-from autofuse.kernels.gemm_row import gemm_row_configs
+from autofuse.kernels.gemm.row import gemm_row_configs
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 from experiments.workloads import attention_scores, attention_scores_causal

@@ -1,4 +1,4 @@
-"""Tests of autofuse.kernels.gemm_template through Triton's CPU interpreter (TRITON_INTERPRET=1).
+"""Tests of autofuse.kernels.gemm.template through Triton's CPU interpreter (TRITON_INTERPRET=1).
 
 Shapes (M=37, N=45, K=70) leave a masked tail in every dimension; small blocks keep the
 interpreter fast.
@@ -28,9 +28,9 @@ def _import_template():
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     try:
-        return importlib.import_module("autofuse.kernels.gemm_template")
+        return importlib.import_module("autofuse.kernels.gemm.template")
     except Exception:  # package __init__ missing/broken mid-development: load by path
-        path = ROOT / "autofuse" / "kernels" / "gemm_template.py"
+        path = ROOT / "autofuse" / "kernels" / "gemm" / "template.py"
         spec = importlib.util.spec_from_file_location("_autofuse_gemm_template", path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod
@@ -39,6 +39,7 @@ def _import_template():
 
 
 gt = _import_template()
+tiles = importlib.import_module("autofuse.kernels.gemm.tiles")
 GemmConfig, GemmSpec = gt.GemmConfig, gt.GemmSpec
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -372,19 +373,19 @@ def test_horizontal_swiglu_two_b_operands():
 def test_prune_configs_drops_smem_overflow_and_never_empty():
     big = GemmConfig(256, 256, 128, num_warps=8, num_stages=5)  # 5*(2*256*128)*2 B = 640 KiB
     ok = GemmConfig(128, 128, 64, num_warps=4, num_stages=3)  # 96 KiB
-    assert big.smem_bytes(2) > gt.HOPPER_SMEM_BYTES >= ok.smem_bytes(2)
-    assert gt.prune_configs([big, ok], 2, 4096, 4096, 4096) == [ok]
+    assert big.smem_bytes(2) > tiles.HOPPER_SMEM_BYTES >= ok.smem_bytes(2)
+    assert tiles.prune_configs([big, ok], 2, 4096, 4096, 4096) == [ok]
     # n_b counts the second B buffer (and accumulator registers)
     wide = GemmConfig(128, 128, 64, num_warps=8, num_stages=5)  # 5*(8K+8K*2)*2 = 240 KiB
-    assert gt.prune_configs([wide], 2, 4096, 4096, 4096, n_b=1) == [wide]
-    assert wide not in gt.prune_configs([wide, ok], 2, 4096, 4096, 4096, n_b=2)
+    assert tiles.prune_configs([wide], 2, 4096, 4096, 4096, n_b=1) == [wide]
+    assert wide not in tiles.prune_configs([wide, ok], 2, 4096, 4096, 4096, n_b=2)
 
     # nothing fits: still one config, clamped to the problem and fitting shared memory
-    out = gt.prune_configs([big], 4, 4096, 4096, 4096, smem_bytes=64 * 1024)
+    out = tiles.prune_configs([big], 4, 4096, 4096, 4096, smem_bytes=64 * 1024)
     assert len(out) == 1 and out[0].smem_bytes(4) <= 64 * 1024
-    out = gt.prune_configs([big], 2, 5, 7, 9)
+    out = tiles.prune_configs([big], 2, 5, 7, 9)
     assert len(out) == 1 and (out[0].BLOCK_M, out[0].BLOCK_N, out[0].BLOCK_K) == (16, 16, 16)
-    assert gt.prune_configs([], 2, 5, 7, 9)
+    assert tiles.prune_configs([], 2, 5, 7, 9)
 
 
 @pytest.mark.parametrize(
@@ -393,18 +394,20 @@ def test_prune_configs_drops_smem_overflow_and_never_empty():
 @pytest.mark.parametrize("dtype_bytes", [2, 4])
 def test_default_configs_are_sane(shape, dtype_bytes):
     m, n, k = shape
-    cands = gt.default_configs(dtype_bytes, m, n, k)
+    cands = tiles.default_configs(dtype_bytes, m, n, k)
     assert cands and len(set(cands)) == len(cands)
     for n_b in (1, 2):
-        kept = gt.prune_configs(cands, dtype_bytes, m, n, k, n_b=n_b)
+        kept = tiles.prune_configs(cands, dtype_bytes, m, n, k, n_b=n_b)
         assert kept and len(set(kept)) == len(kept)
         for c in kept:
-            assert c.smem_bytes(dtype_bytes, n_b) <= gt.HOPPER_SMEM_BYTES
+            assert c.smem_bytes(dtype_bytes, n_b) <= tiles.HOPPER_SMEM_BYTES
             assert min(c.BLOCK_M, c.BLOCK_N, c.BLOCK_K) >= 16
             # tiles clamped to the problem (a next_pow2 tile covers a dimension)
             assert c.BLOCK_M <= max(16, triton.next_power_of_2(m))
             assert c.BLOCK_N <= max(16, triton.next_power_of_2(n))
             assert c.BLOCK_K <= max(16, triton.next_power_of_2(k))
-        assert gt.prune_configs(kept, dtype_bytes, m, n, k, n_b=n_b) == kept  # idempotent
+        assert tiles.prune_configs(kept, dtype_bytes, m, n, k, n_b=n_b) == kept  # idempotent
     if m >= 4096 and n >= 4096:
-        assert any(c.BLOCK_M * c.BLOCK_N >= 128 * 128 for c in gt.prune_configs(cands, 2, m, n, k))
+        assert any(
+            c.BLOCK_M * c.BLOCK_N >= 128 * 128 for c in tiles.prune_configs(cands, 2, m, n, k)
+        )

@@ -140,8 +140,8 @@ def test_attention_backward_tma_configs_on_gpu(variant):
     the configs with the key programs' whole-tile loop."""
     from autofuse.frontend import dynamo
     from autofuse.kernels import analyze_group
-    from autofuse.kernels.attention_bwd import AttentionBwdConfig
-    from autofuse.kernels.attention_bwd_space import attention_bwd_configs
+    from autofuse.kernels.attention_bwd.emit import AttentionBwdConfig
+    from autofuse.kernels.attention_bwd.kind import attention_bwd_configs
     from autofuse.measure import Candidate, verify_candidate
     from autofuse.partition import Partitioner
     from experiments.attention_bench import make
@@ -204,7 +204,7 @@ def test_one_stage_looped_reduction_and_kept_loads_on_cuda():
 def test_gemm_row_configs_on_gpu(name):
     """Every kind of row-GEMM config (row loop or whole row, one K step or a K loop) compiles
     and matches eager on the GPU."""
-    from autofuse.kernels.gemm_row import gemm_row_configs
+    from autofuse.kernels.gemm.row import gemm_row_configs
     from autofuse.measure import Candidate, verify_candidate
     from autofuse.partition.partitioner import Partitioner
     from experiments.workloads import attention_scores, attention_scores_causal
@@ -232,7 +232,7 @@ def test_gemm_row_configs_on_gpu(name):
 def test_attention_configs_on_gpu(name, d):
     """Every attention config compiles and matches eager on the GPU (bf16, 300 queries: uneven
     tails, rows the mask hides entirely)."""
-    from autofuse.kernels.attention import attention_configs
+    from autofuse.kernels.attention.kind import attention_configs
     from autofuse.measure import Candidate, verify_candidate
     from autofuse.partition.partitioner import Partitioner
 

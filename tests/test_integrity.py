@@ -21,8 +21,8 @@ import pytest
 from autofuse import cache, settings
 from autofuse.cache import binaries
 from autofuse.capture.trace import capture
-from autofuse.kernels import loader
-from autofuse.kernels.loader import KernelFileWarning
+from autofuse.kernels.common import loader
+from autofuse.kernels.common.loader import KernelFileWarning
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import KernelBuildWarning, KernelStep, Plan, build_plan, execute
 from tests.helpers import fresh_runtime

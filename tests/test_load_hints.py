@@ -116,7 +116,7 @@ def test_one_stage_looped_reduction_launches_unpipelined_and_is_a_searched_optio
     """``ONE_STAGE`` (a looped reduction launched with num_stages=1, as Inductor launches its
     reductions) is in the looped configs' space, is the same kernel body with another launch,
     gives eager's values, and the search's option switches offer it on the greedy plan."""
-    from autofuse.tune.climb import _option_switches
+    from autofuse.tune.climb import option_switches
 
     x = torch.randn(4, 300)
     graph = capture(seed_reduction, (x,)).graph
@@ -131,6 +131,6 @@ def test_one_stage_looped_reduction_launches_unpipelined_and_is_a_searched_optio
     assert f"#   config: {one.label()}" in b.source
     assert ("num_stages", 1) in b.launch_kw and ("num_stages", 1) not in a.launch_kw
     assert_close(execute(plans[1], [x])[0], seed_reduction(x), torch.float32, "one stage")
-    assert one in _option_switches(looped, space)
+    assert one in option_switches(looped, space)
     persistent = default_config(info, graph)
     assert not any(c.ONE_STAGE and c.RBLOCK >= 300 for c in space), persistent

@@ -212,7 +212,7 @@ def scores_exp_sum(q, k, keep):
 @pytest.mark.parametrize("fn", [scores_softmax, scores_exp_sum], ids=lambda f: f.__name__)
 def test_gemm_row_extreme_rows(fn):
     """The GEMM + softmax kernel (running max over column tiles): masked rows, huge scores."""
-    from autofuse.kernels.gemm_row import gemm_row_configs
+    from autofuse.kernels.gemm.row import gemm_row_configs
 
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 16, 8, generator=g), torch.randn(2, 40, 8, generator=g)
@@ -313,7 +313,7 @@ def test_empty_matmul_dims(fn, shapes):
 
 
 def _patch_exp_minus(monkeypatch):
-    for where in ("rewrites", "gemm_row"):  # the modules that render exp(x - rowmax)
+    for where in ("common.rewrites", "gemm.row"):  # the modules that render exp(x - rowmax)
         monkeypatch.setattr(f"autofuse.kernels.{where}.exp_minus", _unsafe_exp_minus)
 
 
@@ -579,7 +579,7 @@ def test_ill_conditioned_results_are_judged_against_eagers_own_error(rblock):
     (it rejected a looped softmax normalizer on CUDA). The check accepts twice eager's own
     error, and still rejects a kernel that is wrong."""
     from autofuse.ir.eager import run_graph
-    from autofuse.kernels.pointwise import KernelConfig
+    from autofuse.kernels.common.configs import KernelConfig
     from autofuse.measure import Candidate, verify_candidate
     from autofuse.measure.verify import compare, reference_outputs
 

@@ -7,7 +7,7 @@ import torch
 
 from autofuse.capture.trace import capture
 from autofuse.kernels import KernelConfig, config_space
-from autofuse.kernels.rowops import MAX_ROW
+from autofuse.kernels.common.rowops import MAX_ROW
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 

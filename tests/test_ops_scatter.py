@@ -1,4 +1,4 @@
-"""Writes at indexed places as generated kernels (kernels/scatter.py): index_put (accumulate
+"""Writes at indexed places as generated kernels (kernels/scatter/kind.py): index_put (accumulate
 or not), scatter / scatter_add, embedding's gradient (embedding_dense_backward), cross
 entropy's gradient; and advanced indexing with several index tensors (an indirect read). Each
 runs through the interpreter against eager in fp32 and bf16 on shapes that are not multiples

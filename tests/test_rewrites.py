@@ -1,4 +1,4 @@
-"""The emitter's value rewrites (``autofuse/kernels/rewrites.py``): each renders a cheaper
+"""The emitter's value rewrites (``autofuse/kernels/common/rewrites.py``): each renders a cheaper
 expression with eager's result (interpreter)."""
 
 import torch

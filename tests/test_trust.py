@@ -21,7 +21,7 @@ import pytest
 
 from autofuse import cache, settings
 from autofuse.capture.trace import capture
-from autofuse.kernels import loader
+from autofuse.kernels.common import loader
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan
 from tests.helpers import fresh_runtime
@@ -180,7 +180,7 @@ def test_the_generator_id_hashes_the_package_sources(tmp_path):
     copy = tmp_path / "autofuse"
     shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__"))
     assert keys.source_hash(copy) == keys.generator_id()
-    render = copy / "kernels" / "render.py"
+    render = copy / "kernels" / "common" / "render.py"
     render.write_text(render.read_text() + "\n# a rounding fix\n")
     assert keys.source_hash(copy) != keys.generator_id()
 

@@ -317,8 +317,7 @@ def test_the_library_plan_is_re_timed_with_the_best(monkeypatch, tmp_path):
 def test_neighbours_take_every_field_one_step_before_any_field_two_steps():
     """A polish with a budget of a few configs tries each direction (block, warps, ...) once
     before going further along any one of them."""
-    from autofuse.kernels.pointwise import KernelConfig
-    from autofuse.tune.climb import OPTIONS
+    from autofuse.kernels.common.configs import KernelConfig
 
     cfg = KernelConfig(4, 1024, 8)
     space = [KernelConfig(x, r, w) for x in (1, 2, 4, 8, 16) for r in (256, 1024)
@@ -328,7 +327,7 @@ def test_neighbours_take_every_field_one_step_before_any_field_two_steps():
                for c in near]  # fmt: skip
     assert set(changed[:3]) == {"XBLOCK", "RBLOCK", "num_warps"}, near[:3]
     assert {c.num_warps for c in near[:4] if c.num_warps != 8} <= {4, 16}  # nearest first
-    assert len(near) == len(set(near)) == 4 + 1 + 4 and not set(OPTIONS) & set(changed)
+    assert len(near) == len(set(near)) == 4 + 1 + 4 and not set(cfg.SWITCHES) & set(changed)
 
 
 @pytest.mark.parametrize("ratio", [1.5])

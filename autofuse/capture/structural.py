@@ -113,7 +113,7 @@ def convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name):
 
 def _put(b, base, values, idxs, val, out_dtype, name, accumulate, where) -> int | None:
     """``base`` with ``values`` put (``accumulate``: added) at the indexed places: a scatter
-    node (a zero tensor written at those places, kernels/scatter.py) and, unless ``base`` is a
+    node (a zero tensor written at those places, kernels/scatter/kind.py) and, unless ``base`` is a
     zero constant, ``base + scatter`` or ``where(written, scatter, base)`` (``written``: a
     bool scatter of True). Float sums accumulate in fp32 (a 16-bit result is a cast of it)."""
     if out_dtype == "bool" and accumulate:

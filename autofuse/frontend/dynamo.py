@@ -55,7 +55,7 @@ from autofuse import logs
 from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
-from autofuse.kernels.sizes import runtime_bucket, runtime_sizes_on
+from autofuse.kernels.common.sizes import runtime_bucket, runtime_sizes_on
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan, execute
 from autofuse.plan.buckets import BucketPlans, bucket_key

@@ -9,7 +9,7 @@ term from the attention's output and its gradient, two (batch x heads x T x head
 chain (``remat.AttentionChain``) by ``sum(float(dO) * float(O))`` (reshaped to the old sum's
 shape); the attention's output is then saved for the backward (``MUST_SAVE``: it exists anyway)
 and its float copy recomputed there. The backward graph then computes delta with one small
-reduction and the ``attention_bwd`` kernel (``kernels/attention_bwd.py``) reads it as a tensor.
+reduction and the ``attention_bwd`` kernel (``kernels/attention_bwd/emit.py``) reads it as a tensor.
 A ``dP`` that is not exactly ``dO @ V^T`` (P read elsewhere too: its gradient is a sum) is left
 alone.
 """

@@ -25,7 +25,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_symbols
 
-from autofuse.kernels.sizes import runtime_sizes, size_bucket
+from autofuse.kernels.common.sizes import runtime_sizes, size_bucket
 
 __all__ = ["SpecializedGraph", "dynamic_dims", "item_inputs", "needs_specializing"]
 

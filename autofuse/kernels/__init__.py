@@ -1,12 +1,13 @@
 """Kernel kinds: one fusion group + one launch config -> one Triton kernel with its metadata.
 
-Each kind is a plugin (``base.KernelKind``) in its own module and owns its config class:
-``pointwise``, ``reduction``, ``scan`` (a reduction kernel with a cumsum / cumprod), ``gemm``,
-``gemm_row``, ``attention`` (matmul, softmax, matmul: flash-attention style),
-``attention_bwd`` (its backward: dQ, dK, dV from recomputed tiles), ``scatter``
-(index_put / scatter / scatter_add). This registry is the one place that
-chooses a kind: ``analyze_group`` asks the kinds in order which one claims a set of nodes, and
-every other call finds the plugin by the kind named in the group's ``GroupInfo``.
+Each kind is a plugin (``common.base.KernelKind``) in its folder and owns its config class:
+``pointwise/``, ``reduction/`` (``reduction`` and ``scan``: a reduction kernel with a cumsum /
+cumprod), ``gemm/`` (``gemm`` and ``gemm_row``), ``attention/`` (matmul, softmax, matmul:
+flash-attention style), ``attention_bwd/`` (its backward: dQ, dK, dV from recomputed tiles),
+``scatter/`` (index_put / scatter / scatter_add), ``fill/`` (a pointwise group that reads no
+buffer); ``common/`` holds what they share. This registry is the one list of kinds:
+``analyze_group`` asks the kinds in order which one claims a set of nodes, and every other call
+finds the plugin by the kind named in the group's ``GroupInfo``.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.attention import AttentionConfig, AttentionKind
-from autofuse.kernels.attention_bwd import AttentionBwdConfig
-from autofuse.kernels.attention_bwd_space import AttentionBwdKind
-from autofuse.kernels.base import (
+from autofuse.kernels.attention.emit import AttentionConfig
+from autofuse.kernels.attention.kind import AttentionKind
+from autofuse.kernels.attention_bwd.emit import AttentionBwdConfig
+from autofuse.kernels.attention_bwd.kind import AttentionBwdKind
+from autofuse.kernels.common.base import (
     INLINE_OPS,
     FusionRefused,
     GroupInfo,
@@ -27,13 +29,16 @@ from autofuse.kernels.base import (
     describe,
     next_pow2,
 )
-from autofuse.kernels.gemm import GemmKind
-from autofuse.kernels.gemm_row import GemmRowKind, RowGemmConfig
-from autofuse.kernels.gemm_template import GemmConfig
-from autofuse.kernels.pointwise import KernelConfig, PointwiseKind
-from autofuse.kernels.reduction import ReductionKind
-from autofuse.kernels.scan import ScanKind
-from autofuse.kernels.scatter import ScatterKind
+from autofuse.kernels.common.configs import KernelConfig
+from autofuse.kernels.common.cost import LoopCost, TileCost
+from autofuse.kernels.fill.kind import FillKind
+from autofuse.kernels.gemm.kind import GemmKind
+from autofuse.kernels.gemm.row import GemmRowKind, RowGemmConfig
+from autofuse.kernels.gemm.template import GemmConfig
+from autofuse.kernels.pointwise.kind import PointwiseKind
+from autofuse.kernels.reduction.kind import ReductionKind
+from autofuse.kernels.reduction.scan import ScanKind
+from autofuse.kernels.scatter.kind import ScatterKind
 
 __all__ = [
     "INLINE_OPS",
@@ -54,11 +59,16 @@ __all__ = [
     "config_classes",
     "config_label",
     "config_space",
+    "cost_facts",
     "default_config",
+    "fusible",
     "generate",
     "kind_of",
     "library_first",
     "next_pow2",
+    "proposed_groups",
+    "switches",
+    "unlowerable",
 ]
 
 KINDS: tuple[KernelKind, ...] = (
@@ -69,6 +79,7 @@ KINDS: tuple[KernelKind, ...] = (
     GemmKind(),
     ScanKind(),
     ReductionKind(),
+    FillKind(),
     PointwiseKind(),
 )
 _BY_NAME = {k.name: k for k in KINDS}
@@ -79,7 +90,7 @@ def bucket_config_fits(info: GroupInfo) -> bool:
     """Whether a launch config chosen for one shape of a bucket is kept for the bucket's other
     shapes (the loop kinds, whose configs are chosen by bucket); other kinds choose again at
     each exact shape."""
-    return bool(getattr(kind_of(info), "runtime_sizes", False))
+    return kind_of(info).runtime_sizes
 
 
 def kind_of(info: GroupInfo) -> KernelKind:
@@ -97,6 +108,21 @@ def library_first(info: GroupInfo) -> bool:
     return kind_of(info).library_first
 
 
+def fusible(graph: Graph, i: int) -> bool:
+    """Nodes the partitioner places in groups (a lone matmul runs as torch.mm / cuBLAS)."""
+    n = graph[i]
+    return n.kind in _LOWERED and n.op not in INLINE_OPS
+
+
+def unlowerable(graph: Graph, i: int) -> str | None:
+    """Why node ``i`` cannot be a kernel even alone (it then runs in eager), or None."""
+    try:
+        analyze_group(graph, frozenset({i}))
+    except FusionRefused as e:
+        return f"no kernel for {graph[i].op}: {e.reason}; runs in eager"
+    return None
+
+
 def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
     """Check that ``group`` can be one kernel; raise FusionRefused naming the reason if not."""
     members = frozenset(group)
@@ -112,11 +138,24 @@ def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
     raise FusionRefused(f"no kernel kind takes the group {sorted(members)}")
 
 
+def proposed_groups(
+    graph: Graph, members: frozenset[int], reach: dict[int, int]
+) -> list[frozenset[int]]:
+    """The candidate groups the kinds propose among ``members`` (see ``KernelKind``), in the
+    kinds' order; not checked (the partitioner checks each)."""
+    return [group for kind in KINDS for group in kind.proposals(graph, members, reach)]
+
+
 def generate(graph: Graph, info: GroupInfo, config: Any, index: int = 0) -> Kernel:
     """Render the Triton source of ``info``'s group under ``config``."""
     kind = kind_of(info)
     kind.check_config(info, config)
     return kind.generate(graph, info, config, index)
+
+
+def cost_facts(graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost | TileCost:
+    """What ``kernel`` moves and computes, as its kind tells the cost model."""
+    return kind_of(info).cost_facts(graph, info, kernel)
 
 
 def check_config(info: GroupInfo, config: Any) -> None:
@@ -136,6 +175,12 @@ def default_config(info: GroupInfo, graph: Graph | None = None) -> Any:
 
 def config_label(config: Any) -> str:
     return config.label() if hasattr(config, "label") else str(config)
+
+
+def switches(config: Any) -> tuple[str, ...]:
+    """The fields of ``config`` that the search and the polish switch on and off (its config
+    class's ``SWITCHES``; none for a config of no kind)."""
+    return tuple(getattr(type(config), "SWITCHES", ()))
 
 
 def config_classes() -> dict[str, type]:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 
 from autofuse.interpreter import interpreting
-from autofuse.ir.graph import Graph, numel
-from autofuse.ir.ops import op_def
-from autofuse.kernels import GroupInfo, Kernel
+from autofuse.ir.graph import Graph
+from autofuse.kernels import GroupInfo, Kernel, cost_facts
+from autofuse.kernels.common.cost import LoopCost, TileCost
 from autofuse.measure.candidate import (
     Candidate,
     Measurement,
@@ -33,23 +33,31 @@ from autofuse.settings import HOPPER
 class CostModel:
     """An analytical *model* of a kernel's time on an H100/H200-class GPU; never a measurement.
 
-    time = max(t_memory, t_compute) * spill_penalty + waves * program_cost + launch_overhead
+    Each kernel's kind tells what it moves and computes (``kernels.cost_facts``): a loop
+    kernel (``LoopCost``) or a tiled product (``TileCost``); this model prices the facts and
+    names no kind.
 
-    - t_memory = bytes / effective bandwidth. Bytes are the loads' and stores' sizes
-      (``report.nbytes``); a looped reduction (RBLOCK < rnumel) counts each load once per loop
-      that reads it. The effective bandwidth is ``bandwidth`` capped by Little's law: the bytes
-      the resident programs have in flight per step, divided by ``latency``, and by the SMs that
-      have a program (one SM draws at most ``sm_bandwidth_share`` times its fair share): few or
-      tiny programs cannot saturate HBM.
+    Loop kernels: time = max(t_memory, t_compute) * spill_penalty + waves * program_cost +
+    launch_overhead.
+
+    - t_memory = bytes / effective bandwidth. Bytes are the loads' and stores' sizes; a kernel
+      that walks a row in several steps counts each load once per pass that reads it. The
+      effective bandwidth is ``bandwidth`` capped by Little's law: the bytes the resident
+      programs have in flight per step, divided by ``latency``, and by the SMs that have a
+      program (one SM draws at most ``sm_bandwidth_share`` times its fair share): few or tiny
+      programs cannot saturate HBM.
     - t_compute = flops / (``flops_rate`` * thread utilisation); flops count each member op
-      over its shape (transcendentals and divisions 4x). GEMM groups use ``mma_rate`` for
-      16-bit operands, a tile-padding, tile-size and wave-quantization efficiency, and the
-      smem limit (a config over it fails as out of resources).
+      over its shape (transcendentals and divisions 4x); tensor-core flops at ``mma_rate``.
     - Occupancy: resident programs per SM from warps (64 per SM), a block limit (32) and a
       register estimate (live values x elements per thread); over 255 registers per thread
       the kernel spills and is penalised proportionally.
     - waves * program_cost: per-program scheduling / index overhead, one ``program_cost`` per
       wave of resident programs.
+
+    Tiled products: the product's flops at ``mma_rate`` for 16-bit operands (else
+    ``flops_rate``) at the kind's tile efficiency (and, where the facts say so, the last
+    wave's), beside their CUDA-core work; DRAM and L2 traffic; the shared memory limit (a
+    config over it fails as out of resources).
 
     With ``verify=True`` each candidate is first checked by :func:`verify_candidate` (on CPU
     through Triton's interpreter when there is no GPU: use small shapes there).
@@ -91,110 +99,47 @@ class CostModel:
 
     # -- pieces ------------------------------------------------------------------------------
     def kernel_time(self, g: Graph, info: GroupInfo, kernel: Kernel) -> float | str:
-        if kernel.meta.tiles is not None:
-            return self._gemm_time(g, info, kernel)
-        if info.kind == "attention":
-            return self._attention_time(g, info, kernel)
-        cfg = kernel.config
-        red = info.reduces
-        looped = red and cfg.RBLOCK < info.rnumel
-        passes = kernel.meta.load_passes or (1,) * len(info.loads)
-        bytes_in = sum(nbytes(g, j) * p for j, p in zip(info.loads, passes))
-        bytes_out = sum(nbytes(g, s) for s in info.stored)
-        total = bytes_in + bytes_out
-        programs = max(1, -(-info.xnumel // cfg.XBLOCK))
-        steps = max(1, -(-info.rnumel // cfg.RBLOCK)) * max(passes, default=1) if looped else 1
-        threads = 32 * cfg.num_warps
-        elems = cfg.XBLOCK * (cfg.RBLOCK if red else 1)  # elements per program per step
-        per_thread = max(1.0, elems / threads)
-        wide = any(g[j].dtype in ("float64", "int64") for j in info.nodes)
-        live = min(2 + len(info.loads) + (2 if red else 0), 8)
-        regs = 24 + live * per_thread * (2 if wide else 1)
+        facts = cost_facts(g, info, kernel)
+        if isinstance(facts, TileCost):
+            return self._tile_time(facts)
+        return self._loop_time(facts)
+
+    def _loop_time(self, f: LoopCost) -> float:
+        per_thread = max(1.0, f.elems / f.threads)
+        regs = 24 + f.live * per_thread * (2 if f.wide else 1)
         spill = max(1.0, regs / 255.0)
         regs = min(regs, 255.0)
-        resident = max(1, min(32, 64 // cfg.num_warps, int(65536 // (regs * threads))))
+        resident = max(1, min(32, 64 // (f.threads // 32), int(65536 // (regs * f.threads))))
         slots = self.sm_count * resident
-        bytes_per_step = total / (programs * steps)
-        in_flight = min(programs, slots) * bytes_per_step
-        sm_cap = min(programs, self.sm_count) * self.sm_bandwidth_share * self.bandwidth
+        bytes_per_step = f.bytes / (f.programs * f.steps)
+        in_flight = min(f.programs, slots) * bytes_per_step
+        sm_cap = min(f.programs, self.sm_count) * self.sm_bandwidth_share * self.bandwidth
         eff_bw = max(1.0, min(self.bandwidth, sm_cap / self.sm_count, in_flight / self.latency))
-        t_mem = total / eff_bw
-        flops = 0.0
-        for m in info.nodes:
-            node = g[m]
-            size = numel(g[node.inputs[0]].shape) if node.kind == "reduction" else numel(node.shape)
-            flops += size * op_def(node.op).cost
-        flops *= max(passes, default=1) if looped else 1
-        util = min(1.0, elems / threads)
-        t_cmp = flops / (self.flops_rate * util)
-        if info.matmuls:  # a row-GEMM recomputes its product in every pass over the row
-            mm = g[info.matmuls[0]]
-            mm_flops = 2.0 * numel(mm.shape) * g[mm.inputs[0]].shape[-1]
-            t_cmp += mm_flops * (kernel.meta.dots or 1) / self.mma_rate
-        waves = math.ceil(programs / slots)
+        t_mem = f.bytes / eff_bw
+        util = min(1.0, f.elems / f.threads)
+        t_cmp = f.flops / (self.flops_rate * util)
+        t_cmp += f.mma_flops / self.mma_rate
+        waves = math.ceil(f.programs / slots)
         return max(t_mem, t_cmp) * spill + waves * self.program_cost + self.launch_overhead
 
-    def _gemm_time(self, g: Graph, info: GroupInfo, kernel: Kernel) -> float | str:
-        bm, bn, bk, smem = kernel.meta.tiles
-        warps = dict(kernel.launch_kw).get("num_warps", 4)
-        mm = g[info.matmuls[0]]
-        a = g[mm.inputs[0]]
-        batch = info.domain[0] if len(info.domain) == 3 else 1
-        m, n, k = info.domain[-2], info.domain[-1], a.shape[-1]
-        item = 2 if a.dtype in ("bfloat16", "float16") else 4
-        if smem > self.smem_bytes:
-            return f"out of resources: shared memory {smem} > {self.smem_bytes} (modeled)"
-        tm, tn = -(-m // bm), -(-n // bn)
-        tiles = batch * tm * tn
-        resident = max(1, min(64 // warps, self.smem_bytes // max(smem, 1), 32))
+    def _tile_time(self, f: TileCost) -> float | str:
+        if f.smem > self.smem_bytes:
+            return f"out of resources: shared memory {f.smem} > {self.smem_bytes} (modeled)"
+        resident = max(1, min(64 // f.warps, self.smem_bytes // max(f.smem, 1), 32))
         slots = self.sm_count * resident
-        waves = math.ceil(tiles / slots)
-        wave_eff = tiles / (waves * slots) if tiles < slots * 4 else 1.0
-        pad_eff = (m * n) / (tm * bm * tn * bn)
-        tile_eff = min(1.0, (bm * bn) / (128 * 128)) ** 0.5
-        k_eff = min(1.0, bk / 32) ** 0.5
-        rate = self.mma_rate if item == 2 else self.flops_rate
-        flops = 2.0 * batch * m * n * k * len(info.matmuls)
-        eff = max(1e-3, wave_eff * pad_eff * tile_eff * k_eff)
-        t_cmp = flops / (rate * eff)
-        dram = sum(nbytes(g, j) for j in info.loads) + sum(nbytes(g, s) for s in info.stored)
-        l2 = nbytes(g, g.base_of(mm.inputs[0])) * tn + nbytes(g, g.base_of(mm.inputs[1])) * tm
-        t_mem = max(dram / self.bandwidth, l2 / (3 * self.bandwidth))
-        return max(t_cmp, t_mem) + self.launch_overhead
-
-    def _attention_time(self, g: Graph, info: GroupInfo, kernel: Kernel) -> float | str:
-        """Two dots per visited (BLOCK_M, BLOCK_N) tile (``meta.work`` of them: a causal mask
-        skips about half) at ``mma_rate`` for 16-bit operands, the epilogue and online softmax
-        on CUDA cores; Q and the output once from DRAM, K and V once per program (from L2 but
-        the first), the epilogue's loads once per visited tile."""
-        kw = dict(kernel.launch_kw)
-        bm, bn, warps = kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"]
-        bd, bdv, stages = kw["BLOCK_D"], kw["BLOCK_DV"], kw["num_stages"]
-        mm1, mm2 = (g[m] for m in info.matmuls)
-        q, k, v = mm1.inputs[0], mm1.inputs[1], mm2.inputs[1]
-        heads = mm1.shape[0] if len(mm1.shape) == 3 else 1
-        t, tk = mm1.shape[-2], mm1.shape[-1]
-        item = 2 if g[q].dtype in ("bfloat16", "float16") else 4
-        smem = (bm * bd + stages * bn * (bd + bdv)) * item
-        if smem > self.smem_bytes:
-            return f"out of resources: shared memory {smem} > {self.smem_bytes} (modeled)"
-        programs, steps = heads * -(-t // bm), -(-tk // bn) * kernel.meta.work
-        tile_elems = programs * steps * bm * bn
-        rate = self.mma_rate if item == 2 else self.flops_rate
-        tile_eff = min(1.0, bm * bn / (128 * 64)) ** 0.5
-        t_dot = 2.0 * tile_elems * (bd + bdv) / (rate * tile_eff)
-        epilogue = sum(op_def(g[m].op).cost for m in info.nodes if g[m].kind == "pointwise")
-        t_sfu = tile_elems * (epilogue + 12) / self.flops_rate  # + exp, max, sum, rescale
-        resident = max(1, min(64 // warps, self.smem_bytes // smem, 32))
-        waves = math.ceil(programs / (self.sm_count * resident))
-        operands = {g.base_of(j) for j in (q, k, v)}
-        dram = nbytes(g, g.base_of(q)) + sum(nbytes(g, s) for s in info.stored)
-        dram += sum(nbytes(g, j) for j in operands - {g.base_of(q)})
-        l2 = programs * steps * bn * (bd + bdv) * item
-        l2 += sum(nbytes(g, j) for j in info.loads if j not in operands) * kernel.meta.work
-        t_mem = max(dram / self.bandwidth, l2 / (3 * self.bandwidth))
-        t = max(t_dot + t_sfu, t_mem)
-        return t + waves * self.program_cost + self.launch_overhead
+        waves = math.ceil(f.programs / slots)
+        eff = 1.0
+        if f.quantized:  # the last wave's idle slots lower the efficiency
+            eff = f.programs / (waves * slots) if f.programs < slots * 4 else 1.0
+        for factor in f.efficiency:
+            eff *= factor
+        rate = self.mma_rate if f.tensor_cores else self.flops_rate
+        t_cmp = f.mma_flops / (rate * max(1e-3, eff)) + f.core_ops / self.flops_rate
+        t_mem = max(f.dram / self.bandwidth, f.l2 / (3 * self.bandwidth))
+        t = max(t_cmp, t_mem)
+        if not f.quantized:
+            t = t + waves * self.program_cost
+        return t + self.launch_overhead
 
     def eager_time(self, graph: Graph, i: int) -> float:
         """Modeled time of one eager op (bytes moved, matmul flops at ``mma_rate``)."""

@@ -115,10 +115,10 @@ def index_bounds(graph: Graph) -> dict[int, int]:
 
 
 def poisoned_outputs(
-    graph: Graph, info: GroupInfo, device: Any, flip: bool = False
+    graph: Graph, info: GroupInfo, device: Any, inverted: bool = False
 ) -> list[torch.Tensor]:
     """Output buffers filled with values a correct kernel overwrites: NaN for floats, an
-    extreme value for ints, True for bools (False with ``flip``: a second run with the other
+    extreme value for ints, True for bools (False with ``inverted``: a second run with the other
     poison catches unwritten bool elements)."""
     from autofuse.plan.runtime import allocate_outputs
 
@@ -129,10 +129,10 @@ def poisoned_outputs(
         if t.is_floating_point():
             t.fill_(float("nan"))
         elif t.dtype == torch.bool:
-            t.fill_(not flip)
+            t.fill_(not inverted)
         else:
             ii = torch.iinfo(t.dtype)
-            t.fill_(ii.min if ii.min < 0 and not flip else ii.max)
+            t.fill_(ii.min if ii.min < 0 and not inverted else ii.max)
     return outs
 
 
@@ -282,7 +282,7 @@ def verify_candidate(
         inputs = random_inputs(sub, device, seed) if inputs is None else list(inputs)
         runs = [poisoned_outputs(sub, info, device)]
         if any(sub[s].dtype == "bool" for s in info.stored):
-            runs.append(poisoned_outputs(sub, info, device, flip=True))
+            runs.append(poisoned_outputs(sub, info, device, inverted=True))
         with warnings.catch_warnings():
             # the interpreter evaluates masked-off lanes too (inf - inf there is harmless)
             warnings.simplefilter("ignore", RuntimeWarning)

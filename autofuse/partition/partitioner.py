@@ -23,8 +23,16 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels import INLINE_OPS, FusionRefused, GroupInfo, analyze_group, library_first
-from autofuse.plan.runtime import fusible, unlowerable
+from autofuse.kernels import (
+    INLINE_OPS,
+    FusionRefused,
+    GroupInfo,
+    analyze_group,
+    fusible,
+    library_first,
+    proposed_groups,
+    unlowerable,
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -256,10 +264,12 @@ class Partitioner:
         cluster = {m: frozenset({m}) for m in members}
         refusals = []
         chosen = set(edges)
-        for seed, why in self._chains(members):
+        for seed in proposed_groups(self.graph, members, self._reach):
             inside = [e for e in self.edges if e.a in seed and e.b in seed]
             if not inside or not chosen.issuperset(inside):
                 continue  # the decisions keep some of it apart
+            why = self.check(seed)
+            why = None if isinstance(why, GroupInfo) else why
             if why is None and owner is not None:
                 why = self._merge_refusal(seed, cluster, owner)
                 why = None if isinstance(why, GroupInfo) else why
@@ -286,103 +296,6 @@ class Partitioner:
             pending = [r.edge for r in refused] if merged_any else []
         refusals += refused
         return list(dict.fromkeys(cluster.values())), refusals
-
-    def _chains(self, members: frozenset[int]) -> list[tuple[frozenset[int], str | None]]:
-        """Candidate groups of two chained matmuls with every member between them, the
-        pointwise members read only by that path or by each other (a mask, see
-        :meth:`_mask_feeders`) and clones in front of their
-        operands (attention: ``softmax(mask(q @ k^T)) @ v``), each with the reason it is
-        refused (None: legal). The repair tries them before its pairwise merges, which reach
-        the whole chain only through groups no kind takes (a matmul and half a softmax)."""
-        g, reach = self.graph, self._reach
-        mms = sorted(m for m in members if g[m].kind == "matmul")
-        pairs = []
-        for a in mms:
-            for b in mms:
-                if a == b or not reach[a] >> b & 1:
-                    continue
-                if any(reach[a] >> m & 1 and reach[m] >> b & 1 for m in mms):
-                    continue  # another matmul between them: not one attention
-                core = {n for n in members if reach[a] >> n & 1 and reach[n] >> b & 1}
-                pairs.append(({a}, {b}, core))
-        out = [self._chain(members, *p) for p in self._joined(pairs)]
-        return out + [self._chain(members, *p) for p in pairs]
-
-    @staticmethod
-    def _joined(pairs: list) -> list:
-        """The chains whose cores share a node, joined (matmuls feeding matmuls through common
-        ops: an attention's backward, its recomputed scores and dP feeding dQ, dK and dV);
-        only joins of more than one chain (the chains themselves are candidates anyway)."""
-        groups = [(set(a), set(b), set(core), 1) for a, b, core in pairs if core]
-        merged = True
-        while merged:
-            merged = False
-            for x in range(len(groups)):
-                for y in range(x + 1, len(groups)):
-                    if groups[x][2] & groups[y][2]:
-                        ax, bx, cx, nx = groups[x]
-                        ay, by, cy, ny = groups.pop(y)
-                        groups[x] = (ax | ay, bx | by, cx | cy, nx + ny)
-                        merged = True
-                        break
-                if merged:
-                    break
-        return [(a, b, core) for a, b, core, n in groups if n > 1]
-
-    def _chain(self, members: frozenset[int], srcs: set[int], sinks: set[int], core: set[int]):
-        """The candidate group of matmuls ``srcs`` feeding ``sinks`` through ``core`` (with
-        their operand clones and mask feeders) and the reason it is refused (None: legal)."""
-        g, reach = self.graph, self._reach
-        inner = 0
-        for n in core:
-            inner |= 1 << n
-        mms = srcs | sinks
-        seed = core | mms | self._operand_clones(members, tuple(mms), core)
-        operands = {g.base_of(j) for b in sinks for j in g[b].inputs} - core
-        feeders = {
-            n
-            for n in members - seed
-            if g[n].kind == "pointwise"
-            and reach[n] & inner
-            and not any(reach[n] >> a & 1 for a in srcs)
-            and n not in operands
-            and not any(reach[n] >> j & 1 for j in operands)
-        }
-        group = frozenset(seed | self._mask_feeders(seed, feeders))
-        why = self.check(group)
-        return group, None if isinstance(why, GroupInfo) else why
-
-    def _mask_feeders(self, seed: set[int], feeders: set[int]) -> set[int]:
-        """The ``feeders`` (pointwise ops feeding the scores) read only inside the chain: a
-        feeder that another node reads (a scan of the padding mask's positions, the next
-        layer's attention, an output) stays outside, its value loaded as a tensor, and so do
-        the feeders it reads (else a path would leave the group and come back into it)."""
-        g = self.graph
-        feeders = feeders - {g.base_of(o) for o in g.outputs}
-        while True:
-            keep = seed | feeders
-            drop = {n for n in feeders if any(u not in keep for u in g.compute_users[n])}
-            if not drop:
-                return feeders
-            feeders -= drop
-
-    def _operand_clones(
-        self, members: frozenset[int], mms: tuple[int, ...], core: set[int]
-    ) -> set[int]:
-        """Clones (an expand + reshape of shared K / V heads) in front of the matmuls' operands,
-        those read inside the chain alone (by the matmuls or the ops of ``core``: a clone of
-        dO that the backward's ``rowsum(dO * O)`` also reads stays out, else that path would
-        leave the group and come back)."""
-        g, out = self.graph, set()
-        for mm in mms:
-            for j in g[mm].inputs:
-                i = g.base_of(j)
-                while i in members and g[i].op == "copy":
-                    if not set(g.compute_users[i]) <= set(mms) | core | out:
-                        break
-                    out.add(i)
-                    i = g.base_of(g[i].inputs[0])
-        return out
 
     def greedy(self) -> Partition:
         """Every legal fusion taken (edges in topological order of their consumer)."""

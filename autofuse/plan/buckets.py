@@ -2,7 +2,7 @@
 already has a plan (same graph structure: ops and edges) gets that plan's partition and its
 loop kernels' launch configs (other kinds choose theirs at the exact shape), instantiated at
 the exact shape (``build_plan``): no new partition, no new search, and its loop kernels' text is
-the bucket plan's (runtime sizes, ``kernels/sizes.py``), so those kernels are not built again."""
+the bucket plan's (runtime sizes, ``kernels/common/sizes.py``), so those kernels are not built again."""
 
 from __future__ import annotations
 

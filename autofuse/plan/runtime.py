@@ -22,15 +22,16 @@ from autofuse.ir.graph import Graph, buffer_strides
 from autofuse.ir.ops import op_def
 from autofuse.kernels import (
     INLINE_OPS,
-    FusionRefused,
     GroupInfo,
     Kernel,
     KernelConfig,
     analyze_group,
     default_config,
+    fusible,
     generate,
+    unlowerable,
 )
-from autofuse.kernels.loader import load_kernel
+from autofuse.kernels.common.loader import load_kernel
 from autofuse.plan.launcher import Launcher
 from autofuse.plan.program import program
 from autofuse.settings import settings
@@ -133,21 +134,6 @@ def eager_reason(graph: Graph, i: int) -> str:
     if node.op == "getitem":
         return "output of a multi-output op"
     return f"unsupported op {node.attr('target', node.op)}: runs in eager"
-
-
-def fusible(graph: Graph, i: int) -> bool:
-    """Nodes the partitioner places in groups (a lone matmul runs as torch.mm / cuBLAS)."""
-    n = graph[i]
-    return n.kind in ("pointwise", "reduction", "matmul") and n.op not in INLINE_OPS
-
-
-def unlowerable(graph: Graph, i: int) -> str | None:
-    """Why node ``i`` cannot be a kernel even alone (it then runs in eager), or None."""
-    try:
-        analyze_group(graph, frozenset({i}))
-    except FusionRefused as e:
-        return f"no kernel for {graph[i].op}: {e.reason}; runs in eager"
-    return None
 
 
 def eager_group(graph: Graph, group: frozenset[int]) -> bool:
@@ -307,7 +293,7 @@ def allocate_outputs(graph: Graph, info: GroupInfo, device: torch.device) -> lis
 
 
 _BROKEN: dict[tuple[str, str], str] = {}  # (source, name) -> why it could not be built
-_MISALIGNED: set[str] = set()  # TMA kernels already warned about a misaligned input
+_MISALIGNED: set[str] = set()  # kernels already warned about a misaligned input
 
 
 class KernelBuildWarning(RuntimeWarning):
@@ -327,13 +313,14 @@ def run_kernel_step(run: _Run, step: KernelStep) -> None:
         return _give_up(run, kernel, e, "loaded")
     env = run.env
     ins = [env[i] if given else run.laid_out(i) for i, given in step.load_kinds(run.plan.graph)]
-    if launcher.scratch and any(t.data_ptr() % 16 for t in ins):
-        if kernel.name not in _MISALIGNED:  # a sliced input: TMA needs 16-byte aligned bases
+    align = kernel.meta.input_alignment
+    if align and any(t.data_ptr() % align for t in ins):
+        if kernel.name not in _MISALIGNED:  # a sliced input, its base off the kernel's alignment
             _MISALIGNED.add(kernel.name)
             warnings.warn(
-                f"autofuse: kernel {kernel.name} reads its operands through TMA descriptors, "
-                "which need 16-byte aligned buffers; an input is not, so its ops run in eager "
-                "on such inputs",
+                f"autofuse: kernel {kernel.name} reads its operands through tensor descriptors, "
+                f"which need {align}-byte aligned buffers; an input is not, so its ops run in "
+                "eager on such inputs",
                 RuntimeWarning,
                 stacklevel=3,
             )

@@ -9,9 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-# config fields that switch a feature (the attention backward's ``flip`` orientation and
-# ``whole``-tile loop too: their worth is the machine's register allocation, measured)
-OPTIONS = ("TMA", "PERSISTENT", "SKIP", "PIPELINE", "HOIST", "ONE_STAGE", "flip", "whole")
+from autofuse.kernels import switches
 
 
 def _one_field_changes(cfg: Any, space: Sequence[Any]) -> dict[str, list[Any]]:
@@ -28,14 +26,16 @@ def _one_field_changes(cfg: Any, space: Sequence[Any]) -> dict[str, list[Any]]:
     return out
 
 
-def _option_switches(cfg: Any, space: Sequence[Any]) -> list[Any]:
-    """For each option field, the first config of ``space`` that differs from ``cfg`` in that
-    field alone (in ``space`` order)."""
-    firsts = [cs[0] for n, cs in _one_field_changes(cfg, space).items() if n in OPTIONS and cs]
+def option_switches(cfg: Any, space: Sequence[Any]) -> list[Any]:
+    """For each field that ``cfg``'s class switches on and off (``kernels.switches``), the first
+    config of ``space`` that differs from ``cfg`` in that field alone (in ``space`` order)."""
+    firsts = [
+        cs[0] for n, cs in _one_field_changes(cfg, space).items() if n in switches(cfg) and cs
+    ]
     return sorted(firsts, key=list(space).index)
 
 
-def _polish(objective: Any, best: Any, budget: int, deadline: float | None = None) -> Any:
+def polish_plan(objective: Any, best: Any, budget: int, deadline: float | None = None) -> Any:
     """The best plan's partition with each kernel's config improved by hill climbing over its
     config space (``_climb``). The sampler spends its trials across partitions and may have
     timed only a default config of the winner's kernels; the plan's cost is a sum over kernels,
@@ -102,9 +102,10 @@ def neighbours(cfg: Any, space: Sequence[Any]) -> list[Any]:
         return abs(math.log2(b / a))
 
     changes = _one_field_changes(cfg, space)
-    out = [c for n in changes if n in OPTIONS for c in changes[n]]
+    options = switches(cfg)
+    out = [c for n in changes if n in options for c in changes[n]]
     ranked = [sorted(cs, key=lambda c, n=n: distance(c, n)) for n, cs in changes.items()
-              if n not in OPTIONS]  # fmt: skip
+              if n not in options]  # fmt: skip
     for r in range(max(map(len, ranked), default=0)):
         out += [cs[r] for cs in ranked if r < len(cs)]
     return out

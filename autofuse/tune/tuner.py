@@ -46,7 +46,7 @@ from autofuse.partition.partitioner import Partition, Partitioner
 from autofuse.plan.graph_choice import beats
 from autofuse.plan.runtime import Plan, build_plan, eager_group, execute
 from autofuse.settings import cache_home
-from autofuse.tune.climb import OPTIONS, _option_switches, _polish, neighbours  # noqa: F401
+from autofuse.tune.climb import neighbours, option_switches, polish_plan  # noqa: F401
 from autofuse.tune.prune import ModelPrune
 from autofuse.tune.study import OnTrial, default_measurer, group_param, isolated
 from autofuse.tune.study import study_name as _study_name
@@ -230,7 +230,7 @@ class Objective:
         for k, (info, cfg) in enumerate(groups):
             if cfg is None or not dataclasses.is_dataclass(cfg):
                 continue
-            for other in _option_switches(cfg, self.configs_for(info)):
+            for other in option_switches(cfg, self.configs_for(info)):
                 out.append(base[:k] + [other] + base[k + 1 :])
         return out
 
@@ -252,7 +252,7 @@ def _node_cost(graph, i: int, measurer) -> float:
 
 def _eager_cost(graph, measurer) -> float:
     """The ops that run in eager in every partition (unsupported ops)."""
-    from autofuse.plan.runtime import fusible
+    from autofuse.kernels import fusible
 
     return sum(
         _node_cost(graph, i, measurer)
@@ -401,7 +401,7 @@ def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, s
     if polish:
         # the polish may take as long again as the search's time budget
         deadline = run.started + 2 * time_budget if time_budget else None
-        polished = _polish(objective, ranked[0][1], polish, deadline)
+        polished = polish_plan(objective, ranked[0][1], polish, deadline)
         if polished is not None:
             ranked.insert(0, (-3, polished))
     ranked += _baselines(objective, greedy, unfused, ranked, library)  # re-timed: never worse

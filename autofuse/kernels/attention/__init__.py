@@ -1,0 +1,1 @@
+"""The attention kind: matmul, softmax, matmul in one flash-attention style kernel."""

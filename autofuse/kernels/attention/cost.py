@@ -1,0 +1,43 @@
+"""The attention kind's cost facts: two dots per visited (BLOCK_M, BLOCK_N) tile (``meta.work``
+of them: a causal mask skips about half) on tensor cores for 16-bit operands, the epilogue and
+the online softmax on CUDA cores; Q and the output once from DRAM, K and V once per program
+(from L2 but the first), the epilogue's loads once per visited tile."""
+
+from __future__ import annotations
+
+from autofuse.ir.graph import Graph
+from autofuse.ir.ops import op_def
+from autofuse.kernels.common.base import GroupInfo, Kernel
+from autofuse.kernels.common.cost import TileCost
+from autofuse.kernels.common.memory import nbytes
+
+
+def attention_cost(g: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
+    kw = dict(kernel.launch_kw)
+    bm, bn, warps = kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"]
+    bd, bdv, stages = kw["BLOCK_D"], kw["BLOCK_DV"], kw["num_stages"]
+    mm1, mm2 = (g[m] for m in info.matmuls)
+    q, k, v = mm1.inputs[0], mm1.inputs[1], mm2.inputs[1]
+    heads = mm1.shape[0] if len(mm1.shape) == 3 else 1
+    t, tk = mm1.shape[-2], mm1.shape[-1]
+    item = 2 if g[q].dtype in ("bfloat16", "float16") else 4
+    programs, steps = heads * -(-t // bm), -(-tk // bn) * kernel.meta.work
+    tile_elems = programs * steps * bm * bn
+    epilogue = sum(op_def(g[m].op).cost for m in info.nodes if g[m].kind == "pointwise")
+    operands = {g.base_of(j) for j in (q, k, v)}
+    dram = nbytes(g, g.base_of(q)) + sum(nbytes(g, s) for s in info.stored)
+    dram += sum(nbytes(g, j) for j in operands - {g.base_of(q)})
+    l2 = programs * steps * bn * (bd + bdv) * item
+    l2 += sum(nbytes(g, j) for j in info.loads if j not in operands) * kernel.meta.work
+    return TileCost(
+        programs=programs,
+        warps=warps,
+        smem=(bm * bd + stages * bn * (bd + bdv)) * item,
+        mma_flops=2.0 * tile_elems * (bd + bdv),
+        tensor_cores=item == 2,
+        efficiency=(min(1.0, bm * bn / (128 * 64)) ** 0.5,),
+        core_ops=tile_elems * (epilogue + 12),  # + exp, max, sum, rescale
+        dram=dram,
+        l2=l2,
+        quantized=False,
+    )

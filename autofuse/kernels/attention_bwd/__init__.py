@@ -1,0 +1,1 @@
+"""The attention backward kind: dQ, dK, dV from recomputed tiles."""

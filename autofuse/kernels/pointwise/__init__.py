@@ -1,0 +1,1 @@
+"""The pointwise kind: one elementwise loop over the output domain."""

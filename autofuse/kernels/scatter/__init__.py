@@ -1,0 +1,1 @@
+"""The scatter kind: index_put / scatter / scatter_add."""
