@@ -26,7 +26,7 @@ from autofuse.kernels.attention_bwd.emit import (
     bwd_parts,
     generate_attention_bwd,
 )
-from autofuse.kernels.common.base import GroupInfo, Kernel, nearest_config, next_pow2
+from autofuse.kernels.common.base import GroupInfo, Kernel, ProposesNone, nearest_config, next_pow2
 from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES, check_pow2
 from autofuse.kernels.common.cost import LoopCost, loop_cost
 from autofuse.kernels.common.memory import ITEM
@@ -112,7 +112,7 @@ def attention_bwd_default(graph: Graph, info: GroupInfo) -> AttentionBwdConfig:
     return replace(near, whole=True) if replace(near, whole=True) in space else near
 
 
-class AttentionBwdKind:
+class AttentionBwdKind(ProposesNone):
     name = KIND
     runtime_sizes = False  # sizes baked in: a config and a kernel per exact shape
     library_first = False
@@ -140,11 +140,6 @@ class AttentionBwdKind:
     def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
         cfg = kernel.config
         return loop_cost(graph, info, kernel, cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps)
-
-    def proposals(
-        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
-    ) -> list[frozenset[int]]:
-        return []  # every group of this kind is reached by pairwise merges
 
     def prefix(self, info: GroupInfo, config: AttentionBwdConfig) -> str:
         return "attbwd"

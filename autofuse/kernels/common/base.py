@@ -191,6 +191,15 @@ def kernel_name(graph: Graph, info: GroupInfo, prefix: str, index: int) -> str:
     return f"autofuse_{prefix}_fused_{'_'.join(ops)}_{index}"
 
 
+class ProposesNone:
+    """For a kind whose every group pairwise merges reach: it proposes no candidate group."""
+
+    def proposals(
+        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
+    ) -> list[frozenset[int]]:
+        return []
+
+
 class KernelKind(Protocol):
     """A kernel kind: a plugin of the registry in ``autofuse.kernels``.
 

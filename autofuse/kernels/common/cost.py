@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph, numel
 from autofuse.ir.ops import op_def
-from autofuse.kernels.common.base import GroupInfo, Kernel
+from autofuse.kernels.common.base import GroupInfo, Kernel, ProposesNone
 from autofuse.kernels.common.memory import nbytes
 
 
@@ -88,3 +88,12 @@ def loop_cost(
         flops=flops,
         mma_flops=mma_flops,
     )
+
+
+class LoopKind(ProposesNone):
+    """For a loop kind whose config holds ``XBLOCK`` rows by ``RBLOCK`` columns a step: its
+    kernels' cost facts (and no proposed group)."""
+
+    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
+        cfg = kernel.config
+        return loop_cost(graph, info, kernel, cfg.XBLOCK, cfg.RBLOCK, cfg.num_warps)

@@ -20,6 +20,7 @@ from autofuse.kernels.common.base import (
     GroupInfo,
     Kernel,
     KernelMeta,
+    ProposesNone,
     describe,
     kernel_name,
     loaded_nodes,
@@ -325,7 +326,7 @@ def sm_count() -> int:
     return target().sm_count
 
 
-class GemmKind:
+class GemmKind(ProposesNone):
     name = "gemm"
     # on the H200 the tuner picked cuBLAS + a fused epilogue kernel over the generated GEMM
     # kernel for gemm+bias+GELU and SwiGLU (results/h200/lib_a3c3894.*; 447 us), and the
@@ -354,11 +355,6 @@ class GemmKind:
 
     def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
         return gemm_cost(graph, info, kernel)
-
-    def proposals(
-        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
-    ) -> list[frozenset[int]]:
-        return []  # every group of this kind is reached by pairwise merges
 
     def prefix(self, info: GroupInfo, config: GemmConfig) -> str:
         return "mm"

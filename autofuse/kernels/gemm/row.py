@@ -23,7 +23,7 @@ from autofuse.kernels.common.base import (
     stored_nodes,
 )
 from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES, check_pow2
-from autofuse.kernels.common.cost import LoopCost, loop_cost
+from autofuse.kernels.common.cost import LoopKind
 from autofuse.kernels.common.emitter import Emitter, Scope
 from autofuse.kernels.common.loop_kernel import render_loop_kernel
 from autofuse.kernels.common.memory import ITEM, memory_offset
@@ -425,7 +425,7 @@ def _log2(x: int) -> int:
     return x.bit_length()
 
 
-class GemmRowKind:
+class GemmRowKind(LoopKind):
     name = "gemm_row"
     runtime_sizes = False  # sizes baked in: a config and a kernel per exact shape
     library_first = False
@@ -446,15 +446,6 @@ class GemmRowKind:
 
     def check_config(self, info: GroupInfo, config: RowGemmConfig) -> None:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps, RBLOCK=config.RBLOCK)
-
-    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
-        cfg = kernel.config
-        return loop_cost(graph, info, kernel, cfg.XBLOCK, cfg.RBLOCK, cfg.num_warps)
-
-    def proposals(
-        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
-    ) -> list[frozenset[int]]:
-        return []  # every group of this kind is reached by pairwise merges
 
     def prefix(self, info: GroupInfo, config: RowGemmConfig) -> str:
         return "mmper" if config.RBLOCK >= info.rnumel else "mmred"

@@ -14,13 +14,13 @@ from autofuse.kernels.common.base import (
     stored_nodes,
 )
 from autofuse.kernels.common.configs import KernelConfig, check_pow2
-from autofuse.kernels.common.cost import LoopCost, loop_cost
+from autofuse.kernels.common.cost import LoopKind
 from autofuse.kernels.common.emitter import Emitter
 from autofuse.kernels.common.loop_kernel import render_loop_kernel
 from autofuse.kernels.common.sizes import config_xnumel
 
 
-class PointwiseKind:
+class PointwiseKind(LoopKind):
     name = "pointwise"
     runtime_sizes = True  # kernels/common/sizes.py: the row count an argument, configs by bucket
     library_first = False
@@ -63,15 +63,6 @@ class PointwiseKind:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)
         if config.RBLOCK:
             raise ValueError(f"a pointwise kernel takes RBLOCK=0, got {config.RBLOCK}")
-
-    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
-        cfg = kernel.config
-        return loop_cost(graph, info, kernel, cfg.XBLOCK, cfg.RBLOCK, cfg.num_warps)
-
-    def proposals(
-        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
-    ) -> list[frozenset[int]]:
-        return []  # every group of this kind is reached by pairwise merges
 
     def prefix(self, info: GroupInfo, config: KernelConfig) -> str:
         return "poi"

@@ -18,7 +18,7 @@ from autofuse.kernels.common.base import (
     stored_nodes,
 )
 from autofuse.kernels.common.configs import KernelConfig, check_pow2
-from autofuse.kernels.common.cost import LoopCost, loop_cost
+from autofuse.kernels.common.cost import LoopKind
 from autofuse.kernels.common.emitter import Emitter
 from autofuse.kernels.common.loop_kernel import render_loop_kernel
 from autofuse.kernels.common.sizes import config_xnumel
@@ -65,7 +65,7 @@ def check_stored_shapes(graph: Graph, stored, domain, rdims, reshapes: bool = Fa
         )
 
 
-class ReductionKind:
+class ReductionKind(LoopKind):
     name = "reduction"
     runtime_sizes = True  # kernels/common/sizes.py: the row count an argument, configs by bucket
     library_first = False
@@ -151,15 +151,6 @@ class ReductionKind:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)
         if config.RBLOCK < 1 or config.RBLOCK & (config.RBLOCK - 1):
             raise ValueError(f"RBLOCK must be a power of two for a reduction, got {config.RBLOCK}")
-
-    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
-        cfg = kernel.config
-        return loop_cost(graph, info, kernel, cfg.XBLOCK, cfg.RBLOCK, cfg.num_warps)
-
-    def proposals(
-        self, graph: Graph, members: frozenset[int], reach: dict[int, int]
-    ) -> list[frozenset[int]]:
-        return []  # every group of this kind is reached by pairwise merges
 
     def prefix(self, info: GroupInfo, config: KernelConfig) -> str:
         return "per" if config.RBLOCK >= info.rnumel else "red"
