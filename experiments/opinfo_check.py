@@ -258,10 +258,26 @@ def structure_only(actual: Any, expected: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def how_it_ran(first_graph: int) -> tuple[str, int, tuple[str, ...]]:
+def graph_mark() -> Any:
+    """The newest graph the backend has compiled (None before any): :func:`graphs_since` takes
+    those after it. ``compiled_graphs()`` keeps the last 512, so a count would stop moving."""
+    graphs = compiled_graphs()
+    return graphs[-1] if graphs else None
+
+
+def graphs_since(mark: Any) -> list[Any]:
+    """The graphs compiled after ``mark`` (all those kept, where it has dropped out)."""
+    graphs = compiled_graphs()
+    for i in range(len(graphs) - 1, -1, -1):
+        if graphs[i] is mark:
+            return graphs[i + 1 :]
+    return graphs
+
+
+def how_it_ran(mark: Any) -> tuple[str, int, tuple[str, ...]]:
     """(generated / eager_step / no_graph, kernels, eager ops) of the plans compiled since
-    ``compiled_graphs()`` had ``first_graph`` entries."""
-    graphs = compiled_graphs()[first_graph:]
+    ``mark`` (:func:`graph_mark`) was taken."""
+    graphs = graphs_since(mark)
     if not graphs:
         return "no_graph", 0, ()
     kernels, eager = 0, []
@@ -312,7 +328,7 @@ def check_case(
         return Outcome("skip", detail=f"eager: {type(e).__name__}: {str(e)[:200]}")
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="autofuse", dynamic=False)
-    first = len(compiled_graphs())
+    first = graph_mark()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", KernelBuildWarning)

@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from experiments import opinfo_sweep as sweep
-from experiments.opinfo_check import FAILING, compare, how_it_ran, tensor_mismatch
+from experiments.opinfo_check import (
+    FAILING,
+    compare,
+    graph_mark,
+    how_it_ran,
+    tensor_mismatch,
+)
 from experiments.opinfo_expected import EXPECTED, expected_failure
 
 CI_OPS = (
@@ -110,12 +116,10 @@ def test_compare_accepts_a_low_precision_result_nearer_the_float64_reference():
 
 
 def test_how_it_ran_reads_the_plans_eager_steps(fresh_dynamo):
-    from autofuse.frontend.dynamo import compiled_graphs
-
-    first = len(compiled_graphs())
+    first = graph_mark()
     torch.compile(lambda x: torch.sin(x) + 1, backend="autofuse")(torch.randn(8))
     assert how_it_ran(first)[0] == "generated"
-    first = len(compiled_graphs())
+    first = graph_mark()
     torch.compile(lambda x: torch.sort(x).values * 2, backend="autofuse")(torch.randn(8))
     how, _, eager = how_it_ran(first)
     assert how == "eager_step" and any("sort" in e for e in eager)
@@ -201,3 +205,23 @@ def test_float64_reference_gradients_use_the_cotangents_eager_had():
     assert torch.equal(g16.double(), g64)
     _, (unrounded,) = run_case(lambda t: t * 1, (x64,), {}, True)
     assert not torch.equal(g16.double(), unrounded)
+
+
+def test_how_it_ran_sees_a_new_graph_once_the_record_of_graphs_is_full(monkeypatch):
+    """compiled_graphs() keeps the last 512: a count of them stops moving, so a long sweep
+    took every later case for one without a graph ("no_graph")."""
+    import collections
+    import types
+
+    from experiments import opinfo_check
+
+    def graph(kernels):
+        plan = types.SimpleNamespace(kernels=[object()] * kernels, graph={}, fallbacks=[])
+        return types.SimpleNamespace(plan=plan)
+
+    kept = collections.deque((graph(1) for _ in range(3)), maxlen=3)
+    monkeypatch.setattr(opinfo_check, "compiled_graphs", lambda: list(kept))
+    mark = graph_mark()
+    assert how_it_ran(mark) == ("no_graph", 0, ())
+    kept.append(graph(2))
+    assert how_it_ran(mark) == ("generated", 2, ())
