@@ -279,7 +279,7 @@ def markdown(s: dict, config: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _shard(text: str) -> tuple[int, int]:
+def parse_shard(text: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
@@ -300,7 +300,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", type=_csv, default=list(MODES))
     p.add_argument("--grad-dtypes", type=_csv, default=list(DEFAULT_GRAD_DTYPES))
     p.add_argument("--samples", type=int, default=2, help="first N samples per op and dtype")
-    p.add_argument("--shard", type=_shard, default=(0, 1), help="i/n: every n-th op from the i-th")
+    p.add_argument(
+        "--shard", type=parse_shard, default=(0, 1), help="i/n: every n-th op from the i-th"
+    )
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per case")
     p.add_argument("--out", type=Path, default=Path("results/opinfo/sweep.json"))
     p.add_argument("--merge", nargs="+", default=None, help="shard JSON files to summarize")

@@ -1,11 +1,13 @@
 """One program through autofuse's front ends, judged against eager.
 
 Forward values, and in ``backward`` mode the gradients of the float inputs as well (the sum of
-the float outputs times fixed random cotangents), compared the way the OpInfo sweep compares
-(``experiments/opinfo_check.compare``): integer and bool results exactly, floating results at
-the dtype's tolerance and, where that fails, against a float64 run of the same program (the
-result may be no more than a few times further from it than eager's own). An exception autofuse
-raises where eager does not is a crash; a run past its time limit a time-out.
+the float outputs times fixed random cotangents): integer and bool results exactly, floating
+results at the dtype's tolerance (``experiments/opinfo_check``'s) and, where that fails,
+against a float64 run of the same program: autofuse's largest error from it may be no more
+than a few times eager's largest (plus the tolerance), NaNs where eager has them. The bound is
+per tensor, not per element: a program that amplifies rounding (a group norm over one element
+scales its noise by 1/sqrt(eps)) leaves eager's noise and autofuse's in different elements. An
+exception autofuse raises where eager does not is a crash; a run past its time limit a time-out.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import Any
 import torch
 
 from experiments.fuzz.program import Program, compile_program
-from experiments.opinfo_check import CaseTimeout, compare, run_case, with_timeout
+from experiments.opinfo_check import (
+    REFERENCE_FACTOR,
+    TOLERANCES,
+    CaseTimeout,
+    run_case,
+    tensor_mismatch,
+    with_timeout,
+)
 
 Compiler = Callable[[Callable[..., Any], list], Callable[..., Any]]
 STATUSES = ("pass", "mismatch", "crash", "timeout")
@@ -147,6 +156,49 @@ def _one(
         if why:
             return "mismatch", phase, "", why
     return "pass", "", "", ""
+
+
+def compare(actual: Any, expected: Any, reference: Callable[[], Any]) -> str:
+    """'' when ``actual`` (a tuple of tensors or None) matches eager's, else the first
+    difference."""
+    if len(actual) != len(expected):
+        return f"{len(actual)} values where eager gives {len(expected)}"
+    for k, (a, e) in enumerate(zip(actual, expected)):
+        if (a is None) != (e is None):
+            return f"value {k}: {type(a).__name__} where eager gives {type(e).__name__}"
+        why = "" if e is None else tensor_mismatch(a, e)
+        if why and e.dtype.is_floating_point and a.shape == e.shape and a.dtype == e.dtype:
+            r = reference_value(reference, k)
+            if r is not None and near_reference(a, e, r):
+                continue
+        if why:
+            return f"value {k}: {why}"
+    return ""
+
+
+def reference_value(reference: Callable[[], Any], k: int) -> torch.Tensor | None:
+    try:
+        r = reference()[k]
+    except Exception:  # noqa: BLE001 - no float64 run: the first comparison decides
+        return None
+    return r if isinstance(r, torch.Tensor) else None
+
+
+def near_reference(a: torch.Tensor, e: torch.Tensor, r: torch.Tensor) -> bool:
+    """autofuse's largest error from the float64 result ``r`` is within REFERENCE_FACTOR of
+    eager's largest (plus the dtype's tolerance); NaN and infinity where eager has them."""
+    rtol, atol = TOLERANCES.get(e.dtype, TOLERANCES[torch.float32])
+    a, e, r = (t.detach().to(torch.float64) for t in (a, e, r))
+    if not torch.equal(a.isnan(), e.isnan()) or not torch.equal(a.isinf(), e.isinf()):
+        return False
+    if not torch.equal(a[a.isinf()], e[e.isinf()]):
+        return False
+    ok = ~(e.isnan() | e.isinf() | r.isnan() | r.isinf())
+    if not ok.any():
+        return True
+    a, e, r = a[ok], e[ok], r[ok]
+    bound = REFERENCE_FACTOR * (e - r).abs().max() + atol + rtol * r.abs().max()
+    return bool((a - r).abs().max() <= bound)
 
 
 def root_type(e: BaseException) -> str:

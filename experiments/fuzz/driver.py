@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -32,6 +34,7 @@ from experiments.fuzz.record import append_jsonl, read_jsonl, summarize, write_s
 from experiments.fuzz.repro import write_repro
 from experiments.fuzz.shrink import shrink
 from experiments.fuzz.worker import Worker
+from experiments.opinfo_sweep import parse_shard
 
 WORKER_ENV = {"AUTOFUSE_CHECK_BOUNDS": "1"}
 
@@ -42,6 +45,13 @@ def graph_seed(seed: int, i: int) -> int:
 
 def labels(p: Program) -> list[str]:
     return sorted({n for op in p.ops for n in op_labels(op.template)})
+
+
+def failure_kind(f: dict) -> tuple[str, ...]:
+    """Failures of one kind are shrunk a few times only: the mode, status, phase, exception
+    type and (for a crash) the start of its message, numbers left out."""
+    message = re.sub(r"\d+", "N", f["detail"])[:60] if f["status"] == "crash" else ""
+    return (f["mode"], f["status"], f["phase"], f["error"], message)
 
 
 class Run:
@@ -80,8 +90,8 @@ class Run:
         same kind was shrunk often enough (or this graph's other front end failed alike)."""
         f = {"graph": i, "seed": seed, **{k: getattr(v, k) for k in
              ("front_end", "mode", "status", "phase", "error", "detail")}}  # fmt: skip
-        kind = (v.mode, v.status, v.phase, v.error)
-        alike = [e for e in earlier if (e["mode"], e["status"], e["phase"], e["error"]) == kind]
+        kind = failure_kind(f)
+        alike = [e for e in earlier if failure_kind(e) == kind]
         if alike and alike[0].get("repro"):
             return {**f, **{k: alike[0][k] for k in ("repro", "min_ops", "min_size")}}
         small, last = p, v
@@ -111,16 +121,6 @@ class Run:
         return s.program, last[0], info
 
 
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard {text!r}: expected i/n, e.g. 0/4") from None
-    if not 0 <= i < n:
-        raise argparse.ArgumentTypeError(f"--shard {text!r}: need 0 <= i < n")
-    return i, n
-
-
 def _front_ends(text: str) -> list[str]:
     names = [t for t in text.split(",") if t]
     bad = [n for n in names if n not in COMPILERS]
@@ -141,7 +141,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="folder of the run's record")
     p.add_argument("--backward", action="store_true", help="also gradients (a second check)")
     p.add_argument("--front-ends", type=_front_ends, default=list(COMPILERS))
-    p.add_argument("--shard", type=_shard, default=(0, 1), help="i/n: every n-th graph from i")
+    p.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: every n-th graph from i")
     p.add_argument("--resume", action="store_true", help="continue the run recorded in --out")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per check")
     p.add_argument("--max-ops", type=int, default=7, help="ops per program at most")
@@ -153,6 +153,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     return args
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     done = {r["graph"] for r in records}
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     run, t0, now = Run(args, folder), time.perf_counter(), 0
+    signal.signal(signal.SIGTERM, _stop)  # a killed run still ends its child
     try:
         for i in range(i0, args.graphs, n):
             if i in done:

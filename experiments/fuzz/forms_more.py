@@ -32,12 +32,18 @@ def index_for(rng: random.Random, b: Any, shape: list[int], d: int, hi: int) -> 
     return b.new_input(tuple(shape), torch.int64, kind="index", hi=hi)
 
 
-def draw_gather_scatter(rng: random.Random, b: Any) -> Draw:
+def indexed(rng: random.Random, b: Any) -> tuple[str, torch.Tensor, int] | None:
+    """A non-empty value to index, its tensor and the dim to index along."""
     x = b.pick(lambda t: t.dim() >= 1 and t.numel() > 0)
     if x is None:
         return None
-    t = b.t(x)
-    d = rng.randrange(t.dim())
+    return x, b.t(x), rng.randrange(b.t(x).dim())
+
+
+def draw_gather_scatter(rng: random.Random, b: Any) -> Draw:
+    if (got := indexed(rng, b)) is None:
+        return None
+    x, t, d = got
     shape = [rng.choice((1, s)) if i != d else rng.choice((1, 2, 3)) for i, s in enumerate(t.shape)]
     op = rng.choice(("gather", "scatter", "scatter_add"))
     if op == "scatter":
@@ -52,11 +58,9 @@ def draw_gather_scatter(rng: random.Random, b: Any) -> Draw:
 
 
 def draw_index(rng: random.Random, b: Any) -> Draw:
-    x = b.pick(lambda t: t.dim() >= 1 and t.numel() > 0)
-    if x is None:
+    if (got := indexed(rng, b)) is None:
         return None
-    t = b.t(x)
-    d = rng.randrange(t.dim())
+    x, t, d = got
     k = rng.choice((0, 1, 2, 4))
     idx = index_for(rng, b, [k], d, t.shape[d])
     if rng.random() < 0.5:

@@ -29,7 +29,7 @@ from experiments.fuzz.program import (
 
 FORMS: tuple[Form, ...] = FORMS_BASIC + FORMS_MORE
 FORM_NAMES = tuple(f.name for f in FORMS)
-DIM_SIZES = (1, 1, 1, 1, 1, 0, 2, 2, 3, 3, 4, 5, 7, 8, 16)
+DIM_SIZES = (1,) * 10 + (0,) + (2,) * 4 + (3,) * 3 + (4, 4, 5, 7, 8, 8, 16)
 DTYPES = ("float32",) * 6 + ("float16", "bfloat16", "int32", "int64", "bool")
 MAX_NUMEL = 2048
 
