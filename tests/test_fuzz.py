@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from experiments.fuzz import driver
-from experiments.fuzz.compare import Verdict, check_program
+from experiments.fuzz.compare import Verdict, check_program, compare, lowest_precision
 from experiments.fuzz.generate import FORM_NAMES, generate
 from experiments.fuzz.program import InputSpec, OpNode, Program, compile_program
 from experiments.fuzz.repro import write_repro
@@ -67,6 +67,34 @@ def test_fuzz_slice_passes(seed, fresh_dynamo):
     for backward in (False, True):
         for v in check_program(p, backward, ["optimize", "compile"], timeout_s=60):
             assert v.status == "pass", (seed, v)
+
+
+def test_compare_judges_floats_per_tensor_against_float64():
+    """Eager's rounding noise and autofuse's in other elements pass; an error several times
+    eager's largest fails, as does a NaN where eager has none."""
+    r = torch.tensor([0.5, 0.25, 0.125], dtype=torch.float64)
+    e = (r + torch.tensor([3e-5, 0.0, 0.0], dtype=torch.float64)).float()
+    a = (r + torch.tensor([0.0, 0.0, -3e-5], dtype=torch.float64)).float()
+    assert compare((a,), (e,), lambda: (r,)) == ""
+    assert "value 0" in compare(((r + 3e-4).float(),), (e,), lambda: (r,))
+    assert "value 0" in compare((torch.tensor([float("nan"), 0.25, 0.125]),), (e,), lambda: (r,))
+
+
+def test_compare_excuses_a_tipped_comparison_only_where_eager_is_off():
+    e = torch.tensor([True, False, True])
+    r = torch.tensor([True, True, True])  # eager's element 1 is tipped by rounding
+    assert compare((torch.tensor([True, True, True]),), (e,), lambda: (r,)) == ""
+    assert "value 0" in compare((torch.tensor([False, False, True]),), (e,), lambda: (r,))
+
+
+def test_a_16bit_value_sets_the_float_tolerance():
+    p = Program((InputSpec("x0", (2,), "float32"),),
+                (OpNode("v0", "unary", "{0}.to(torch.float16)", ("x0",)),), ("v0",))  # fmt: skip
+    assert lowest_precision(p) is torch.float16
+    e = torch.tensor([3.5, 1.0])
+    a = e + torch.tensor([5e-4, 0.0])  # below float16's resolution at 3.5
+    assert compare((a,), (e,), lambda: (e.double(),), torch.float16) == ""
+    assert "value 0" in compare((a,), (e,), lambda: (e.double(),), None)
 
 
 class WrongTanh:

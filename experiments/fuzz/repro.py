@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.fuzz.compare import Verdict
+from experiments.fuzz.compare import Verdict, lowest_precision
 from experiments.fuzz.program import Program, inputs_source, program_source
 
 FRONT_END_CODE = {
@@ -47,6 +47,8 @@ def main():
         if e is None:
             continue
         rtol, atol = TOL.get(e.dtype, (0.0, 0.0))
+        if LOWEST is not None and e.dtype.is_floating_point:  # the program passes through it
+            rtol, atol = max(rtol, TOL[LOWEST][0]), max(atol, TOL[LOWEST][1])
         torch.testing.assert_close(
             a.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True,
             msg=lambda m, k=k: f"value {k} ({'output' if k < N_OUT else 'gradient'}): {m}",
@@ -84,6 +86,7 @@ def repro_source(p: Program, v: Verdict, origin: str) -> str:
         "",
         f"BACKWARD = {backward}",
         f"N_OUT = {len(p.outputs)}",
+        f"LOWEST = {lowest_precision(p)}",
         "",
         "",
         inputs_source(p),
