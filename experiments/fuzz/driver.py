@@ -29,7 +29,7 @@ import torch
 
 from experiments.fuzz.compare import COMPILERS, Verdict
 from experiments.fuzz.generate import generate, op_labels
-from experiments.fuzz.program import Program
+from experiments.fuzz.program import Program, without_dead
 from experiments.fuzz.record import append_jsonl, read_jsonl, summarize, write_summary
 from experiments.fuzz.repro import write_repro
 from experiments.fuzz.shrink import shrink
@@ -93,8 +93,11 @@ class Run:
         kind = failure_kind(f)
         alike = [e for e in earlier if failure_kind(e) == kind]
         if alike and alike[0].get("repro"):
-            return {**f, **{k: alike[0][k] for k in ("repro", "min_ops", "min_size")}}
-        small, last = p, v
+            return {
+                **f,
+                **{k: alike[0][k] for k in ("repro", "min_ops", "min_size", "min_program")},
+            }
+        small, last = without_dead(p), v  # unshrunk: what no output reads left out
         if v.status != "timeout" and self.shrunk[kind] < self.args.shrinks_per_class:
             self.shrunk[kind] += 1
             small, last, f["shrunk"] = self.shrink(p, v)
