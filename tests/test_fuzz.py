@@ -18,7 +18,8 @@ import torch
 from experiments.fuzz import driver
 from experiments.fuzz.compare import Verdict, check_program, compare, lowest_precision
 from experiments.fuzz.generate import FORM_NAMES, generate
-from experiments.fuzz.program import InputSpec, OpNode, Program, compile_program
+from experiments.fuzz.program import InputSpec, OpNode, Program, compile_program, value_flags
+from experiments.fuzz.record import classes
 from experiments.fuzz.repro import write_repro
 from experiments.fuzz.shrink import shrink
 
@@ -95,6 +96,26 @@ def test_a_16bit_value_sets_the_float_tolerance():
     a = e + torch.tensor([5e-4, 0.0])  # below float16's resolution at 3.5
     assert compare((a,), (e,), lambda: (e.double(),), torch.float16) == ""
     assert "value 0" in compare((a,), (e,), lambda: (e.double(),), None)
+
+
+def test_failures_are_classed_by_message_and_flagged_by_sizes():
+    """Two front ends' crashes with one message (numbers and Dynamo's wrapping aside) are one
+    class; the minimal program's empty value flags it size-0."""
+    empty = Program((InputSpec("x0", (0, 3), "float32"),),
+                    (OpNode("v0", "unary", "torch.exp({0})", ("x0",)),), ("v0",))  # fmt: skip
+    ones = Program((InputSpec("x0", (2, 1), "float32"),),
+                   (OpNode("v0", "unary", "torch.exp({0})", ("x0",)),), ("v0",))  # fmt: skip
+    assert value_flags(empty) == ("size-0",) and value_flags(ones) == ("size-1",)
+    base = {"graph": 4, "mode": "forward", "status": "crash", "phase": "", "error": "E"}
+    fs = [
+        {**base, "front_end": "optimize", "detail": "E: bad 3", "min_program": empty.to_json(),
+         "repro": "repros/a.py", "min_size": 1},
+        {**base, "front_end": "compile", "detail": "BackendCompilerFailed: backend='autofuse' "
+         "raised: E: bad 12 Set TORCHDYNAMO_VERBOSE=1 for more"},
+    ]  # fmt: skip
+    (c,) = classes(fs)
+    assert c["count"] == 2 and c["flags"] == ["size-0"] and c["repro"] == "repros/a.py"
+    assert c["front_ends"] == ["compile", "optimize"]
 
 
 class WrongTanh:

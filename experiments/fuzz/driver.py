@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import signal
 import sys
 import time
@@ -30,7 +29,13 @@ import torch
 from experiments.fuzz.compare import COMPILERS, Verdict
 from experiments.fuzz.generate import generate, op_labels
 from experiments.fuzz.program import Program, without_dead
-from experiments.fuzz.record import append_jsonl, read_jsonl, summarize, write_summary
+from experiments.fuzz.record import (
+    append_jsonl,
+    failure_kind,
+    read_jsonl,
+    summarize,
+    write_summary,
+)
 from experiments.fuzz.repro import write_repro
 from experiments.fuzz.shrink import shrink
 from experiments.fuzz.worker import Worker
@@ -45,13 +50,6 @@ def graph_seed(seed: int, i: int) -> int:
 
 def labels(p: Program) -> list[str]:
     return sorted({n for op in p.ops for n in op_labels(op.template)})
-
-
-def failure_kind(f: dict) -> tuple[str, ...]:
-    """Failures of one kind are shrunk a few times only: the mode, status, phase, exception
-    type and (for a crash) the start of its message, numbers left out."""
-    message = re.sub(r"\d+", "N", f["detail"])[:60] if f["status"] == "crash" else ""
-    return (f["mode"], f["status"], f["phase"], f["error"], message)
 
 
 class Run:
@@ -193,6 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   flush=True)  # fmt: skip
     finally:
         run.worker.close()
+    write_summary(
+        folder / "summary.json", summarize(records, config, time.perf_counter() - t0, now)
+    )
     return 0
 
 

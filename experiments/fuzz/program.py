@@ -8,6 +8,7 @@ fails in one fails in the others.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -142,3 +143,21 @@ def rename_uses(p: Program, old: str, new: str) -> Program:
     ops = tuple(replace(op, args=tuple(new if a == old else a for a in op.args)) for op in p.ops)
     outs = tuple(dict.fromkeys(new if o == old else o for o in p.outputs))
     return Program(p.inputs, ops, outs)
+
+
+def value_flags(p: Program) -> tuple[str, ...]:
+    """("size-0",) where some value of ``p`` in eager is empty, ("size-1",) where some value
+    has a dim of size 1 (and neither is empty), else ()."""
+    try:
+        fn, make_inputs = compile_program(p)
+        env = dict(zip((s.name for s in p.inputs), make_inputs()))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for op in p.ops:
+                env[op.out] = eval(op.expr(), namespace(), env)
+    except Exception:  # noqa: BLE001 - eager rejects it: no flags
+        return ()
+    values = [t for t in env.values() if isinstance(t, torch.Tensor)]
+    if any(t.numel() == 0 for t in values):
+        return ("size-0",)
+    return ("size-1",) if any(1 in t.shape for t in values) else ()

@@ -8,6 +8,7 @@ import collections
 import json
 import os
 import platform
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from experiments.fuzz.compare import MODES, STATUSES
+from experiments.fuzz.program import Program, value_flags
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -67,6 +69,7 @@ def _counter_table(records: Sequence[dict], key: str) -> dict[str, dict[str, int
 def summarize(records: Sequence[dict], config: dict, seconds: float, done_now: int) -> dict:
     checked = [r for r in records if not r.get("eager_rejected")]
     seeds = [r["seed"] for r in records]
+    timed = [r["seconds"] for r in checked if r.get("seconds")]
     checks = {m: {s: 0 for s in STATUSES} for m in MODES}
     for r in checked:
         for v in r["verdicts"]:
@@ -87,7 +90,8 @@ def summarize(records: Sequence[dict], config: dict, seconds: float, done_now: i
         "graphs_with_timeout": graphs_with["timeout"],
         "checks": checks,
         "seconds_this_run": round(seconds),
-        "graphs_per_minute": round(60 * done_now / seconds, 2) if seconds > 0 else None,
+        "graphs_per_minute": round(60 * done_now / seconds, 2) if done_now else None,
+        "graphs_per_minute_recorded": round(60 * len(timed) / sum(timed), 2) if timed else None,
         "op_forms": _counter_table(checked, "forms"),
         "ops": _counter_table(checked, "ops"),
         "graph_seed_range": [min(seeds), max(seeds)] if seeds else [],
@@ -96,19 +100,39 @@ def summarize(records: Sequence[dict], config: dict, seconds: float, done_now: i
     }
 
 
+def failure_kind(f: dict) -> tuple[str, ...]:
+    """Failures of one kind are shrunk a few times only: the mode, status, phase, exception
+    type and (for a crash) the start of its message, numbers left out."""
+    return (f["mode"], *failure_class(f))
+
+
+def failure_class(f: dict) -> tuple[str, ...]:
+    """(status, phase, exception type, message start) of a failure, either mode."""
+    detail = f["detail"].replace("BackendCompilerFailed: backend='autofuse' raised: ", "")
+    detail = detail.split(" Set TORCHDYNAMO_VERBOSE")[0]
+    message = re.sub(r"\d+", "N", detail)[:60] if f["status"] == "crash" else ""
+    return (f["status"], f["phase"], f["error"], message)
+
+
 def classes(failures: Sequence[dict]) -> list[dict]:
-    """Failures grouped by (front end, mode, status, phase, error, ops of the minimal
-    program), one repro each (the smallest)."""
+    """Failures grouped by status, phase, exception and message, and whether the minimal
+    program holds an empty tensor (size-0) or a dim of size 1 (size-1); the smallest
+    reproduction of each group."""
+    programs = {(f["graph"], f["mode"]): f["min_program"] for f in failures if "min_program" in f}
     groups: dict[tuple, list[dict]] = collections.defaultdict(list)
     for f in failures:
-        key = (f["status"], f["mode"], f["phase"], f["error"], tuple(f.get("min_ops") or ()))
-        groups[key].append(f)
+        prog = programs.get((f["graph"], f["mode"]))
+        flags = value_flags(Program.from_json(prog)) if prog else ()
+        groups[(*failure_class(f), *flags)].append(f)
     out = []
-    for (status, mode, phase, error, ops), fs in sorted(groups.items()):
+    for key, fs in sorted(groups.items()):
         best = min(fs, key=lambda f: (f.get("min_size", 99), f["graph"]))
-        out.append({"status": status, "mode": mode, "phase": phase, "error": error,
-                    "ops": list(ops), "count": len(fs), "repro": best.get("repro"),
-                    "graphs": sorted({f["graph"] for f in fs})[:20],
+        out.append({"status": key[0], "phase": key[1], "error": key[2], "flags": list(key[4:]),
+                    "count": len(fs), "graphs": len({f["graph"] for f in fs}),
+                    "modes": sorted({f["mode"] for f in fs}),
+                    "front_ends": sorted({f["front_end"] for f in fs}),
+                    "repro": best.get("repro"), "min_ops": best.get("min_ops"),
+                    "first_graphs": sorted({f["graph"] for f in fs})[:10],
                     "detail": best["detail"][:200]})  # fmt: skip
     return out
 
