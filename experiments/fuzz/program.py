@@ -102,7 +102,8 @@ def inputs_source(p: Program) -> str:
 def program_source(p: Program) -> str:
     lines = [f"def program({', '.join(s.name for s in p.inputs)}):"]
     lines += [f"    {op.out} = {op.expr()}" for op in p.ops]
-    lines.append(f"    return ({''.join(o + ', ' for o in p.outputs)})")
+    outs = ", ".join(p.outputs) + ("," if len(p.outputs) == 1 else "")
+    lines.append(f"    return ({outs})")
     return "\n".join(lines) + "\n"
 
 

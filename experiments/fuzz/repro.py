@@ -15,6 +15,7 @@ FRONT_END_CODE = {
 }
 
 RUNNER = '''
+
 TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
 
@@ -50,7 +51,11 @@ def main():
         if LOWEST is not None and e.dtype.is_floating_point:  # the program passes through it
             rtol, atol = max(rtol, TOL[LOWEST][0]), max(atol, TOL[LOWEST][1])
         torch.testing.assert_close(
-            a.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True,
+            a.detach(),
+            e.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
             msg=lambda m, k=k: f"value {k} ({'output' if k < N_OUT else 'gradient'}): {m}",
         )
     print("autofuse agrees with eager")
@@ -82,7 +87,7 @@ def repro_source(p: Program, v: Verdict, origin: str) -> str:
         "import torch",
         "import torch.nn.functional as F  # noqa: F401",
         "",
-        "import autofuse",
+        "import autofuse  # noqa: F401 - the backend registered",
         "",
         f"BACKWARD = {backward}",
         f"N_OUT = {len(p.outputs)}",

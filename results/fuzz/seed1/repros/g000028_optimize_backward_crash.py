@@ -14,7 +14,7 @@ os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")
 import torch
 import torch.nn.functional as F  # noqa: F401
 
-import autofuse
+import autofuse  # noqa: F401 - the backend registered
 
 BACKWARD = True
 N_OUT = 1
@@ -24,21 +24,22 @@ LOWEST = None
 def make_inputs():
     g = torch.Generator()
     g.manual_seed(5024)
-    x0 = (torch.rand((1, 1, 1), generator=g) < 0.5)
+    x0 = torch.rand((1, 1, 1), generator=g) < 0.5
     g.manual_seed(26878)
     x1 = torch.randint(0, 1, (0,), generator=g)
     g.manual_seed(36845)
-    x2 = (torch.rand((1, 1, 0), generator=g) < 0.5)
+    x2 = torch.rand((1, 1, 0), generator=g) < 0.5
     return [x0, x1, x2]
 
 
 def program(x0, x1, x2):
     v0 = x0.index_add(2, x1, x2, alpha=2)
-    return (v0, )
+    return (v0,)
 
 
 def COMPILED():
     return autofuse.optimize(program, make_inputs())
+
 
 TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
@@ -75,7 +76,11 @@ def main():
         if LOWEST is not None and e.dtype.is_floating_point:  # the program passes through it
             rtol, atol = max(rtol, TOL[LOWEST][0]), max(atol, TOL[LOWEST][1])
         torch.testing.assert_close(
-            a.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True,
+            a.detach(),
+            e.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
             msg=lambda m, k=k: f"value {k} ({'output' if k < N_OUT else 'gradient'}): {m}",
         )
     print("autofuse agrees with eager")

@@ -13,7 +13,7 @@ os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")
 import torch
 import torch.nn.functional as F  # noqa: F401
 
-import autofuse
+import autofuse  # noqa: F401 - the backend registered
 
 BACKWARD = True
 N_OUT = 1
@@ -30,13 +30,14 @@ def make_inputs():
 
 
 def program(x0, x1):
-    v0 = (x0 - x1)
+    v0 = x0 - x1
     v2 = v0[-2::1]
-    return (v2, )
+    return (v2,)
 
 
 def COMPILED():
     return autofuse.optimize(program, make_inputs())
+
 
 TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
@@ -73,7 +74,11 @@ def main():
         if LOWEST is not None and e.dtype.is_floating_point:  # the program passes through it
             rtol, atol = max(rtol, TOL[LOWEST][0]), max(atol, TOL[LOWEST][1])
         torch.testing.assert_close(
-            a.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True,
+            a.detach(),
+            e.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
             msg=lambda m, k=k: f"value {k} ({'output' if k < N_OUT else 'gradient'}): {m}",
         )
     print("autofuse agrees with eager")

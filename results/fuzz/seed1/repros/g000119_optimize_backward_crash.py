@@ -13,7 +13,7 @@ os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")
 import torch
 import torch.nn.functional as F  # noqa: F401
 
-import autofuse
+import autofuse  # noqa: F401 - the backend registered
 
 BACKWARD = True
 N_OUT = 1
@@ -22,24 +22,21 @@ LOWEST = torch.bfloat16
 
 def make_inputs():
     g = torch.Generator()
-    g.manual_seed(52294)
-    x0 = torch.randn((3, 1, 3), generator=g).to(torch.float32)
     g.manual_seed(9403)
     x1 = torch.randn((7, 0), generator=g).to(torch.bfloat16)
-    g.manual_seed(36304)
-    x2 = (torch.rand((1, 8), generator=g) < 0.5)
     g.manual_seed(28014)
     x3 = torch.randn((0,), generator=g).to(torch.bfloat16)
-    return [x0, x1, x2, x3]
+    return [x1, x3]
 
 
-def program(x0, x1, x2, x3):
-    v0 = (x1 @ x3)
-    return (v0, )
+def program(x1, x3):
+    v0 = x1 @ x3
+    return (v0,)
 
 
 def COMPILED():
     return autofuse.optimize(program, make_inputs())
+
 
 TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
@@ -76,7 +73,11 @@ def main():
         if LOWEST is not None and e.dtype.is_floating_point:  # the program passes through it
             rtol, atol = max(rtol, TOL[LOWEST][0]), max(atol, TOL[LOWEST][1])
         torch.testing.assert_close(
-            a.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True,
+            a.detach(),
+            e.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
             msg=lambda m, k=k: f"value {k} ({'output' if k < N_OUT else 'gradient'}): {m}",
         )
     print("autofuse agrees with eager")

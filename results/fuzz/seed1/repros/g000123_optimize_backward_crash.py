@@ -15,7 +15,7 @@ os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")
 import torch
 import torch.nn.functional as F  # noqa: F401
 
-import autofuse
+import autofuse  # noqa: F401 - the backend registered
 
 BACKWARD = True
 N_OUT = 1
@@ -24,22 +24,21 @@ LOWEST = None
 
 def make_inputs():
     g = torch.Generator()
-    g.manual_seed(18132)
-    x0 = torch.randint(-4, 5, (5,), generator=g).to(torch.int32)
     g.manual_seed(61969)
     x1 = torch.randn((3, 1, 2), generator=g).to(torch.float32)
-    return [x0, x1]
+    return [x1]
 
 
-def program(x0, x1):
+def program(x1):
     v0 = torch.cat([x1, x1], dim=-3)
     v1 = v0[:, :-1:3]
     v2 = F.group_norm(v1, 1)
-    return (v2, )
+    return (v2,)
 
 
 def COMPILED():
     return autofuse.optimize(program, make_inputs())
+
 
 TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
@@ -76,7 +75,11 @@ def main():
         if LOWEST is not None and e.dtype.is_floating_point:  # the program passes through it
             rtol, atol = max(rtol, TOL[LOWEST][0]), max(atol, TOL[LOWEST][1])
         torch.testing.assert_close(
-            a.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True,
+            a.detach(),
+            e.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
             msg=lambda m, k=k: f"value {k} ({'output' if k < N_OUT else 'gradient'}): {m}",
         )
     print("autofuse agrees with eager")

@@ -1,8 +1,8 @@
 """Reproduction found by the autofuse fuzzer (experiments/fuzz), graph 147 of seed 1 (program seed 1000147).
 
 Front end optimize, backward mode: crash (InterpreterError).
-InterpreterError: ValueError('Mask argument cannot be block type if pointer argument is not a
-block')
+InterpreterError: ValueError("Expected pointer argument to have shape ['constexpr[16]',
+'constexpr[16]'] but got ['constexpr[1]', 'constexpr[16]']")
 
 Exits non-zero while autofuse differs from eager; prints a line and exits 0 once fixed.
 """
@@ -14,7 +14,7 @@ os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")
 import torch
 import torch.nn.functional as F  # noqa: F401
 
-import autofuse
+import autofuse  # noqa: F401 - the backend registered
 
 BACKWARD = True
 N_OUT = 2
@@ -35,13 +35,14 @@ def make_inputs():
 
 
 def program(x0, x2, x3, x4):
-    v1 = (x0 @ x2)
+    v1 = x0 @ x2
     v3 = torch.addmm(x4, x2, x3, beta=0.5)
-    return (v3, v1, )
+    return (v3, v1)
 
 
 def COMPILED():
     return autofuse.optimize(program, make_inputs())
+
 
 TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
@@ -78,7 +79,11 @@ def main():
         if LOWEST is not None and e.dtype.is_floating_point:  # the program passes through it
             rtol, atol = max(rtol, TOL[LOWEST][0]), max(atol, TOL[LOWEST][1])
         torch.testing.assert_close(
-            a.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True,
+            a.detach(),
+            e.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
             msg=lambda m, k=k: f"value {k} ({'output' if k < N_OUT else 'gradient'}): {m}",
         )
     print("autofuse agrees with eager")

@@ -3,9 +3,9 @@
 Front end optimize, forward mode: crash (RuntimeError).
 BackendCompilerFailed: backend='autofuse' raised: RuntimeError: cannot reshape tensor of 0
 elements into shape [0, 1, -1] because the unspecified dimension size -1 can be any value and is
-ambiguous While executing %v3 : [num_users=1] =
-call_function[target=torch.nn.functional.group_norm](args = (%l_x0_, 1, %l_x1_, %l_x2_), kwargs
-= {}) Original traceback: File "<fuzz program>", line 2, in program
+ambiguous While executing %v3 : [num_users=2] =
+call_function[target=torch.nn.functional.group_norm](args = (%v2, 1, %l_x1_, %l_x2_), kwargs =
+{}) Original traceback: File "<fuzz program>", line 5, in program Use
 
 Exits non-zero while autofuse differs from eager; prints a line and exits 0 once fixed.
 """
@@ -17,7 +17,7 @@ os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")
 import torch
 import torch.nn.functional as F  # noqa: F401
 
-import autofuse
+import autofuse  # noqa: F401 - the backend registered
 
 BACKWARD = False
 N_OUT = 1
@@ -37,11 +37,12 @@ def make_inputs():
 
 def program(x0, x1, x2):
     v3 = F.group_norm(x0, 1, x1, x2)
-    return (v3, )
+    return (v3,)
 
 
 def COMPILED():
     return autofuse.optimize(program, make_inputs())
+
 
 TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
@@ -78,7 +79,11 @@ def main():
         if LOWEST is not None and e.dtype.is_floating_point:  # the program passes through it
             rtol, atol = max(rtol, TOL[LOWEST][0]), max(atol, TOL[LOWEST][1])
         torch.testing.assert_close(
-            a.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True,
+            a.detach(),
+            e.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
             msg=lambda m, k=k: f"value {k} ({'output' if k < N_OUT else 'gradient'}): {m}",
         )
     print("autofuse agrees with eager")

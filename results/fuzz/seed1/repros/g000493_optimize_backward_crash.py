@@ -14,7 +14,7 @@ os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")
 import torch
 import torch.nn.functional as F  # noqa: F401
 
-import autofuse
+import autofuse  # noqa: F401 - the backend registered
 
 BACKWARD = True
 N_OUT = 3
@@ -25,8 +25,6 @@ def make_inputs():
     g = torch.Generator()
     g.manual_seed(20455)
     x0 = torch.randn((4, 2, 1, 1), generator=g).to(torch.float16)
-    g.manual_seed(58370)
-    x1 = torch.randint(-4, 5, (10,), generator=g).to(torch.int32)[..., ::2]
     g.manual_seed(12444)
     x2 = torch.randn((1, 4), generator=g).to(torch.float32)
     g.manual_seed(43740)
@@ -37,19 +35,19 @@ def make_inputs():
     x5 = torch.randn((1, 2), generator=g).to(torch.float16)
     g.manual_seed(26394)
     x6 = torch.randn((4,), generator=g).to(torch.float16)[..., ::2]
-    return [x0, x1, x2, x3, x4, x5, x6]
+    return [x0, x2, x3, x4, x5, x6]
 
 
-def program(x0, x1, x2, x3, x4, x5, x6):
+def program(x0, x2, x3, x4, x5, x6):
     v0 = torch.minimum(x2, x0)
     v1 = F.linear(x0, x3, x4)
-    v2 = x1[1:0:3]
     v3 = torch.addmm(x6, x3, x5, beta=0.5)
-    return (v3, v1, v0, )
+    return (v3, v1, v0)
 
 
 def COMPILED():
     return autofuse.optimize(program, make_inputs())
+
 
 TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
@@ -86,7 +84,11 @@ def main():
         if LOWEST is not None and e.dtype.is_floating_point:  # the program passes through it
             rtol, atol = max(rtol, TOL[LOWEST][0]), max(atol, TOL[LOWEST][1])
         torch.testing.assert_close(
-            a.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True,
+            a.detach(),
+            e.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
             msg=lambda m, k=k: f"value {k} ({'output' if k < N_OUT else 'gradient'}): {m}",
         )
     print("autofuse agrees with eager")
