@@ -15,7 +15,7 @@ os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")
 import torch
 import torch.nn.functional as F  # noqa: F401
 
-import autofuse
+import autofuse  # noqa: F401 - the backend registered
 
 BACKWARD = False
 N_OUT = 2
@@ -35,11 +35,15 @@ def program(x0, x1):
     v4 = torch.var(x0, dim=(-2,), keepdim=True, correction=0)
     v5 = x0.unsqueeze(2)
     v6 = torch.index_select(v5, 0, x1)
-    return (v6, v4, )
+    return (
+        v6,
+        v4,
+    )
 
 
 def COMPILED():
     return torch.compile(program, backend="autofuse", dynamic=False)
+
 
 TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
@@ -76,7 +80,11 @@ def main():
         if LOWEST is not None and e.dtype.is_floating_point:  # the program passes through it
             rtol, atol = max(rtol, TOL[LOWEST][0]), max(atol, TOL[LOWEST][1])
         torch.testing.assert_close(
-            a.detach(), e.detach(), rtol=rtol, atol=atol, equal_nan=True,
+            a.detach(),
+            e.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
             msg=lambda m, k=k: f"value {k} ({'output' if k < N_OUT else 'gradient'}): {m}",
         )
     print("autofuse agrees with eager")
