@@ -57,6 +57,16 @@ def test_generation_is_deterministic():
         assert torch.equal(x, y) or (x.isnan() == y.isnan()).all()
 
 
+def test_sibling_views_are_drawn_on_request():
+    """--siblings: the last op reads a value another op reads, with a size-1 dim inserted, and
+    is an output; without it the draws are those of earlier runs."""
+    p, _ = generate(3, siblings=1.0)
+    last = p.ops[-1]
+    assert last.form == "sibling" and ".unsqueeze(" in last.template and last.out in p.outputs
+    assert any(last.args[0] in op.args for op in p.ops[:-1])
+    assert generate(3)[0] == generate(3, siblings=0.0)[0] != p
+
+
 # graphs of seed 0 that pass today: attention, matmul, norms, gather / scatter, index_add,
 # cumsum, reductions, views, slices, expand, where
 SLICE = (5, 12, 13, 25, 28)

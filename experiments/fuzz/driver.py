@@ -63,7 +63,7 @@ class Run:
 
     def graph(self, i: int) -> dict:
         seed = graph_seed(self.args.seed, i)
-        p, rejected = generate(seed, self.args.max_ops)
+        p, rejected = generate(seed, self.args.max_ops, self.args.siblings)
         rec = {"graph": i, "seed": seed, "forms": p.forms(), "ops": labels(p),
                "n_ops": len(p.ops), "rejected_draws": rejected, "eager_rejected": None,
                "verdicts": [], "failures": []}  # fmt: skip
@@ -146,6 +146,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue the run recorded in --out")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per check")
     p.add_argument("--max-ops", type=int, default=7, help="ops per program at most")
+    p.add_argument("--siblings", type=float, default=0.0,
+                   help="probability of a sibling view as the last op (see generate.add_sibling)")  # fmt: skip
     p.add_argument("--shrinks-per-class", type=int, default=3)
     p.add_argument("--shrink-budget", type=float, default=300.0, help="seconds per shrink")
     p.add_argument("--shrink-checks", type=int, default=300, help="checks per shrink")

@@ -125,8 +125,9 @@ def draw_layout(rng: random.Random, rank: int) -> str:
     return "contiguous"
 
 
-def generate(seed: int, max_ops: int = 7) -> tuple[Program, int]:
-    """(program, rejected draws) for ``seed``."""
+def generate(seed: int, max_ops: int = 7, siblings: float = 0.0) -> tuple[Program, int]:
+    """(program, rejected draws) for ``seed``; with probability ``siblings`` the last op is a
+    sibling view (``add_sibling``). ``siblings=0`` draws what earlier runs drew."""
     rng = random.Random(seed)
     b = Builder(rng)
     for _ in range(rng.choice((1, 1, 2, 3))):
@@ -139,7 +140,21 @@ def generate(seed: int, max_ops: int = 7) -> tuple[Program, int]:
         b.try_add(rng.choices(FORMS, weights)[0])
     if not b.ops:
         b.try_add(FORMS[0])  # a unary op always fits
+    if siblings and rng.random() < siblings:
+        add_sibling(rng, b)
     return Program(tuple(b.inputs), tuple(b.ops), pick_outputs(rng, b.ops)), b.rejected
+
+
+def add_sibling(rng: random.Random, b: Builder) -> None:
+    """A second reader of a value an op reads already, at another rank (a size-1 dim inserted,
+    times 2), as the last op and so an output: fused beside the first reader (a reduction over
+    a size-1 dim of that value, say), its stores take another shape."""
+    read = [a for op in b.ops for a in op.args if b.t(a).dim() < 5]
+    if not read:
+        return
+    x = rng.choice(read)
+    d = rng.randint(0, b.t(x).dim())
+    b.try_add(Form("sibling", 0.0, lambda _rng, _b: (f"({{0}}.unsqueeze({d}) * 2)", [x])))
 
 
 def pick_outputs(rng: random.Random, ops: Sequence[OpNode]) -> tuple[str, ...]:
