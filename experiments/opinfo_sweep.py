@@ -292,7 +292,7 @@ def markdown(s: dict, config: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _shard(text: str) -> tuple[int, int]:
+def parse_shard(text: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
@@ -331,7 +331,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--samples", type=_count, default=2, help="first N samples per op and dtype, or all"
     )
-    p.add_argument("--shard", type=_shard, default=(0, 1), help="i/n: every n-th op from the i-th")
+    p.add_argument(
+        "--shard", type=parse_shard, default=(0, 1), help="i/n: every n-th op from the i-th"
+    )
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per case")
     p.add_argument(
         "--check-bounds", action="store_true", help="AUTOFUSE_CHECK_BOUNDS=1 for every case"

@@ -1,0 +1,5 @@
+import sys
+
+from experiments.fuzz.driver import main
+
+sys.exit(main())

@@ -1,0 +1,257 @@
+"""One program through autofuse's front ends, judged against eager.
+
+Forward values, and in ``backward`` mode the gradients of the float inputs as well (the sum of
+the float outputs times fixed random cotangents). Integer and bool results exactly; float
+results at the dtype's tolerance (``experiments/opinfo_check``'s), no tighter than the
+tolerance of a 16-bit type the program passes through (a float32 result of a float16 value
+carries float16's rounding). Where that fails, against a float64 run of the same program:
+autofuse's largest error from it may be no more than a few times eager's largest (plus the
+tolerance), NaNs where eager has them; the bound is per tensor, not per element (a group norm
+over one element scales rounding noise by 1/sqrt(eps), in other elements in eager than in
+autofuse). An integer or bool result may differ only where eager's differs from the float64
+run's (a comparison that rounding tips). An exception autofuse raises where eager does not is
+a crash; a run past its time limit a time-out.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from experiments.fuzz.program import Program, compile_program
+from experiments.opinfo_check import (
+    REFERENCE_FACTOR,
+    TOLERANCES,
+    CaseTimeout,
+    run_case,
+    with_timeout,
+)
+
+Compiler = Callable[[Callable[..., Any], list], Callable[..., Any]]
+STATUSES = ("pass", "mismatch", "crash", "timeout")
+MODES = ("forward", "backward")
+
+
+def _optimize(fn: Callable[..., Any], inputs: list) -> Callable[..., Any]:
+    import autofuse
+
+    return autofuse.optimize(fn, inputs)
+
+
+def _compile(fn: Callable[..., Any], inputs: list) -> Callable[..., Any]:
+    return torch.compile(fn, backend="autofuse", dynamic=False)
+
+
+COMPILERS: dict[str, Compiler] = {"optimize": _optimize, "compile": _compile}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one front end did on one program in one mode: ``status`` pass / mismatch / crash /
+    timeout; ``phase`` forward or backward (where the first difference was); ``error`` the
+    exception's type for a crash."""
+
+    front_end: str
+    mode: str
+    status: str
+    phase: str = ""
+    error: str = ""
+    detail: str = ""
+    seconds: float = 0.0
+
+    def signature(self) -> tuple[str, ...]:
+        """What "fails the same way" keeps while a failure is shrunk."""
+        return (self.front_end, self.mode, self.status, self.phase, self.error)
+
+
+class EagerRejected(Exception):
+    """Eager itself fails on the program: it is no test of autofuse."""
+
+
+def fresh_inputs(make_inputs: Callable[[], list], backward: bool, to64: bool = False) -> list:
+    xs = make_inputs()
+    if to64:
+        xs = [x.double() if x.is_floating_point() else x for x in xs]
+    if backward:
+        xs = [x.requires_grad_() if x.is_floating_point() else x for x in xs]
+    return xs
+
+
+def run(fn: Callable[..., Any], xs: list, backward: bool) -> Any:
+    """(outputs, gradients) of ``fn`` on ``xs`` (gradients () without ``backward``)."""
+    got = run_case(fn, tuple(xs), {}, backward)
+    return got if backward else (got, ())
+
+
+def check_program(
+    p: Program,
+    backward: bool,
+    front_ends: Sequence[str],
+    timeout_s: float = 120.0,
+    compilers: dict[str, Compiler] | None = None,
+) -> list[Verdict]:
+    """One verdict per front end; raises ``EagerRejected`` where eager fails."""
+    compilers = compilers or COMPILERS
+    fn, make_inputs = compile_program(p)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = run(fn, fresh_inputs(make_inputs, backward), backward)
+    except Exception as e:  # noqa: BLE001 - no valid program: counted, not a failure
+        raise EagerRejected(f"{type(e).__name__}: {e}") from e
+    cache: dict[str, Any] = {}
+
+    def reference() -> Any:
+        if "ref" not in cache:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cache["ref"] = run(fn, fresh_inputs(make_inputs, backward, to64=True), backward)
+        return cache["ref"]
+
+    mode, floor = MODES[backward], lowest_precision(p)
+    out = []
+    for fe in front_ends:
+        t0 = time.perf_counter()
+        v = _one(compilers[fe], fn, make_inputs, backward, timeout_s, expected, reference, floor)
+        out.append(Verdict(fe, mode, *v, seconds=round(time.perf_counter() - t0, 2)))
+    return out
+
+
+def _one(
+    compiler: Compiler,
+    fn: Callable[..., Any],
+    make_inputs: Callable[[], list],
+    backward: bool,
+    timeout_s: float,
+    expected: Any,
+    reference: Callable[[], Any],
+    floor: torch.dtype | None,
+) -> tuple[str, str, str, str]:
+    """(status, phase, error, detail) of one front end."""
+    from autofuse.plan.runtime import KernelBuildWarning
+
+    torch._dynamo.reset()
+
+    def go() -> Any:
+        compiled = compiler(fn, fresh_inputs(make_inputs, False))
+        return run(compiled, fresh_inputs(make_inputs, backward), backward)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            warnings.simplefilter("error", KernelBuildWarning)
+            actual = with_timeout(timeout_s, go)
+    except CaseTimeout:
+        return "timeout", "", "", f"over {timeout_s:.0f} s"
+    except Exception as e:  # noqa: BLE001 - anything autofuse raises where eager did not
+        if "CaseTimeout" in repr(e):  # raised inside Triton's interpreter, which wraps it
+            return "timeout", "", "", f"over {timeout_s:.0f} s"
+        return "crash", "", root_type(e), " ".join(f"{type(e).__name__}: {e}".split())[:400]
+    finally:
+        torch._dynamo.reset()
+    for k, phase in enumerate(MODES[: 1 + backward]):
+        why = compare(actual[k], expected[k], lambda k=k: reference()[k], floor)
+        if why:
+            return "mismatch", phase, "", why
+    return "pass", "", "", ""
+
+
+def lowest_precision(p: Program) -> torch.dtype | None:
+    """The 16-bit float type a program's values pass through, if any (bfloat16 before
+    float16): every float result of it is compared at that type's tolerance at least."""
+    text = " ".join([s.dtype for s in p.inputs] + [op.template for op in p.ops])
+    for name in ("bfloat16", "float16"):
+        if name in text:
+            return getattr(torch, name)
+    return None
+
+
+def tolerance(dtype: torch.dtype, floor: torch.dtype | None) -> tuple[float, float]:
+    """(rtol, atol) of ``dtype``, no tighter than ``floor``'s for a float type."""
+    own = TOLERANCES.get(dtype, (0.0, 0.0))
+    if floor is None or not dtype.is_floating_point:
+        return own
+    low = TOLERANCES[floor]
+    return max(own[0], low[0]), max(own[1], low[1])
+
+
+def mismatch(a: torch.Tensor, e: torch.Tensor, tol: tuple[float, float]) -> str:
+    """'' where ``a`` matches eager's ``e`` (exactly for integers and bools), else why not."""
+    if a.shape != e.shape:
+        return f"shape {tuple(a.shape)} != eager's {tuple(e.shape)}"
+    if a.dtype != e.dtype:
+        return f"dtype {a.dtype} != eager's {e.dtype}"
+    try:
+        torch.testing.assert_close(a.detach(), e.detach(), rtol=tol[0], atol=tol[1], equal_nan=True)
+    except AssertionError as x:
+        return " ".join(str(x).split())[:300]
+    return ""
+
+
+def compare(
+    actual: Any, expected: Any, reference: Callable[[], Any], floor: torch.dtype | None = None
+) -> str:
+    """'' when ``actual`` (a tuple of tensors or None) matches eager's, else the first
+    difference. An integer or bool result may differ from eager's only where eager's differs
+    from the float64 run's (a comparison or cast of a float that rounding tips either way)."""
+    if len(actual) != len(expected):
+        return f"{len(actual)} values where eager gives {len(expected)}"
+    for k, (a, e) in enumerate(zip(actual, expected)):
+        if (a is None) != (e is None):
+            return f"value {k}: {type(a).__name__} where eager gives {type(e).__name__}"
+        tol = tolerance(e.dtype, floor) if e is not None else (0.0, 0.0)
+        why = "" if e is None else mismatch(a, e, tol)
+        if why and a.shape == e.shape and a.dtype == e.dtype:
+            r = reference_value(reference, k)
+            if r is not None and r.shape == e.shape and near_reference(a, e, r, tol):
+                continue
+        if why:
+            return f"value {k}: {why}"
+    return ""
+
+
+def reference_value(reference: Callable[[], Any], k: int) -> torch.Tensor | None:
+    try:
+        r = reference()[k]
+    except Exception:  # noqa: BLE001 - no float64 run: the first comparison decides
+        return None
+    return r if isinstance(r, torch.Tensor) else None
+
+
+def near_reference(
+    a: torch.Tensor, e: torch.Tensor, r: torch.Tensor, tol: tuple[float, float]
+) -> bool:
+    """Floats: autofuse's largest error from the float64 result ``r`` is within
+    REFERENCE_FACTOR of eager's largest (plus the tolerance), NaN and infinity where eager has
+    them. Integers and bools: autofuse differs from eager only where eager differs from ``r``."""
+    if not e.dtype.is_floating_point:
+        return not ((a != e) & (e == r.to(e.dtype))).any()
+    rtol, atol = tol
+    a, e, r = (t.detach().to(torch.float64) for t in (a, e, r))
+    if not torch.equal(a.isnan(), e.isnan()) or not torch.equal(a.isinf(), e.isinf()):
+        return False
+    if not torch.equal(a[a.isinf()], e[e.isinf()]):
+        return False
+    ok = ~(e.isnan() | e.isinf() | r.isnan() | r.isinf())
+    if not ok.any():
+        return True
+    a, e, r = a[ok], e[ok], r[ok]
+    bound = REFERENCE_FACTOR * (e - r).abs().max() + atol + rtol * r.abs().max()
+    return bool((a - r).abs().max() <= bound)
+
+
+def root_type(e: BaseException) -> str:
+    """The type of the innermost cause (Dynamo wraps a backend's exception in its own)."""
+    seen = set()
+    while (e.__cause__ or e.__context__) is not None and id(e) not in seen:
+        seen.add(id(e))
+        inner = e.__cause__ or e.__context__
+        if type(e).__name__ not in ("BackendCompilerFailed", "InternalTorchDynamoError"):
+            break
+        e = inner  # type: ignore[assignment]
+    return type(e).__name__
