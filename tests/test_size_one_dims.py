@@ -138,10 +138,22 @@ def _expand_channels_last(x1):
     return ((x1 - x1).expand((3, -1, -1, -1, 3)),)
 
 
+def _one_row_head_dim_one(x0, x2, x3):
+    s = (x0 @ x2.transpose(-2, -1) * 0.5).masked_fill(
+        torch.ones(1, 1, dtype=torch.bool).triu(1), -1e9
+    )
+    return (torch.softmax(s, dim=-1) @ x3,)
+
+
 CASES = {  # found by experiments.fuzz: size-1 and size-0 dims in matmul, attention and reductions
     "attention_of_ones": (_attention_ones, [(1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1)], True),
     "scores_broadcast_by_a_mask": (_broadcast_scores, [(1, 1, 4), (1, 1, 4), (1, 3, 1)], False),
     "log_softmax_of_an_empty_slice": (_empty_log_softmax, [(1, 0)], True),
+    "attention_one_row_value_head_dim_1": (
+        _one_row_head_dim_one,
+        [(1, 1, 1, 2), (1, 1, 1, 2), (1, 1, 1, 1)],
+        True,
+    ),
     "slice_of_an_empty_difference": (_slice_of_empty, [(0,), (1,)], True),
     "group_norm_of_an_empty_batch": (_group_norm_of_empty, [(0, 1), (1,), (1,)], True),
     "expand_of_a_channels_last_result": (_expand_channels_last, [(1, 2, 2, 1)], True),

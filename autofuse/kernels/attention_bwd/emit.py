@@ -46,7 +46,14 @@ from autofuse.kernels.common.base import (
     stored_nodes,
 )
 from autofuse.kernels.common.emitter import Emitter, Loop, Scope
-from autofuse.kernels.common.render import TL_DTYPE, Val, cast, kernel_header, literal
+from autofuse.kernels.common.render import (
+    TL_DTYPE,
+    Val,
+    cast,
+    kernel_header,
+    literal,
+    tile_offset,
+)
 from autofuse.kernels.common.views import broadcast_index, view_source_index
 
 KIND = "attention_bwd"  # the plugin's name (AttentionBwdKind, attention_bwd_space.py)
@@ -203,8 +210,9 @@ class BwdEmitter(Emitter):
         keys = Expr.dim(f"offs_n{ks}", 1, p.tk, True)
         ha = Expr.dim(f"{dh}{hs_a}", 1, d, True)
         hb = Expr.dim(f"{dh}{hs_b}", 1, d, True)
-        va = self.operand(a, (rows, ha), self.mask(rows=rs, head=(d, hs_a)), fixed_a)
-        vb = self.operand(b, (hb, keys), self.mask(keys=ks, head=(d, hs_b)), fixed_b)
+        ta, tb = (f"offs_m{rs}", f"{dh}{hs_a}"), (f"{dh}{hs_b}", f"offs_n{ks}")
+        va = self.operand(a, (rows, ha), self.mask(rows=rs, head=(d, hs_a)), fixed_a, ta)
+        vb = self.operand(b, (hb, keys), self.mask(keys=ks, head=(d, hs_b)), fixed_b, tb)
         self.dots += 1
         k = p.tiles.index(i)
         pair = f"{vb}, {va}" if self.flipped else f"{va}, {vb}"  # (Q K^T)^T = K Q^T
@@ -250,9 +258,11 @@ class BwdEmitter(Emitter):
             parts.append(f"({self.head_var(head[0])}{head[1]} < {head[0]})")
         return " & ".join(parts) or None
 
-    def operand(self, j: int, pair, mask: str | None, fixed: bool) -> str:
+    def operand(self, j: int, pair, mask: str | None, fixed: bool, tile=()) -> str:
         """Load matmul operand ``j`` at ``(bh, *pair)`` through its views (before the loop when
-        the program holds it fixed); returns its variable."""
+        the program holds it fixed); returns its variable. ``tile``: the names of the tile's
+        two axes (an axis of size 1 leaves its name out of the address: added as ``0 * name``
+        so the pointer takes the tile's shape and mask)."""
         if fixed and j in self.held:
             return self.held[j]
         rank = len(self.g[j].shape)
@@ -270,7 +280,8 @@ class BwdEmitter(Emitter):
         self.n_tmp += 1
         masked = f", {mask}, other=0.0" if mask else ""
         desc = attention_bwd_tma.tile(self, base, off, pair, mask)
-        code = f"{var} = {desc or f'tl.load({self.ptr[base]} + ({off.render()}){masked})'}"
+        addr = tile_offset(off, tile)
+        code = f"{var} = {desc or f'tl.load({self.ptr[base]} + ({addr}){masked})'}"
         note = f"{self.g[base].name}{', TMA' if desc else ''}"
         if fixed:
             self.loops[-1].before(self, code + f"  # {note}, held")
@@ -449,8 +460,9 @@ class BwdEmitter(Emitter):
             c = Expr.dim(f"{var}[:, None]", 1, ext, True)
             hh = Expr.dim(f"{h}[None, :]", 1, e, True)
             pair = (c, hh) if gm.tile_pos == 0 else (hh, c)  # L[c, j], or L[i, c] read as L^T
+            names = (f"{var}[:, None]", f"{h}[None, :]")
             lv = self.operand(
-                L, pair, self.mask(**{side: "[:, None]"}, head=(e, "[None, :]")), False
+                L, pair, self.mask(**{side: "[:, None]"}, head=(e, "[None, :]")), False, names
             )
             t = f"tl.trans(t{k})" if trans else f"t{k}"
             self.line(f"{acc} = tl.dot({t}, {lv}, {acc}{self.prec(g[L].dtype)})")
@@ -459,8 +471,9 @@ class BwdEmitter(Emitter):
                 Expr.dim(f"{var}[:, None]", 1, ext, True),
                 Expr.dim(f"{h}[None, :]", 1, e, True),
             )
+            names = (f"{var}[:, None]", f"{h}[None, :]")
             lv = self.operand(
-                L, pair, self.mask(**{side: "[:, None]"}, head=(e, "[None, :]")), False
+                L, pair, self.mask(**{side: "[:, None]"}, head=(e, "[None, :]")), False, names
             )
             self.line(f"{acc} = tl.dot({t}, {lv}, {acc}{self.prec(g[L].dtype)})")
         else:  # out = L @ tile', L[i, c]
@@ -468,8 +481,9 @@ class BwdEmitter(Emitter):
                 Expr.dim(f"{h}[:, None]", 1, e, True),
                 Expr.dim(f"{var}[None, :]", 1, ext, True),
             )
+            names = (f"{h}[:, None]", f"{var}[None, :]")
             lv = self.operand(
-                L, pair, self.mask(**{side: "[None, :]"}, head=(e, "[:, None]")), False
+                L, pair, self.mask(**{side: "[None, :]"}, head=(e, "[:, None]")), False, names
             )
             self.line(f"{acc} = tl.dot({lv}, {t}, {acc}{self.prec(g[L].dtype)})")
         self.dots += 1
@@ -486,16 +500,18 @@ class BwdEmitter(Emitter):
             head = Expr.dim(f"{h}[None, :]", 1, e, True)
             pair = (held, head) if gm.tile_pos == 0 else (head, held)
             mask = self.mask(**{side: "[:, None]"}, head=(e, "[None, :]"))
+            names = (f"{var}[:, None]", f"{h}[None, :]")
         else:  # acc[head, held]
             pair = (
                 Expr.dim(f"{h}[:, None]", 1, e, True),
                 Expr.dim(f"{var}[None, :]", 1, ext, True),
             )
             mask = self.mask(**{side: "[None, :]"}, head=(e, "[:, None]"))
+            names = (f"{var}[None, :]", f"{h}[:, None]")
         index = (*self.bh3, *pair) if len(node.shape) == 3 else pair
-        off = linearize(index, contiguous_strides(node.shape), node.shape).render()
-        if ext == 1:  # a single query row: no row term in the address, a whole tile stored
-            off += f" + 0 * {var}{'[:, None]' if gm.tile_pos == 0 or self.flipped else '[None, :]'}"
+        # a single query row or a head dim of 1: no term of that axis in the address, the
+        # whole tile stored all the same
+        off = tile_offset(linearize(index, contiguous_strides(node.shape), node.shape), names)
         masked = f", {mask}" if mask else ""
         out = f"{acc}.to({TL_DTYPE[node.dtype]})"
         self.line(f"tl.store({self.out_ptr[gm.node]} + ({off}), {out}{masked})")
