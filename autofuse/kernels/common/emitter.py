@@ -210,8 +210,8 @@ class Emitter(ValueRewrites):
         """``v`` (node ``j`` computed in float32) rounded to ``j``'s 16-bit dtype, as eager holds
         it: a comparison with a saved 16-bit value (amax's backward recomputes ``x == max``)
         must see the same rounding, or no element equals the max."""
-        dtype = self.g[j].dtype
-        if j not in self.members or dtype not in _HALF or v.literal or v.dtype == dtype:
+        dtype, base = self.g[j].dtype, self.g.base_of(j)  # through views to the computed value
+        if base not in self.members or dtype not in _HALF or v.literal or v.dtype == dtype:
             return v
         return Val(f"{v.code}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[v.dtype]})", v.cls, v.dtype)
 
