@@ -308,7 +308,8 @@ def save_plan(
     for step in plan.steps:
         if isinstance(step, KernelStep):
             kernel, file = next(kernels)
-            steps.append({"kind": "kernel", "kernel": _encode_kernel(kernel, file)})
+            encoded = _encode_kernel(kernel, file)
+            steps.append({"kind": "kernel", "kernel": encoded, "reason": step.reason})
         elif isinstance(step, LibraryStep):
             steps.append(encode_library_step(step))
         elif isinstance(step, EagerStep):
@@ -485,7 +486,8 @@ def _decode_plan(entry: Path, payload: dict) -> Plan:
                     CacheWarning,
                     stacklevel=2,
                 )
-            steps.append(KernelStep(_decode_kernel(k, data.decode("utf-8")), store=store))
+            kernel = _decode_kernel(k, data.decode("utf-8"))
+            steps.append(KernelStep(kernel, store=store, reason=str(s.get("reason", ""))))
         return Plan(graph, tuple(steps), str(payload.get("label", "plan")))
     except _Corrupt:
         raise
