@@ -3,10 +3,10 @@
 The pipeline, as a short list of named steps::
 
     captured  = capture(fn, example_inputs)          # PyTorch -> IR
-    space     = Partitioner(captured.graph)          # legal fusion decisions, with reasons
-    partition = space.untuned()  (or the search)     # which nodes share a kernel (untuned: fused
-                                                     # matmuls timed against cuBLAS on CUDA)
-    plan      = build_plan(graph, groups, configs)   # Triton source per group, eager fallbacks
+    planner   = Planner(captured.graph)              # the graph's legal fusion decisions
+    plan      = planner.untuned(...).plan            # or .tuned(...): the cache, else the search;
+                                                     # one implementation per group (a Triton
+                                                     # kernel, a library call, eager)
     runner    = OptimizedFunction(captured, plan)    # call it like fn
 """
 
@@ -20,7 +20,6 @@ import torch
 
 from autofuse.capture.state import buffers_kept
 from autofuse.capture.trace import capture, check_callable, check_real
-from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.graph_choice import (
     GraphChoice,
     choose_replay,
@@ -28,7 +27,7 @@ from autofuse.plan.graph_choice import (
     parse_cuda_graph,
 )
 from autofuse.plan.graphs import GraphReplay
-from autofuse.plan.runtime import build_plan
+from autofuse.plan.planner import Planner
 from autofuse.report import Explanation, summarize
 from autofuse.runner import OptimizedFunction, describe_refusals
 
@@ -36,17 +35,14 @@ __all__ = ["OptimizedFunction", "explain", "optimize"]
 
 
 def explain(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Explanation:
-    """Compare the unfused plan (one kernel per op) with the greedy fused plan."""
+    """Compare the unfused plan (one kernel per op) with the greedy fused plan; each step says
+    which implementation runs its group and why."""
     captured = capture(fn, example_inputs)
-    graph = captured.graph
-    space = Partitioner(graph)
-    unfused = build_plan(graph, space.unfused().groups, label="unfused")
-    greedy = space.greedy()
-    fused = build_plan(graph, greedy.groups, label="fused (greedy)")
+    unfused, fused, greedy = Planner(captured.graph).explained()
     return Explanation(
         unfused=summarize(unfused),
         fused=summarize(fused),
-        refusals=describe_refusals(graph, greedy),
+        refusals=describe_refusals(captured.graph, greedy),
         fused_plan=fused,
     )
 
@@ -115,18 +111,15 @@ def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: 
         opt = BackendFunction(fn, options)
         opt.autograd.warm(tuple(example_inputs), example_kwargs)
         return opt
-    graph = captured.graph
-    space = Partitioner(graph)
+    planner = Planner(captured.graph)
     if options.get("trials") or options.get("time_budget"):
-        opt = _tuned(fn, captured, example_inputs, space, **options)
+        opt = _tuned(fn, captured, example_inputs, planner, **options)
     else:
-        from autofuse.tune.untuned import untuned_plan
-
         ins = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
         on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in ins)
-        plan, choice = untuned_plan(graph, "greedy", on_cuda, lambda: ins, space)
-        opt = OptimizedFunction(captured, plan, fn)
-        opt.plan_choice = choice
+        planned = planner.untuned("greedy", on_cuda, lambda: ins)
+        opt = OptimizedFunction(captured, planned.plan, fn)
+        opt.plan_choice = planned.choice
     if cuda_graph is True:
         opt.graphs = GraphReplay(opt.plan)
     elif cuda_graph == "auto":
@@ -183,11 +176,13 @@ def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> No
     opt.graph_choice = choice
 
 
-def _tuned(fn, captured, example_inputs, space, **options: Any) -> OptimizedFunction:
-    """Tune (or load the plan an earlier tuning run cached) and cache the winner."""
-    from autofuse.tune.entry import record_call, tune_and_cache
+def _tuned(fn, captured, example_inputs, planner: Planner, **options: Any) -> OptimizedFunction:
+    """Tune (or load the plan an earlier tuning run cached), cache the winner, index the call."""
+    from autofuse.tune.entry import planning
 
     flat = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
-    plan, result = tune_and_cache(captured, example_inputs, space, example_flat=flat, **options)
-    record_call(fn, captured, example_inputs, options.get("cache_dir"))
-    return OptimizedFunction(captured, plan, fn, result)
+    store, search = planning(options.get("cache_dir"))
+    planned = planner.tuned(
+        captured, example_inputs, store, search, fn=fn, example_flat=flat, **options
+    )
+    return OptimizedFunction(captured, planned.plan, fn, planned.tuning)

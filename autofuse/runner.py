@@ -116,7 +116,7 @@ class OptimizedFunction:
         # cuda_graph=True: replay the whole plan as one CUDA graph (plan/graphs.py)
         self.graphs = GraphReplay(plan) if cuda_graph and plan is not None else None
         self.graph_choice = None  # cuda_graph="auto": what the measurement chose (graph_choice.py)
-        # untuned on CUDA: fused matmuls timed against cuBLAS (tune/untuned.py), else None
+        # untuned on CUDA: fused matmuls timed against cuBLAS (plan/planner.py), else None
         self.plan_choice = None
 
     def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:

@@ -40,7 +40,7 @@ def _args():
 
 
 def _entry(root, device=None):
-    """An entry like tune_and_cache writes (key parts, tuning times); ``device``: as if it was
+    """An entry like a tuned optimize writes (key parts, tuning times); ``device``: as if it was
     built on another GPU."""
     args = _args()
     captured = capture(pointwise_example, args)

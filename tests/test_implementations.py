@@ -99,24 +99,25 @@ def test_explain_names_the_implementation_of_each_group():
 
 
 def test_a_timed_untuned_choice_says_what_was_measured(monkeypatch):
-    from autofuse.tune import untuned
+    from autofuse.plan import planner
 
     def attention(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
 
     args = tuple(torch.randn(2, 12, 16) for _ in range(3))
     graph = capture(attention, args).graph
-    real = untuned.choose_plan
+    real = planner.choose_plan
 
     def timer(call):
         call()
         return 1e-3
 
-    monkeypatch.setattr(untuned, "interpreting", lambda: False)
+    monkeypatch.setattr(planner, "interpreting", lambda: False)
     monkeypatch.setattr(
-        untuned, "choose_plan", lambda plans, run, on_cuda: real(plans, run, on_cuda, timer)
+        planner, "choose_plan", lambda plans, run, on_cuda: real(plans, run, on_cuda, timer)
     )
-    plan, choice = untuned.untuned_plan(graph, "greedy", True, lambda: args)
+    planned = planner.Planner(graph).untuned("greedy", True, lambda: args)
+    plan, choice = planned.plan, planned.choice
     assert choice is not None and "timed end to end" in choice.why
     assert all("measured: timed end to end" in s.reason for s in plan.steps), plan.steps
     torch.testing.assert_close(execute(plan, list(args))[0], attention(*args))

@@ -66,8 +66,7 @@ def test_untuned_plan_times_both_and_runs_the_faster(monkeypatch):
     plan are both run and timed; the faster (by the injected timer: the cuBLAS one) is kept
     and computes what eager computes."""
     import autofuse
-    from autofuse.plan import execute
-    from autofuse.tune import untuned
+    from autofuse.plan import execute, planner
 
     def attention(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
@@ -84,12 +83,13 @@ def test_untuned_plan_times_both_and_runs_the_faster(monkeypatch):
         runs.append(plan.label)
         return execute(plan, list(args))
 
-    real = untuned.choose_plan
-    monkeypatch.setattr(untuned, "interpreting", lambda: False)
+    real = planner.choose_plan
+    monkeypatch.setattr(planner, "interpreting", lambda: False)
     monkeypatch.setattr(
-        untuned, "choose_plan", lambda plans, _run, on_cuda: real(plans, run, on_cuda, timer)
+        planner, "choose_plan", lambda plans, _run, on_cuda: real(plans, run, on_cuda, timer)
     )
-    plan, choice = untuned.untuned_plan(graph, "greedy", True, lambda: args)
+    planned = planner.Planner(graph).untuned("greedy", True, lambda: args)
+    plan, choice = planned.plan, planned.choice
     assert choice is not None and choice.chosen == "greedy, matmuls in cuBLAS"
     assert runs == ["greedy", "greedy, matmuls in cuBLAS"]
     assert "attention" not in [k.info.kind for k in plan.kernels]
@@ -99,19 +99,20 @@ def test_untuned_plan_times_both_and_runs_the_faster(monkeypatch):
 
 def test_a_failed_measurement_keeps_the_fused_plan_and_says_why(monkeypatch):
     import autofuse
-    from autofuse.tune import untuned
+    from autofuse.plan import planner
 
     def attention(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
 
     args = tuple(torch.randn(2, 12, 16) for _ in range(3))
     graph = autofuse.capture(attention, args).graph
-    monkeypatch.setattr(untuned, "interpreting", lambda: False)
+    monkeypatch.setattr(planner, "interpreting", lambda: False)
 
     def no_inputs():
         raise RuntimeError("cannot make inputs here")
 
-    plan, choice = untuned.untuned_plan(graph, "greedy", True, no_inputs)
+    planned = planner.Planner(graph).untuned("greedy", True, no_inputs)
+    plan, choice = planned.plan, planned.choice
     assert "attention" in [k.info.kind for k in plan.kernels]
     assert choice.chosen == "greedy" and "cannot make inputs here" in choice.why
 

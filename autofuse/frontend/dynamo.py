@@ -56,11 +56,11 @@ from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.kernels.common.sizes import runtime_bucket, runtime_sizes_on
-from autofuse.partition import Partitioner
 from autofuse.plan import Plan, execute
 from autofuse.plan.buckets import BucketPlans, bucket_key
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
+from autofuse.plan.planner import Planned, Planner
 from autofuse.plan.runtime import input_guard, run_plan
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
@@ -210,15 +210,6 @@ def compiled_graphs() -> list[CompiledGraph]:
     return list(_COMPILED)
 
 
-def _untuned_plan(graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
-    """Without a search (``tune/untuned.py``): inputs of the graph's shapes are made only if
-    two plans are timed."""
-    from autofuse.tune.untuned import untuned_plan
-
-    on_cuda = _device_of(metas).startswith("cuda")
-    return untuned_plan(graph, f"greedy {kind}", on_cuda, lambda: [_realize(m) for m in metas])
-
-
 def _realize(meta: Any) -> Any:
     """A real tensor with ``meta``'s shape, strides, dtype and device (for tuning and timing);
     a value that is not a tensor (a size, a flag) as it is."""
@@ -350,20 +341,25 @@ class AutofuseBackend:
                 self.counts["bucket_instances"] += 1
                 return plan, None, None
         self.counts["plans"] += 1
+        planner = Planner(graph)
         if tuned:
-            (plan, tuning), choice = self._tuned(graph, kind, metas), None
-        else:
-            (plan, choice), tuning = _untuned_plan(graph, kind, metas), None
+            planned = self._tuned(planner, kind, metas)
+        else:  # inputs of the graph's shapes are made only if two plans are timed
+            on_cuda = _device_of(metas).startswith("cuda")
+            realized = lambda: [_realize(m) for m in metas]  # noqa: E731
+            planned = planner.untuned(f"greedy {kind}", on_cuda, realized)
+        plan, tuning, choice = planned.plan, planned.tuning, planned.choice
         with _PLANS_LOCK:
             _PLANS[key] = (plan, tuning, choice)
         if shared is not None:
             _BUCKETS.remember(shared, plan)
         return plan, tuning, choice
 
-    def _tuned(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
+    def _tuned(self, planner: Planner, kind: str, metas: Sequence[Any]) -> Planned:
         from autofuse.capture import Captured
-        from autofuse.tune.entry import tune_and_cache
+        from autofuse.tune.entry import planning
 
+        graph = planner.graph
         n = len(graph.inputs)
         captured = Captured(
             graph=graph,
@@ -377,7 +373,8 @@ class AutofuseBackend:
         inputs = tuple(_realize(m) for m in metas)
         options = {k: v for k, v in self.options.items() if k not in ("cuda_graph", "buckets")}
         options.setdefault("progress", False)
-        return tune_and_cache(captured, inputs, Partitioner(graph), example_flat=inputs, **options)
+        store, search = planning(options.get("cache_dir"))
+        return planner.tuned(captured, inputs, store, search, example_flat=inputs, **options)
 
 
 def _choose_replay(plan: Plan, metas: Sequence[Any]) -> GraphChoice:

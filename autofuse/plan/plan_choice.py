@@ -5,7 +5,7 @@ trips of the score matrix through memory, but its kernel is not always faster th
 the rest of its group fused around it: on the H200 the backward graph of the suite's llama_eager
 took 4369 us with the fused attention backward and 3987 us with cuBLAS, while ViT's took 4821 us
 fused and 5753 us with cuBLAS (results/h200/models_07dd1a2.json). So where the untuned plan
-fuses a matmul, ``tune/untuned.py`` also builds the plan with every matmul in cuBLAS and times
+fuses a matmul, the planner (``planner.py``) also builds the plan with every matmul in cuBLAS and times
 both end to end on inputs of the graph's shapes (:func:`choose_plan`, the timer injected); off
 CUDA, or under the interpreter, the fused plan is kept without timing.
 """

@@ -1,4 +1,5 @@
-"""Tune a captured graph, or reuse the plan an earlier tuning run cached; cache the winner.
+"""The cache and the search as the planner (``plan/planner.py``) is handed them: reuse the plan
+an earlier tuning run cached, or tune and cache the winner.
 
 Asking for more trials than a cached plan was tuned with continues that plan's study (kept in
 the study storage, by default under ``cache_dir``) up to the new count; ``retune=True`` starts a
@@ -22,42 +23,68 @@ from autofuse.plan import Plan
 from autofuse.settings import cache_home
 
 
-def tune_and_cache(
+class CacheStore:
+    """The plan cache under ``cache_dir`` as the planner's ``PlanStore`` (``plan/planner.py``):
+    a hit is the cached plan with its search record; a cached plan tuned with fewer trials than
+    ``options["trials"]`` is a miss whose study the search continues (``options`` say which)."""
+
+    def __init__(self, cache_dir: Any = None) -> None:
+        self.cache_dir = cache_home(cache_dir)
+
+    def lookup(
+        self, captured: Captured, example_inputs: Sequence[Any], options: dict
+    ) -> tuple[Plan, Any] | None:
+        key = key_for(captured, example_inputs)
+        where = f"{captured.source_name} (key {key[:16]}…) in {self.cache_dir!r}"
+        plan = load_plan(self.cache_dir, key)
+        if plan is None:
+            logs.emit("cache", f"miss: {where}: tuning")
+            return None
+        meta = load_metadata(self.cache_dir, key) or {}
+        study = _continued_study(meta, options, where)
+        if study is None:
+            return plan, cached_result(plan, meta)
+        options.setdefault("study_name", study)
+        return None
+
+    def check_writable(self) -> None:
+        ensure_writable(self.cache_dir, "cache_dir")
+
+    def save(
+        self, captured: Captured, example_inputs: Sequence[Any], result: Any, options: dict
+    ) -> str:
+        return cache_result(
+            captured, example_inputs, result, self.cache_dir, options.get("storage")
+        )
+
+    def record_call(self, fn: Any, captured: Captured, example_inputs: Sequence[Any]) -> str:
+        return record_call(fn, captured, example_inputs, self.cache_dir)
+
+
+def search(
     captured: Captured,
     example_inputs: Sequence[Any],
     space: Partitioner,
     *,
     retune: bool = False,
-    example_flat: Sequence[Any] | None = None,
     **options: Any,
-) -> tuple[Plan, Any]:
-    """The cached plan for this graph and inputs (``(plan, None)``), or a tuned one saved under
-    ``cache_dir`` (``(plan, TuneResult)``). A cached plan tuned with fewer trials than
-    ``options["trials"]`` is tuned on: its study continues up to that many trials."""
+) -> Any:
+    """The planner's ``Searcher``: ``tune`` (``retune``: in a fresh study, not a resumed one,
+    unless ``options`` name one), its study storage by default under ``cache_dir``."""
     from autofuse.tune.study import study_name
     from autofuse.tune.tuner import tune
 
-    cache_dir = options["cache_dir"] = cache_home(options.get("cache_dir"))
-    key = key_for(captured, example_inputs)
-    where = f"{captured.source_name} (key {key[:16]}…) in {cache_dir!r}"
-    if not retune:
-        plan = load_plan(cache_dir, key)
-        if plan is None:
-            logs.emit("cache", f"miss: {where}: tuning")
-        else:
-            meta = load_metadata(cache_dir, key) or {}
-            study = _continued_study(meta, options, where)
-            if study is None:
-                return plan, cached_result(plan, meta)
-            options.setdefault("study_name", study)
-    if retune and not options.get("study_name"):  # a fresh study, not a resumed one
+    options["cache_dir"] = cache_home(options.get("cache_dir"))
+    if retune and not options.get("study_name"):
         options["study_name"] = study_name(
             captured.source_name, captured.graph.key, f"retune-{time.time_ns()}"
         )
-    ensure_writable(cache_dir, "cache_dir")
-    result = tune(captured, example_inputs, space, example_flat=example_flat, **options)
-    cache_result(captured, example_inputs, result, cache_dir, options.get("storage"), key)
-    return result.plan, result
+    return tune(captured, example_inputs, space, **options)
+
+
+def planning(cache_dir: Any = None) -> tuple[CacheStore, Any]:
+    """(the cache under ``cache_dir``, the search): what ``Planner.tuned`` is handed."""
+    return CacheStore(cache_dir), search
 
 
 def cache_result(

@@ -129,54 +129,52 @@ def tune_workload(w: Workload, args, storage: str | None, ceil: dict | None, lea
     import torch
 
     from autofuse.capture import capture
-    from autofuse.partition import Partitioner
+    from autofuse.plan.planner import Planner
     from autofuse.runner import OptimizedFunction
-    from autofuse.tune.tuner import run_search, start_search, tune
+    from autofuse.tune.entry import planning
+    from autofuse.tune.tuner import run_search, start_search
 
     cuda = torch.cuda.is_available()
     target = w.target()
     inputs = tuple(w.inputs("cuda" if cuda else "cpu"))
     captured = capture(target, inputs)
-    space = Partitioner(captured.graph)
+    planner = Planner(captured.graph)
     flat = OptimizedFunction(captured, None, target).flat_inputs(inputs)
     trials = w.trials if w.trials is not None else args.trials
     budget = w.time_budget if w.time_budget is not None else args.time_budget
     opts = dict(storage=storage, study_name=f"overnight-{w.name}-{captured.graph.key[:12]}",
                 example_flat=flat)  # fmt: skip
     if not leader:
-        run = start_search(captured, inputs, space, **opts)
+        run = start_search(captured, inputs, planner.space, **opts)
         try:
             run_search(run, trials, budget, progress=False, wait_s=0.0)
         finally:
             run.close()
         return None
     t0 = time.perf_counter()
-    result = tune(captured, inputs, space, trials=trials, time_budget=budget, polish=args.polish,
-                  progress=args.progress, desc=w.name, **opts)  # fmt: skip
+    # the winner stored in the cache home as ``optimize(trials=...)`` stores it (plan, kernel
+    # sources; the call index, so ``autofuse.load`` finds it with no capture)
+    store, searcher = planning(getattr(args, "cache_dir", None))
+    planned = planner.tuned(captured, inputs, store, searcher, retune=True, fn=target,
+                            trials=trials, time_budget=budget, polish=args.polish,
+                            progress=args.progress, desc=w.name, **opts)  # fmt: skip
     tuning_s = time.perf_counter() - t0
+    result = planned.tuning
     tuned = OptimizedFunction(captured, result.plan, target, result)
-    rec = _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, ceil, opts)
-    rec.update(_cache(args, w, target, captured, inputs, result, storage), trials_asked=trials)
+    rec = _record(w, captured, planner, target, inputs, flat, result, tuned, tuning_s, ceil, opts)
+    cached = {
+        "cache_key": planned.entry,
+        "call_key": planned.call,
+        "cache_dir": str(store.cache_dir),
+    }
+    rec.update(cached, trials_asked=trials)
     return rec
 
 
-def _cache(args, w: Workload, target, captured, inputs, result, storage) -> dict:
-    """Store the winner in the cache home as ``optimize(trials=...)`` does (plan, kernel
-    sources; the call index, so ``autofuse.load`` finds it with no capture)."""
-    from autofuse.settings import cache_home
-    from autofuse.tune.entry import cache_result, record_call
-
-    home = cache_home(getattr(args, "cache_dir", None))
-    key = cache_result(captured, inputs, result, home, storage)
-    call = record_call(target, captured, inputs, home)
-    return {"cache_key": key, "call_key": call, "cache_dir": str(home)}
-
-
-def _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, ceil, opts):
+def _record(w, captured, planner, target, inputs, flat, result, tuned, tuning_s, ceil, opts):
     import torch
 
     import search
-    from autofuse.plan import build_plan
     from autofuse.report import summarize
     from autofuse.runner import OptimizedFunction
     from autofuse.tune.roofline import floor_s, min_bytes, stamp
@@ -188,7 +186,7 @@ def _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, c
     floor = floor_s(nbytes, flops, ceil)
     rec: dict[str, Any] = {"workload": w.name, "complete": True, **stamp()}
     if torch.cuda.is_available():
-        greedy_plan = build_plan(captured.graph, space.greedy().groups, label="greedy")
+        greedy_plan = planner.greedy()
         greedy = OptimizedFunction(captured, greedy_plan, target)
         times, extra = _measure_gpu(w, target, inputs, greedy, tuned)
         rec.update(extra)

@@ -1,0 +1,151 @@
+"""The one planner: how autofuse arrives at a plan for a graph, whoever asks (``optimize``,
+``explain``, the torch.compile backend, the overnight runner).
+
+- the untuned plan (:meth:`Planner.untuned`): every legal fusion at default configs, GEMMs
+  with an epilogue in cuBLAS (``Partitioner.untuned``); where that still fuses a matmul
+  (attention forward or backward, a row GEMM) and the inputs are on CUDA, the plan with every
+  matmul in cuBLAS is built too and the two are timed end to end (``plan_choice.py``): which
+  one is faster depends on the shapes. Off CUDA, or under the interpreter, the fused plan is
+  kept and nothing is timed. Each step says why it is what it is (the rule, or the times);
+- the tuned plan (:meth:`Planner.tuned`): the cache's plan for this graph and inputs where it
+  has one, else the search's (its end-to-end pick), saved to the cache and indexed by the call.
+  The cache and the search are handed in behind two small interfaces (:class:`PlanStore`,
+  :class:`Searcher`): ``plan/`` imports neither;
+- the plans ``explain`` compares (:meth:`Planner.explained`) and the greedy plan a report
+  times (:meth:`Planner.greedy`).
+
+The graph's :class:`Partitioner` (its legal fusion decisions) is built here, once per planner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from autofuse import logs
+from autofuse.interpreter import interpreting
+from autofuse.ir.graph import Graph
+from autofuse.partition import Partitioner
+from autofuse.plan.build import build_plan
+from autofuse.plan.plan_choice import PlanChoice, choose_plan
+from autofuse.plan.runtime import execute
+from autofuse.plan.steps import Plan, annotated
+
+
+class PlanStore(Protocol):
+    """The plan cache, as the planner uses it (``tune/entry.py``'s ``CacheStore``)."""
+
+    def lookup(self, captured: Any, example_inputs: Sequence[Any], options: dict) -> Any:
+        """(plan, its search record) cached for this graph and inputs, or None (a miss, or a
+        cached plan whose study ``options`` ask to continue: ``options`` say which)."""
+        ...
+
+    def save(self, captured: Any, example_inputs: Sequence[Any], result: Any, options: dict) -> Any:
+        """Store a search's result as the entry of this graph and inputs."""
+        ...
+
+    def record_call(self, fn: Any, captured: Any, example_inputs: Sequence[Any]) -> Any:
+        """Index the entry by the call ``fn(*example_inputs)`` (``autofuse.load``'s way in)."""
+        ...
+
+    def check_writable(self) -> None:
+        """Raise, naming the folder, where a search's result could not be saved."""
+        ...
+
+
+class Searcher(Protocol):
+    """The search over partitions x implementations (``tune/tuner.py``'s ``tune``): a record
+    with the winning ``plan``, picked end to end."""
+
+    def __call__(
+        self, captured: Any, example_inputs: Sequence[Any], space: Partitioner, **options: Any
+    ) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A plan and how it was arrived at: the search's record (tuned), the timed choice
+    between untuned plans (None: not timed or tuned)."""
+
+    plan: Plan
+    tuning: Any = None
+    choice: PlanChoice | None = None
+    entry: Any = None  # what the store saved the search's result as (its key)
+    call: Any = None  # the call record the store wrote
+
+
+class Planner:
+    """Plans for one graph (see the module docstring)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.space = Partitioner(graph)
+
+    def build(self, groups: Sequence[frozenset[int]], choices: Any = None, label: str = "plan"):
+        return build_plan(self.graph, groups, choices, label=label)
+
+    def greedy(self, label: str = "greedy") -> Plan:
+        return self.build(self.space.greedy().groups, label=label)
+
+    def explained(self) -> tuple[Plan, Plan, Any]:
+        """(the unfused plan, the greedy plan, the greedy partition) ``explain`` compares."""
+        greedy = self.space.greedy()
+        unfused = self.build(self.space.unfused().groups, label="unfused")
+        return unfused, self.build(greedy.groups, label="fused (greedy)"), greedy
+
+    def untuned(
+        self, label: str, on_cuda: bool, inputs: Callable[[], Sequence[torch.Tensor]]
+    ) -> Planned:
+        """The untuned plan and, where two were timed, the choice; ``inputs()`` gives the
+        graph's inputs to time on (called only when timing)."""
+        base = self.space.untuned()
+        plan = self.build(base.groups, label=label)
+        alt = self.space.library_gemms(base)
+        if alt is None or not on_cuda or interpreting():
+            return Planned(plan)
+        try:
+            other = self.build(alt.groups, label=f"{label}, matmuls in cuBLAS")
+            ins: Any = list(inputs())
+        except Exception as e:  # noqa: BLE001 - a measurement never fails the plan: the fused one
+            why = f"not timed: {type(e).__name__}: {e}"[:300]
+            return Planned(plan, None, PlanChoice(plan.label, ((plan.label, None),), why))
+        chosen, choice = choose_plan([plan, other], lambda p: execute(p, ins), True)
+        logs.emit("search", f"{label}: {choice.why} -> {choice.chosen}")
+        if any(t is not None for _, t in choice.times):
+            measured = f"measured: {choice.why} -> {choice.chosen}"
+            chosen = annotated(
+                chosen, lambda s: f"{s.reason}; {measured}" if s.reason else measured
+            )
+        return Planned(chosen, None, choice)
+
+    def tuned(
+        self,
+        captured: Any,
+        example_inputs: Sequence[Any],
+        store: PlanStore,
+        search: Searcher,
+        *,
+        retune: bool = False,
+        fn: Any = None,
+        **options: Any,
+    ) -> Planned:
+        """The cached plan for this graph and inputs, or the search's, saved (``retune``: the
+        search's, whatever the cache holds); indexed by the call ``fn(*example_inputs)``
+        where ``fn`` is given."""
+        hit = None if retune else store.lookup(captured, example_inputs, options)
+        entry = None
+        if hit is not None:
+            plan, record = hit
+        else:
+            store.check_writable()
+            record = search(captured, example_inputs, self.space, retune=retune, **options)
+            entry = store.save(captured, example_inputs, record, options)
+            plan = record.plan
+        call = store.record_call(fn, captured, example_inputs) if fn is not None else None
+        return Planned(plan, record, None, entry, call)
+
+
+__all__ = ["PlanStore", "Planned", "Planner", "Searcher"]

@@ -1,0 +1,125 @@
+"""One planner (``autofuse/plan/planner.py``): ``optimize``, ``explain``, the torch.compile
+backend and the overnight runner arrive at their plans through it; it is handed the cache and
+the search behind two small interfaces, and builds the graph's Partitioner."""
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from autofuse.capture.trace import capture
+from autofuse.plan.planner import Planner
+
+PACKAGE = Path(__file__).resolve().parents[1] / "autofuse"
+PLANNER = "autofuse/plan/planner.py"
+# the other places a plan is built from a partition, left to their own changes: may only shrink
+BUILD_PLAN_SITES = {PLANNER, "autofuse/plan/buckets.py", "autofuse/tune/tuner.py"}
+FRONT_ENDS = ("autofuse/api.py", "autofuse/frontend/dynamo.py", "autofuse/tune/results.py")
+
+
+def _calls(name: str) -> set[str]:
+    """The package modules that call ``name(...)``."""
+    out = set()
+    for path in PACKAGE.rglob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Call):
+                f = n.func
+                called = f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)
+                if called == name:
+                    out.add(str(path.relative_to(PACKAGE.parent)))
+    return out
+
+
+def test_the_partitioner_is_built_in_the_planner_alone():
+    assert _calls("Partitioner") == {PLANNER}
+
+
+def test_plans_are_built_from_partitions_in_few_places():
+    assert _calls("build_plan") <= BUILD_PLAN_SITES
+
+
+def test_the_front_ends_plan_through_the_planner():
+    """They import the planner, and no untuned or tuned piece of its (the search they hand it
+    comes from ``tune/entry.planning``)."""
+    for rel in FRONT_ENDS:
+        text = (PACKAGE.parent / rel).read_text()
+        assert "from autofuse.plan.planner import" in text, rel
+        for piece in ("untuned_plan", "tune_and_cache", "build_plan(", "Partitioner("):
+            assert piece not in text, (rel, piece)
+    assert not (PACKAGE / "tune" / "untuned.py").exists()
+
+
+def test_the_planner_imports_no_cache_and_no_search():
+    tree = ast.parse((PACKAGE / "plan" / "planner.py").read_text())
+    names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {m for m in names if m and m.startswith(("autofuse.cache", "autofuse.tune"))}
+
+
+class FakeStore:
+    def __init__(self, hit=None):
+        self.hit, self.log = hit, []
+
+    def lookup(self, captured, example_inputs, options):
+        self.log.append("lookup")
+        return self.hit
+
+    def check_writable(self):
+        self.log.append("writable")
+
+    def save(self, captured, example_inputs, result, options):
+        self.log.append(("save", options.get("trials")))
+        return "key"
+
+    def record_call(self, fn, captured, example_inputs):
+        self.log.append("call")
+        return "call-key"
+
+
+def _captured():
+    def f(x):
+        return torch.sigmoid(x) * 2.0
+
+    args = (torch.randn(4, 8),)
+    return f, capture(f, args), args
+
+
+def test_a_cache_hit_is_used_and_nothing_is_searched():
+    fn, captured, args = _captured()
+    planner = Planner(captured.graph)
+    cached = planner.greedy("cached")
+    store = FakeStore(hit=(cached, "record"))
+
+    def search(*a, **k):
+        raise AssertionError("searched on a cache hit")
+
+    planned = planner.tuned(captured, args, store, search, fn=fn, trials=3)
+    assert planned.plan is cached and planned.tuning == "record"
+    assert store.log == ["lookup", "call"] and planned.call == "call-key"
+
+
+def test_a_miss_is_searched_saved_and_its_call_recorded():
+    fn, captured, args = _captured()
+    planner = Planner(captured.graph)
+    store, seen = FakeStore(), []
+
+    def search(c, inputs, space, *, retune, **options):
+        seen.append((space is planner.space, retune, options["trials"]))
+        return SimpleNamespace(plan=planner.greedy("searched"))
+
+    planned = planner.tuned(captured, args, store, search, fn=fn, trials=3)
+    assert seen == [(True, False, 3)] and planned.plan.label == "searched"
+    assert store.log == ["lookup", "writable", ("save", 3), "call"] and planned.entry == "key"
+    store = FakeStore(hit=("never", None))
+    planned = planner.tuned(captured, args, store, search, retune=True, trials=2)
+    assert "lookup" not in store.log and planned.call is None  # retune: the cache not read
+
+
+def test_the_untuned_plan_and_the_explained_plans():
+    _, captured, args = _captured()
+    planner = Planner(captured.graph)
+    planned = planner.untuned("greedy", False, lambda: args)
+    assert planned.choice is None and planned.tuning is None and planned.plan.label == "greedy"
+    unfused, fused, partition = planner.explained()
+    assert (unfused.label, fused.label) == ("unfused", "fused (greedy)")
+    assert fused.groups == tuple(frozenset(g) for g in partition.groups)
