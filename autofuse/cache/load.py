@@ -10,8 +10,8 @@ from typing import Any
 from autofuse import logs
 from autofuse.cache.calls import call_key_why, captured_from, note_unkeyed, read_call, write_call
 from autofuse.cache.disk import (
-    _read_entry,
     entry_dir,
+    read_entry,
 )
 from autofuse.cache.keys import (
     PLAN_FILE,
@@ -56,7 +56,7 @@ def _load_by_call(cache_dir: Any, ck: str | None, fn: Any, cuda_graph: bool) -> 
     from autofuse.runner import OptimizedFunction
 
     key = record["plan_key"]
-    plan, meta, _ = _read_entry(cache_dir, key)
+    plan, meta, _ = read_entry(cache_dir, key)
     if plan is None or plan.graph.key != record["graph_key"]:
         return None
     try:
@@ -120,7 +120,7 @@ def load(
         )
         return _missed(fn, "", why, hint, strict, os.path.abspath(cache_dir))
     key = key_for(captured, example_inputs, options)
-    plan, meta, problem = _read_entry(cache_dir, key)
+    plan, meta, problem = read_entry(cache_dir, key)
     if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)
         plan, problem = None, f"{entry_dir(cache_dir, key) / PLAN_FILE}: holds another graph"
     logs.emit("cache", f"{'hit' if plan is not None else 'miss'}: {_fn_name(fn)} (key {key})")
