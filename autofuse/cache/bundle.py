@@ -121,26 +121,35 @@ def export_bundle(
             if root.is_dir() else []  # fmt: skip
     if not keys:
         raise BundleError(f"nothing to export: no cache entries in {root}")
-    entries: dict[str, Any] = {}
     blobs: dict[str, bytes] = {}
-    for key in keys:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            plan, meta, problem = read_entry(cache_dir, key)
-        if plan is None:
-            raise BundleError(f"entry {key}: {problem or 'no such entry in ' + str(root)}")
-        files = {}
-        for rel in _entry_files(root / key):
-            data = (root / key / rel).read_bytes()
-            blobs[f"plans/{key}/{rel}"] = data
-            files[rel] = sha256_hex(data)
-        entries[key] = {
-            "files": files,
-            "build": entry_build(meta),
-            "function": str(meta.get("function", "")),
-            "kernels": len(plan.kernels),
-        }
-    call_records = _call_records(cache_dir, calls or {}, entries, blobs)
+    entries = {key: _export_entry(cache_dir, root, key, blobs) for key in keys}
+    manifest = _manifest(entries, _call_records(cache_dir, calls or {}, entries, blobs))
+    _write_zip(Path(out), blobs, manifest)
+    return manifest
+
+
+def _export_entry(cache_dir: Any, root: Path, key: str, blobs: dict[str, bytes]) -> dict:
+    """The manifest record of the valid entry ``key``, its files added to ``blobs``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan, meta, problem = read_entry(cache_dir, key)
+    if plan is None:
+        raise BundleError(f"entry {key}: {problem or 'no such entry in ' + str(root)}")
+    files = {}
+    for rel in _entry_files(root / key):
+        data = (root / key / rel).read_bytes()
+        blobs[f"plans/{key}/{rel}"] = data
+        files[rel] = sha256_hex(data)
+    return {
+        "files": files,
+        "build": entry_build(meta),
+        "function": str(meta.get("function", "")),
+        "kernels": len(plan.kernels),
+    }
+
+
+def _manifest(entries: dict, call_records: dict) -> dict[str, Any]:
+    """The bundle's manifest: its entries, call records and provenance, digested and signed."""
     manifest: dict[str, Any] = {
         "autofuse_bundle": BUNDLE_FORMAT,
         "cache_format": CACHE_FORMAT,
@@ -161,7 +170,11 @@ def export_bundle(
     signature = sign("bundle", manifest["manifest_sha256"])
     if signature is not None:
         manifest["manifest_hmac"] = signature
-    out = Path(out)
+    return manifest
+
+
+def _write_zip(out: Path, blobs: dict[str, bytes], manifest: dict) -> None:
+    """The zip ``out`` of ``blobs`` and ``manifest``, written whole or not at all."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
@@ -173,7 +186,6 @@ def export_bundle(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return manifest
 
 
 def _call_records(cache_dir: Any, calls: dict[str, str], entries: dict, blobs: dict) -> dict:
