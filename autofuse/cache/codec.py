@@ -36,16 +36,16 @@ def _dec(v: Any) -> Any:
     return v
 
 
-def _json_safe(v: Any) -> Any:
+def json_safe(v: Any) -> Any:
     """Metadata -> JSON: anything that is not a primitive, a sequence or a dict is repr'd."""
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, dict):
-        return {str(k): _json_safe(x) for k, x in v.items()}
+        return {str(k): json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
+        return [json_safe(x) for x in v]
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return {f.name: _json_safe(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        return {f.name: json_safe(getattr(v, f.name)) for f in dataclasses.fields(v)}
     return repr(v)
 
 
@@ -74,7 +74,8 @@ def _decode_node(d: dict) -> Node:
     )
 
 
-def _encode_graph(graph: Graph) -> dict:
+def encode_graph(graph: Graph) -> dict:
+    """``graph`` as JSON: its key, nodes, inputs and outputs."""
     return {
         "key": graph.key,
         "nodes": [_encode_node(n) for n in graph.nodes],
@@ -83,7 +84,8 @@ def _encode_graph(graph: Graph) -> dict:
     }
 
 
-def _decode_graph(d: dict) -> Graph:
+def decode_graph(d: dict) -> Graph:
+    """The graph ``encode_graph`` wrote."""
     graph = Graph(
         tuple(_decode_node(n) for n in d["nodes"]), tuple(d["inputs"]), tuple(d["outputs"])
     )
@@ -121,7 +123,8 @@ def _decode_config(d: dict) -> Any:
 _KERNEL_SPECIAL = ("name", "source", "config", "info", "meta")
 
 
-def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
+def encode_kernel(kernel: Kernel, source_file: str) -> dict:
+    """``kernel`` as JSON, its source kept in ``source_file`` beside the plan."""
     extra = {
         f.name: _enc(getattr(kernel, f.name), f"kernel {kernel.name}.{f.name}")
         for f in dataclasses.fields(kernel)
@@ -130,7 +133,7 @@ def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
     return {
         "name": kernel.name,
         "source_file": source_file,
-        "source_sha256": _sha(kernel.source.encode()),
+        "source_sha256": sha256_hex(kernel.source.encode()),
         "config": _encode_config(kernel.config),
         "info": _encode_dataclass(kernel.info, f"kernel {kernel.name}.info"),
         "meta": _encode_dataclass(kernel.meta, f"kernel {kernel.name}.meta"),
@@ -138,7 +141,8 @@ def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
     }
 
 
-def _decode_kernel(d: dict, source: str) -> Kernel:
+def decode_kernel(d: dict, source: str) -> Kernel:
+    """The kernel ``encode_kernel`` wrote, with its verified ``source`` text."""
     return Kernel(
         name=d["name"],
         source=source,
@@ -149,9 +153,12 @@ def _decode_kernel(d: dict, source: str) -> Kernel:
     )
 
 
-def _sha(data: bytes) -> str:
+def sha256_hex(data: bytes) -> str:
+    """The hex SHA-256 digest of ``data``: the cache's checksum of files and documents."""
     return hashlib.sha256(data).hexdigest()
 
 
-def _canonical(payload: Any) -> bytes:
+def canonical_json(payload: Any) -> bytes:
+    """The one byte form of a JSON document that digests and signatures are taken over (sorted
+    keys, no spaces, ASCII)."""
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
