@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from autofuse import logs
 from autofuse.ir.eager import conform, eval_node
 from autofuse.ir.graph import Graph, buffer_strides
 from autofuse.ir.ops import op_def
@@ -32,6 +31,7 @@ from autofuse.kernels import (
     unlowerable,
 )
 from autofuse.kernels.common.loader import load_kernel
+from autofuse.plan.code_log import output_code
 from autofuse.plan.launcher import Launcher
 from autofuse.plan.program import program
 from autofuse.settings import settings
@@ -178,7 +178,7 @@ def build_plan(
         else:
             steps.append(EagerStep(v, refused.get(v) or eager_reason(graph, v)))
     plan = Plan(graph, tuple(steps), label)
-    logs.output_code(plan)
+    output_code(plan)
     return plan
 
 
