@@ -48,7 +48,8 @@ def _cat(em: Any, i: int, index: tuple[Expr, ...]) -> Val:
         lo = hi
     if not spans:  # every input empty along dim: so is the output, no element is read
         return Val("0", 0, cd, True)
-    if not e.vars:  # the index along dim is known: read that input alone
+    if not e.terms:  # the index along dim is known: read that input alone (an indirect index
+        # read once per program has no tile variable but is no constant)
         j, lo, _ = next(s for s in spans if s[1] <= e.const < s[2])
         return em.value(j, index[:d] + (e.shift(-lo),) + index[d + 1 :])
     code, ecls, size = f"({e.render()})", em.cls_of(e), node.shape[d]
