@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
 
+from autofuse.interpreter import interpreting
+
 LOG_TOPICS = frozenset({"output_code", "search", "cache", "+autofuse", "all"})
 
 
@@ -198,8 +200,6 @@ def target(device_index: int | None = None) -> Target:
     """The CUDA device ``device_index`` (default: the current one), or ``HOPPER``'s description
     where kernels run in Triton's interpreter or there is no GPU."""
     import torch
-
-    from autofuse.interpreter import interpreting
 
     if interpreting() or not torch.cuda.is_available():
         return HOPPER
