@@ -9,7 +9,11 @@ backward where the inputs can require grad:
   (``F.pad(a @ b, ...)`` of a 3-D or 4-D ``a``: the matmul's [M, N] result read through its
   [B, M', N] view): the simplifier dropped the constant, reading outside the buffer;
 - an in-place op through a call that returns its input itself (``v.type_as(v)``): its write
-  was lost (the function, not its traced graph, was functionalized).
+  was lost (the function, not its traced graph, was functionalized);
+- the mean of a constant row in var / std / layer_norm / group_norm / batch_norm: a sum of
+  equal values rounds, and ``(x - mean) * rsqrt(var + 1e-12)`` scaled that rounding by 1e6;
+  the mean is now the row's first element plus the mean of the differences (exact), also in a
+  split variance's chunk statistics and their combine.
 """
 
 from __future__ import annotations
@@ -235,3 +239,93 @@ def test_the_type_as_program():
     for front in FRONT_ENDS:
         (out,) = _check(_issue_alias_program, (x,), front)
         torch.testing.assert_close(out, x * 2 + 1)
+
+
+# -- the mean and variance of constant rows -----------------------------------------------------
+
+
+def _constant_rows(dtype, shape=(2, 4, 7)):
+    """Rows of one value each (a different one per leading index), of ``dtype``."""
+    values = torch.tensor([0.1, -3.3, 0.7, 17.25])[: shape[0]].to(dtype)
+    return values.view(-1, *([1] * (len(shape) - 1))).expand(shape).contiguous()
+
+
+def _norms(x):
+    return (
+        F.layer_norm(x, x.shape[-2:], eps=1e-12),
+        F.layer_norm(x, x.shape[-1:], eps=1e-12),
+        F.group_norm(x, 2, eps=1e-12),
+        x.var(-1),
+        x.var((1, 2), correction=0),
+        x.std((1, 2)),
+        torch.var_mean(x, -1)[0],
+    )
+
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_constant_rows_normalize_to_zero(dtype, front):
+    x = _constant_rows(dtype)
+    for k, (out, ref) in enumerate(zip(_check(_norms, (x,), front), _norms(x))):
+        assert not ref.any(), f"eager's output {k} is not 0"
+        assert not out.any(), f"output {k}: {out.abs().max().item()} where eager gives 0"
+
+
+def _batch_norm(x):
+    return F.batch_norm(x, None, None, training=True, eps=1e-12)
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_constant_channels_batch_norm_to_zero(dtype, front):
+    """A constant channel of a training batch norm normalizes to 0 (as eager's Welford moments
+    on CUDA; eager's CPU sum / N itself rounds there, so only the zeros are checked)."""
+    x = _constant_rows(dtype, (4, 2, 3)).transpose(0, 1).contiguous()
+    out = _front(_batch_norm, (x,), front)(x)
+    assert out.shape == x.shape and not out.any(), out.abs().max().item()
+
+
+def _issue_norm_program(a, b):
+    v = torch.log(torch.softmax(a.cumsum(2), 0).abs() + 1)
+    return F.layer_norm(v, [16, 7], None, b, eps=1e-12)
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_layer_norm_program(dtype, front):
+    """The issue's program: softmax over a dim of size 1 is 1, so every row is log(2)."""
+    torch.manual_seed(0)
+    a, b = torch.randn(1, 16, 7, dtype=dtype), torch.randn(16, 7, dtype=dtype)
+    (out,) = _check(_issue_norm_program, (a, b), front)
+    assert torch.equal(out, b.expand_as(out))
+
+
+def _normalized(x, w):
+    return F.layer_norm(x, x.shape[-1:], w, eps=1e-3), F.group_norm(x, 2, eps=1e-3) * 2
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_constant_rows_backward(front):
+    """(eps 1e-3: eager's CPU backward recomputes the normalized rows from moments that round,
+    which a tiny eps would scale past any tolerance; ours are 0)"""
+    x = _constant_rows(torch.float32).requires_grad_()
+    w = torch.randn(7, requires_grad=True)
+    _check(_normalized, (x, w), front, grad=True)
+
+
+def test_a_split_variance_of_constant_columns(split_on):
+    """The split statistics (per-chunk means and M2s, Chan's combine) of constant columns: a
+    variance of exactly 0, the mean the columns' value."""
+    from autofuse.capture.trace import capture
+
+    def var_mean0(x):
+        return torch.var_mean(x, 0)
+
+    for dtype in DTYPES:
+        x = _constant_rows(dtype, (4, 4096)).t().contiguous()
+        assert any(n.name.endswith("chunk_m2") for n in capture(var_mean0, (x,)).graph.nodes)
+        var, mean = autofuse.optimize(var_mean0, (x,))(x)
+        assert not var.any() and torch.equal(mean, x[0])
