@@ -144,8 +144,7 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         with torch.no_grad():
             gm = make_fx(flat_fn, decomposition_table=decomposition_table())(*flat_inputs)
             if mutates(gm):  # in-place ops (add_, x[:, 0].mul_()): trace their functional form
-                fn_ = torch.func.functionalize(flat_fn, remove="mutations")
-                gm = make_fx(fn_, decomposition_table=decomposition_table())(*flat_inputs)
+                gm = _functional(gm, flat_inputs)
     except CaptureError:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with context
@@ -165,6 +164,17 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         param_names=names,
         source_name=_fn_name(fn),
     )
+
+
+def _functional(gm: torch.fx.GraphModule, flat_inputs: list) -> torch.fx.GraphModule:
+    """The functional form of traced graph ``gm`` (in-place ops replaced by out-of-place ones,
+    writes to inputs copied back at the end). The graph is functionalized, not the function:
+    its trace ran the function as eager does, so a call that returns its input itself
+    (``v.type_as(v)``, ``.float()`` of a float tensor: an alias, which functionalizing the
+    function's own calls turns into a copy) left one value, and an in-place op through it
+    writes that value."""
+    fn_ = torch.func.functionalize(gm, remove="mutations")
+    return make_fx(fn_, decomposition_table=decomposition_table())(*flat_inputs)
 
 
 def _raise_eager_error(flat_fn: Callable[..., Any], flat_inputs: list[torch.Tensor]) -> None:
