@@ -138,13 +138,6 @@ LITERALS = {
 }
 
 
-@pytest.mark.parametrize("front", FRONT_ENDS)
-@pytest.mark.parametrize("case", sorted(LITERALS))
-def test_literal_operands_build(case, front, strict):
-    fn, make = LITERALS[case]
-    _check(fn, _seeded(make), front)
-
-
 # ---------------------------------------------------------------------------------------------
 # an index read once per program (a size-1 index tensor) along a cat's dim: the index has no
 # tile variable but is no constant, so the cat must still choose its branch by its value (it
@@ -181,8 +174,132 @@ CAT_INDEX = {
 }
 
 
+# ---------------------------------------------------------------------------------------------
+# constants where a typed value is needed: a constant read through an index (a Python int, so
+# int32 in Triton) reduced beside int64's identity -2**63; an empty buffer's placeholder read
+# as a float (tl.exp(0) of an int); an empty index tensor's range check (no lane reads)
+# ---------------------------------------------------------------------------------------------
+
+
+def _max_of_a_constant(a, i):  # C4
+    v = a.long().cumsum(-1).fill_(-1)
+    return torch.index_select(v, 0, i).max(0).values
+
+
+def _std_of_empty(a):  # C5
+    v = torch.logaddexp(a, a)
+    return a.masked_fill(v > 0.5, float("nan")).std(correction=1, keepdim=True)
+
+
+CONSTANTS = {
+    "max_of_an_int64_constant": (
+        _max_of_a_constant,
+        lambda: (torch.rand(2, 1) > 0.5, torch.tensor([1])),
+    ),
+    "amin_of_a_large_constant": (
+        lambda n, i: torch.full_like(n, 2**40).index_select(0, i).amin(1),
+        lambda: (torch.randint(0, 5, (4, 3)), torch.tensor([1])),
+    ),
+    "any_of_a_constant": (
+        lambda n, i: torch.full_like(n, 1).index_select(0, i).bool().any(1),
+        lambda: (torch.randint(0, 5, (4, 3)), torch.tensor([2])),
+    ),
+    "std_of_an_empty_row": (_std_of_empty, lambda: (torch.randn(1, 0),)),
+    "exp_of_an_empty_cat": (
+        lambda a: torch.exp(torch.cat([a, a], 1)).sum(1),
+        lambda: (torch.randn(2, 0),),
+    ),
+    "softmax_flip_of_empty_grad": (  # C9
+        lambda a: torch.flip(torch.softmax(a, 0).flatten(), [0]),
+        lambda: (torch.randn(0, requires_grad=True),),
+    ),
+    "roll_of_empty_grad": (
+        lambda a: torch.roll(torch.log_softmax(a, 1), 1, 1) * 2,
+        lambda: (torch.randn(2, 0, requires_grad=True),),
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# a scalar address under a block mask: a load whose offset has no tile variable (rows and
+# columns of size 1 in a batched matmul's epilogue: only the batch; a scatter's value read
+# through a size-1 index) must be a block pointer, and its value is a block
+# ---------------------------------------------------------------------------------------------
+
+
+def _layer_norm_gram(a, w):  # C7
+    v = F.layer_norm(a, [1], w)
+    return v @ v.transpose(-1, -2)
+
+
+HALF_GRAD = lambda: (torch.randn(1, 7, 1, dtype=torch.float16, requires_grad=True),)  # noqa: E731
+
+SCALAR_ADDRESSES = {
+    "layer_norm_gram_grad": (
+        _layer_norm_gram,
+        lambda: (torch.randn(16, 1, 1, requires_grad=True), torch.randn(1)),
+    ),
+    "batched_outer_grad": (
+        lambda a, b: torch.bmm(a * 2, b).relu(),
+        lambda: (torch.randn(3, 1, 2, requires_grad=True), torch.randn(3, 2, 1)),
+    ),
+    "flip_min_flip_grad": (  # C8
+        lambda a: torch.flip(torch.flip(a, [2, 1, 0]).min(-2).values, [0, 1]),
+        HALF_GRAD,
+    ),
+    "flip_max_grad": (lambda a: torch.flip(torch.flip(a, [1]).max(-2).values, [1]), HALF_GRAD),
+    "roll_kthvalue_grad": (
+        lambda a: torch.roll(torch.roll(a, 2, 1).kthvalue(3, -2).values, 1, 0),
+        HALF_GRAD,
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# a decomposition stricter than its op: the op runs as eager runs it (used or not)
+# ---------------------------------------------------------------------------------------------
+
+
+def _unused_addcmul(a, b):  # C6
+    v = a.expand_as(a)
+    torch.addcmul(v, v, v, value=0.5)
+    return b
+
+
+INTS = lambda: (torch.randint(0, 5, (3, 1, 1)), torch.randint(0, 5, (3, 1, 1)))  # noqa: E731
+
+STRICT_DECOMPOSITIONS = {
+    "unused_integer_addcmul": (_unused_addcmul, INTS),
+    "integer_addcmul": (lambda a, b: torch.addcmul(a, a, b, value=0.5) + 1, INTS),
+    "integer_addcdiv_of_floats": (
+        lambda a, b: torch.addcdiv(a.float(), a.float(), b.float() + 1, value=3) * 2,
+        INTS,
+    ),
+}
+
+
+CLASSES = {
+    "literal": LITERALS,
+    "cat_index": CAT_INDEX,
+    "constant": CONSTANTS,
+    "scalar_address": SCALAR_ADDRESSES,
+    "decomposition": STRICT_DECOMPOSITIONS,
+}
+CASES = {f"{c}/{k}": v for c, table in CLASSES.items() for k, v in table.items()}
+
+
 @pytest.mark.parametrize("front", FRONT_ENDS)
-@pytest.mark.parametrize("case", sorted(CAT_INDEX))
-def test_a_scalar_index_along_a_cat_dim(case, front, strict):
-    fn, make = CAT_INDEX[case]
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_class_agrees_with_eager(case, front, strict):
+    """Built (strict mode: no kernel falls back) and equal to eager, forward and backward."""
+    fn, make = CASES[case]
     _check(fn, _seeded(make), front)
+
+
+def test_an_input_eager_rejects_still_raises():
+    def fn(a, b):
+        return torch.addcmul(a, a, b)
+
+    args = (torch.randn(3, 2), torch.randn(4, 2))
+    with pytest.raises(Exception, match="size"):
+        autofuse.optimize(fn, args)(*args)

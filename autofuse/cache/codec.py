@@ -8,7 +8,8 @@ import json
 from typing import Any
 
 from autofuse.ir.graph import Graph, Node
-from autofuse.kernels import GroupInfo, Kernel, KernelMeta
+from autofuse.kernels import GroupInfo, Kernel, KernelMeta, LibraryCall, check_call
+from autofuse.plan import LibraryStep
 
 # ---------------------------------------------------------------------------------------------
 # Encoding: tuples of primitives <-> JSON
@@ -151,6 +152,37 @@ def decode_kernel(d: dict, source: str) -> Kernel:
         meta=KernelMeta(**{k: _dec(v) for k, v in d["meta"].items()}),
         **{k: _dec(v) for k, v in d["fields"].items()},
     )
+
+
+def encode_library_step(step: LibraryStep) -> dict:
+    """A library step as data: its provider, function and arguments (nodes and constants)."""
+    call = step.call
+    what = f"library call {call.label}"
+    return {
+        "kind": "library",
+        "provider": call.provider,
+        "call": call.name,
+        "args": list(call.args),
+        "out": call.out,
+        "nodes": list(call.nodes),
+        "params": [[k, _enc(v, f"argument {k} of {what}")] for k, v in call.params],
+        "reason": step.reason,
+    }
+
+
+def decode_library_step(d: dict, graph: Graph) -> LibraryStep:
+    """The step ``encode_library_step`` wrote; raises ValueError where it names a provider,
+    a function or a node this autofuse and ``graph`` do not have."""
+    call = LibraryCall(
+        provider=str(d["provider"]),
+        name=str(d["call"]),
+        args=tuple(int(a) for a in d["args"]),
+        out=int(d["out"]),
+        nodes=tuple(int(n) for n in d["nodes"]),
+        params=tuple((str(k), _dec(v)) for k, v in d["params"]),
+    )
+    check_call(call, graph)
+    return LibraryStep(call, str(d["reason"]))
 
 
 def sha256_hex(data: bytes) -> str:

@@ -28,5 +28,7 @@ def output_code(plan: Any) -> None:
     for k in plan.kernels:
         print(f"# kernel {k.name}: {kernel_file(k.source, k.name)}", file=out)
         print(k.source, file=out)
+    for lib in plan.library:
+        print(f"# library: {plan.graph[lib.out].name}: {lib.describe(plan.graph)}", file=out)
     for fb in plan.fallbacks:
         print(f"# eager: {plan.graph[fb.node].name}: {fb.reason}", file=out)

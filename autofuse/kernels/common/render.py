@@ -36,6 +36,7 @@ __all__ = [
     "is_float",
     "literal",
     "minmax",
+    "reduction_operand",
     "render_op",
     "row_reduce",
 ]
@@ -73,6 +74,18 @@ def cast(v: Val, dtype: str) -> str:
     if dtype == "bool":
         return f"({v.code} != 0)"
     return f"{v.code}.to({TL_DTYPE[dtype]})"
+
+
+def reduction_operand(src: Val, acc: str, truth: bool) -> str:
+    """``src`` as a reduction's operand in ``acc``: for any / all (``truth``) its truth value
+    as int32, not an integer cast; a literal (a constant reduced) as a typed block, since a
+    Python int is int32 in Triton and int64's identity -2**63 beside it is out of range."""
+    if truth:
+        b = cast(src, "bool")
+        code = str(int(b == "True")) if src.literal else f"({b}).to(tl.int32)"
+    else:
+        code = cast(src, acc)
+    return f"tl.full([XBLOCK, RBLOCK], {code}, {TL_DTYPE[acc]})" if src.literal else code
 
 
 LOG2E = 1.4426950408889634
