@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from autofuse.ir.conv_fold import bias_add_of, is_convolution
 from autofuse.kernels import INLINE_OPS, config_label, kind_of
 from autofuse.kernels.common.memory import nbytes
-from autofuse.plan.runtime import EagerStep, KernelStep, Plan
+from autofuse.plan import EagerStep, KernelStep, LibraryStep, Plan
 
 
 @dataclass(frozen=True)
 class StepRow:
     name: str
-    kind: str  # "poi" / "per" / "red" / "eager"
+    kind: str  # "poi" / "per" / "red" / "library" / "eager"
     ops: tuple[str, ...]
     reads: int  # tensors read from memory
     writes: int  # tensors written
@@ -60,6 +60,11 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
             kind = kind_of(k.info).prefix(k.info, k.config)
             ops = tuple(g[i].op for i in k.info.nodes)
             name, cfg = k.name, config_label(k.config)
+        elif isinstance(step, LibraryStep):
+            reads = [j for j in step.reads(g) if g[j].op not in INLINE_OPS]
+            writes = [step.out]
+            kind, name = "library", f"{step.implementation}_{g[step.out].name or step.out}"
+            ops, cfg = tuple(g[i].op for i in step.nodes), step.reason
         else:
             assert isinstance(step, EagerStep)
             reads = [j for j in g.compute_inputs(step.node) if g[j].op not in INLINE_OPS]

@@ -129,6 +129,20 @@ def _not_for_bool(decomp):
     return decomposed
 
 
+def _op_where_it_fails(decomp):
+    """``decomp``, or the op itself (eager's op) where the decomposition raises: some are
+    stricter than the op (addcmul's on integer tensors with a float ``value`` raises where
+    eager rounds), and an input eager rejects makes the op raise as eager would."""
+
+    def decomposed(*args, **kwargs):
+        try:
+            return decomp(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - any error: the op decides, as in eager
+            return NotImplemented
+
+    return decomposed
+
+
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(
@@ -171,4 +185,4 @@ def decomposition_table() -> dict:
     table[aten.flip.default] = _flip
     table.update(pooling_decompositions())  # pools and constant pads (capture/pooling.py)
     table.update(conv_decompositions())  # bias peeled, inference BatchNorm (convolution.py)
-    return table
+    return {op: _op_where_it_fails(decomp) for op, decomp in table.items()}
