@@ -116,6 +116,12 @@ def conv_notes(plan: Plan) -> dict[int, str]:
             parts.append(f"bias peeled into kernel {owner.get(add, 'eager')}")
         else:
             parts.append("no bias")
+        layout, times = node.attr("layout"), node.attr("layout_us")
+        if layout and times:
+            parts.append(f"{layout} (measured {times[0]:g} us contiguous, {times[1]:g} us "
+                         "channels-last)")  # fmt: skip
+        elif layout:
+            parts.append(f"{layout} (AUTOFUSE_CONV_LAYOUT)")
         if node.attr("folded") == "batchnorm":
             weight = g.base_of(node.inputs[1])
             parts.append(f"BatchNorm folded into its weight (kernel {owner.get(weight, 'eager')})")
