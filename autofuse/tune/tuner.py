@@ -24,6 +24,7 @@ import torch
 import search
 from autofuse import logs
 from autofuse.capture.trace import Captured
+from autofuse.interpreter import interpreting
 from autofuse.kernels import (
     INLINE_OPS,
     GroupInfo,
@@ -31,6 +32,7 @@ from autofuse.kernels import (
     config_label,
     config_space,
     default_config,
+    fusible,
 )
 from autofuse.measure import (
     Candidate,
@@ -40,6 +42,7 @@ from autofuse.measure import (
     describe_error,
     group_inputs,
     node_values,
+    timer,
     verify_candidate,
 )
 from autofuse.partition.partitioner import Partition, Partitioner
@@ -254,8 +257,6 @@ def _node_cost(graph, i: int, measurer) -> float:
 
 def _eager_cost(graph, measurer) -> float:
     """The ops that run in eager in every partition (unsupported ops)."""
-    from autofuse.kernels import fusible
-
     return sum(
         _node_cost(graph, i, measurer)
         for i in graph.compute_nodes()
@@ -470,8 +471,6 @@ def _flat_examples(captured: Captured, example_inputs, example_flat) -> list:
 def _example_values(captured: Captured, example_inputs, example_flat) -> dict | None:
     """Every node's eager value on the example inputs, where kernels can run on their device
     (CUDA, or the CPU under Triton's interpreter); else None (no example check)."""
-    from autofuse.interpreter import interpreting
-
     flat = _flat_examples(captured, example_inputs, example_flat)
     graph = captured.graph
     if len(flat) != len(graph.inputs) or not all(isinstance(x, torch.Tensor) for x in flat):
@@ -574,7 +573,6 @@ def _pick(plans, flat_inputs: Sequence[Any], incumbent: int | None = None):
     if not torch.cuda.is_available() or len(plans) == 1:
         c, p = plans[0]
         return c, p, e2e
-    from autofuse.measure import timer
 
     rounds: dict[str, list[float]] = {}
     for r in range(3):  # alternate the order: none is always timed hottest
