@@ -66,7 +66,7 @@ from autofuse.plan.runtime import input_guard, run_plan
 from autofuse.tune.entry import tune_and_cache
 from autofuse.tune.untuned import untuned_plan
 
-from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
+from .graph import Prepared, SymbolicShapes, is_symbolic, place, prepare, to_ir
 from .options import BACKEND, check_options, note_backend_tuning, wants_tuning
 from .specialize import SpecializedGraph, dynamic_dims, needs_specializing
 
@@ -163,6 +163,8 @@ class CompiledGraph:
                     f"got {args[k]!r}"
                 )
         ins = [args[k] for k in p.tensor_args]
+        for k in p.moved:  # a 0-d CPU tensor beside tensors of another device, as eager takes
+            ins[k] = place(ins[k], p.device)
         ins += p.constants
         guard = input_guard(self.plan)
         exact = guard.exact(ins)  # the C-level check: every layout is the plan's
