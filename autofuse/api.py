@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 
+from autofuse.capture import CaptureError, TraceUnsupported
 from autofuse.capture.state import buffers_kept
 from autofuse.capture.trace import capture, check_callable, check_real
+from autofuse.interpreter import InterpreterNote, interpreting
 from autofuse.plan.graph_choice import (
     GraphChoice,
     choose_replay,
@@ -30,6 +32,7 @@ from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.planner import Planner
 from autofuse.report import Explanation, summarize
 from autofuse.runner import OptimizedFunction, describe_refusals
+from autofuse.tune.entry import planning
 
 __all__ = ["OptimizedFunction", "explain", "optimize"]
 
@@ -81,7 +84,6 @@ def optimize(
 
 
 def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: Any) -> Any:
-    from autofuse.capture import CaptureError, TraceUnsupported
     from autofuse.frontend.optimized import BackendFunction, attach
     from autofuse.frontend.options import OPTIMIZE, check_options
 
@@ -137,8 +139,6 @@ def note_interpreter_size(fn: Any, example_inputs: Any) -> None:
     rather than leave a silent wait."""
     from torch.utils._pytree import tree_leaves
 
-    from autofuse.interpreter import InterpreterNote, interpreting
-
     state = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
     tensors = [t for t in [*tree_leaves(tuple(example_inputs)), *state] if torch.is_tensor(t)]
     numel = sum(t.numel() for t in tensors if not t.is_cuda)
@@ -178,8 +178,6 @@ def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> No
 
 def _tuned(fn, captured, example_inputs, planner: Planner, **options: Any) -> OptimizedFunction:
     """Tune (or load the plan an earlier tuning run cached), cache the winner, index the call."""
-    from autofuse.tune.entry import planning
-
     flat = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
     store, search = planning(options.get("cache_dir"))
     planned = planner.tuned(

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from autofuse.ir.graph import Graph, Node
-from autofuse.kernels import GroupInfo, Kernel, KernelMeta, LibraryCall, check_call
+from autofuse.kernels import GroupInfo, Kernel, KernelMeta, LibraryCall, check_call, config_classes
 from autofuse.plan import LibraryStep
 
 # ---------------------------------------------------------------------------------------------
@@ -37,16 +37,16 @@ def _dec(v: Any) -> Any:
     return v
 
 
-def _json_safe(v: Any) -> Any:
+def json_safe(v: Any) -> Any:
     """Metadata -> JSON: anything that is not a primitive, a sequence or a dict is repr'd."""
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, dict):
-        return {str(k): _json_safe(x) for k, x in v.items()}
+        return {str(k): json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
+        return [json_safe(x) for x in v]
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return {f.name: _json_safe(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        return {f.name: json_safe(getattr(v, f.name)) for f in dataclasses.fields(v)}
     return repr(v)
 
 
@@ -75,7 +75,8 @@ def _decode_node(d: dict) -> Node:
     )
 
 
-def _encode_graph(graph: Graph) -> dict:
+def encode_graph(graph: Graph) -> dict:
+    """``graph`` as JSON: its key, nodes, inputs and outputs."""
     return {
         "key": graph.key,
         "nodes": [_encode_node(n) for n in graph.nodes],
@@ -84,19 +85,14 @@ def _encode_graph(graph: Graph) -> dict:
     }
 
 
-def _decode_graph(d: dict) -> Graph:
+def decode_graph(d: dict) -> Graph:
+    """The graph ``encode_graph`` wrote."""
     graph = Graph(
         tuple(_decode_node(n) for n in d["nodes"]), tuple(d["inputs"]), tuple(d["outputs"])
     )
     if graph.key != d["key"]:
         raise ValueError(f"the decoded graph has key {graph.key}, the entry says {d['key']}")
     return graph
-
-
-def _config_classes() -> dict[str, type]:
-    from autofuse.kernels import config_classes
-
-    return config_classes()
 
 
 def _encode_dataclass(obj: Any, what: str) -> dict:
@@ -107,13 +103,13 @@ def _encode_dataclass(obj: Any, what: str) -> dict:
 
 def _encode_config(config: Any) -> dict:
     cls = type(config).__name__
-    if _config_classes().get(cls) is not type(config):
+    if config_classes().get(cls) is not type(config):
         raise TypeError(f"cannot cache a launch config of type {type(config).__qualname__}")
     return {"class": cls, "fields": _encode_dataclass(config, cls)}
 
 
 def _decode_config(d: dict) -> Any:
-    cls = _config_classes().get(d["class"])
+    cls = config_classes().get(d["class"])
     if cls is None:
         raise ValueError(f"unknown launch config class {d['class']!r}")
     return cls(**{k: _dec(v) for k, v in d["fields"].items()})
@@ -122,7 +118,8 @@ def _decode_config(d: dict) -> Any:
 _KERNEL_SPECIAL = ("name", "source", "config", "info", "meta")
 
 
-def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
+def encode_kernel(kernel: Kernel, source_file: str) -> dict:
+    """``kernel`` as JSON, its source kept in ``source_file`` beside the plan."""
     extra = {
         f.name: _enc(getattr(kernel, f.name), f"kernel {kernel.name}.{f.name}")
         for f in dataclasses.fields(kernel)
@@ -131,7 +128,7 @@ def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
     return {
         "name": kernel.name,
         "source_file": source_file,
-        "source_sha256": _sha(kernel.source.encode()),
+        "source_sha256": sha256_hex(kernel.source.encode()),
         "config": _encode_config(kernel.config),
         "info": _encode_dataclass(kernel.info, f"kernel {kernel.name}.info"),
         "meta": _encode_dataclass(kernel.meta, f"kernel {kernel.name}.meta"),
@@ -139,7 +136,8 @@ def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
     }
 
 
-def _decode_kernel(d: dict, source: str) -> Kernel:
+def decode_kernel(d: dict, source: str) -> Kernel:
+    """The kernel ``encode_kernel`` wrote, with its verified ``source`` text."""
     return Kernel(
         name=d["name"],
         source=source,
@@ -181,9 +179,12 @@ def decode_library_step(d: dict, graph: Graph) -> LibraryStep:
     return LibraryStep(call, str(d["reason"]))
 
 
-def _sha(data: bytes) -> str:
+def sha256_hex(data: bytes) -> str:
+    """The hex SHA-256 digest of ``data``: the cache's checksum of files and documents."""
     return hashlib.sha256(data).hexdigest()
 
 
-def _canonical(payload: Any) -> bytes:
+def canonical_json(payload: Any) -> bytes:
+    """The one byte form of a JSON document that digests and signatures are taken over (sorted
+    keys, no spaces, ASCII)."""
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()

@@ -52,6 +52,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
+from autofuse.capture import Captured, decomposition_table
 from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
@@ -62,8 +63,9 @@ from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, 
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.planner import Planned, Planner
 from autofuse.plan.runtime import input_guard, run_plan
+from autofuse.tune.entry import planning
 
-from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
+from .graph import Prepared, SymbolicShapes, is_symbolic, place, prepare, to_ir
 from .options import BACKEND, check_options, note_backend_tuning, wants_tuning
 from .specialize import SpecializedGraph, dynamic_dims, needs_specializing
 
@@ -79,8 +81,6 @@ __all__ = [
 
 @functools.lru_cache(maxsize=1)
 def _decompositions() -> dict:
-    from autofuse.capture import decomposition_table
-
     return {
         op: fn
         for op, fn in decomposition_table().items()
@@ -162,6 +162,8 @@ class CompiledGraph:
                     f"got {args[k]!r}"
                 )
         ins = [args[k] for k in p.tensor_args]
+        for k in p.moved:  # a 0-d CPU tensor beside tensors of another device, as eager takes
+            ins[k] = place(ins[k], p.device)
         ins += p.constants
         guard = input_guard(self.plan)
         exact = guard.exact(ins)  # the C-level check: every layout is the plan's
@@ -356,9 +358,6 @@ class AutofuseBackend:
         return plan, tuning, choice
 
     def _tuned(self, planner: Planner, kind: str, metas: Sequence[Any]) -> Planned:
-        from autofuse.capture import Captured
-        from autofuse.tune.entry import planning
-
         graph = planner.graph
         n = len(graph.inputs)
         captured = Captured(

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from autofuse import logs
 from autofuse.ir.graph import Graph
 from autofuse.kernels import (
     EAGER,
@@ -29,6 +28,7 @@ from autofuse.kernels import (
     library_calls,
     unlowerable,
 )
+from autofuse.plan.code_log import output_code
 from autofuse.plan.steps import EagerStep, KernelStep, LibraryStep, Plan, Step
 
 
@@ -94,7 +94,7 @@ def build_plan(
         else:
             steps.append(EagerStep(*v))
     plan = Plan(graph, tuple(steps), label)
-    logs.output_code(plan)
+    output_code(plan)
     return plan
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from autofuse.bounds import bounds_error
 from autofuse.ir.eager import conform, eval_node
 from autofuse.ir.graph import Graph, buffer_strides
 from autofuse.ir.ops import op_def
@@ -159,15 +160,38 @@ def _give_up(run: _Run, kernel: Kernel, e: Exception, what: str) -> None:
 
 
 def _build_error(e: Exception) -> bool:
-    """Errors of compiling / loading generated code (not of running it on bad data)."""
+    """Errors of compiling / loading generated code (not of running it on bad data). Triton's
+    interpreter wraps whatever a kernel raises in an InterpreterError: a Python error in its
+    body is invalid code (a compiled build rejects it as a CompilationError), except the data
+    checks: an access outside its buffers (AUTOFUSE_CHECK_BOUNDS) and a failed
+    ``tl.device_assert`` (an index out of range), which must reach the caller."""
+    if bounds_error(e) is not None or _device_assert_failed(e):
+        return False
     build = {"CompilationError", "OutOfResources", "SyntaxError", "NameError", "ImportError",
-             "AttributeError"}  # fmt: skip
-    while e is not None:  # the interpreter wraps the cause in an InterpreterError
+             "AttributeError", "PTXASError", "InterpreterError"}  # fmt: skip
+    while e is not None:
         if {c.__name__ for c in type(e).__mro__} & build:
             return True
-        if isinstance(e, RuntimeError) and "active drivers" in str(e):
-            return True  # no Triton driver here (no GPU, the interpreter turned off)
+        if isinstance(e, RuntimeError) and (
+            "active drivers" in str(e)  # no Triton driver here (no GPU, the interpreter off)
+            or "PassManager::run failed" in str(e)  # a compiled build's lowering failed
+        ):
+            return True
         e = e.__cause__
+    return False
+
+
+def _device_assert_failed(e: BaseException | None) -> bool:
+    """``e`` is, or was caused by, an interpreted kernel's failed ``tl.device_assert``."""
+    seen = 0
+    while e is not None and seen < 16:
+        if isinstance(e, AssertionError):
+            tb = e.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None and tb.tb_frame.f_code.co_name == "create_assert":
+                return True
+        e, seen = e.__cause__, seen + 1
     return False
 
 
