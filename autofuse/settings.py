@@ -26,6 +26,10 @@ them again, for tests and for programs that change the environment on purpose):
 - ``AUTOFUSE_CHECK_BOUNDS``: check every load and store of every generated kernel against the
   buffers of its launch; an access outside all of them raises :class:`OutOfBoundsAccess` naming
   the kernel, the nearest buffer and the offsets (``autofuse/bounds.py``; default off).
+- ``AUTOFUSE_CONV_BIAS``: where a convolution's bias is added: ``kernel`` (default: the library
+  convolution runs without it and the bias add joins the generated epilogue kernel, its
+  gradient a generated sum; ``capture/convolution.py``) or ``library`` (inside the library call,
+  as eager does); an unknown value warns and means ``kernel``.
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
   ``+autofuse``, ``all``); an unknown topic is ignored with one ``SettingsWarning`` naming the
   valid ones.
@@ -100,6 +104,7 @@ class Settings:
     split_reductions: str = "auto"  # "auto" (CUDA inputs), "on", "off"
     split_min_rnumel: int = 4096
     check_bounds: bool = False
+    conv_bias: str = "kernel"  # "kernel" (peeled into the epilogue) or "library"
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -124,8 +129,27 @@ def settings() -> Settings:
         split_reductions=_split_mode(),
         split_min_rnumel=int(os.environ.get("AUTOFUSE_SPLIT_MIN_RNUMEL", "4096")),
         check_bounds=_flag("AUTOFUSE_CHECK_BOUNDS", False),
+        conv_bias=_conv_bias(),
         signing_key=_signing_key(),
     )
+
+
+CONV_BIAS = ("kernel", "library")
+
+
+def _conv_bias() -> str:
+    """``AUTOFUSE_CONV_BIAS``: ``kernel`` or ``library``; anything else warns and is ``kernel``."""
+    value = os.environ.get("AUTOFUSE_CONV_BIAS", "kernel").strip().lower() or "kernel"
+    if value in CONV_BIAS:
+        return value
+    import warnings
+
+    warnings.warn(
+        f"autofuse: AUTOFUSE_CONV_BIAS={value!r} is not one of {list(CONV_BIAS)}; using 'kernel'",
+        SettingsWarning,
+        stacklevel=4,
+    )
+    return "kernel"
 
 
 def _signing_key() -> bytes | None:

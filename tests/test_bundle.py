@@ -180,9 +180,9 @@ def _resign(files):
     files[name] = files[name].replace(b'"float32"', b'"float64"', 1)
     m = json.loads(files["manifest.json"])
     key = name.split("/")[1]
-    m["entries"][key]["files"]["plan.json"] = bundle._sha(files[name])
+    m["entries"][key]["files"]["plan.json"] = bundle.sha256_hex(files[name])
     m.pop("manifest_sha256")
-    m["manifest_sha256"] = bundle._sha(bundle._canonical(m))
+    m["manifest_sha256"] = bundle.sha256_hex(bundle.canonical_json(m))
     files["manifest.json"] = json.dumps(m).encode()
 
 

@@ -204,7 +204,7 @@ class _Compiled:
 @pytest.fixture
 def with_binary(home, monkeypatch, tmp_path):
     monkeypatch.setattr(binaries, "current_build", lambda: {"capability": [9, 0],
-                        "torch": torch.__version__, "triton": binaries._triton_version()})  # fmt: skip
+                        "torch": torch.__version__, "triton": binaries.triton_version()})  # fmt: skip
     args, key, plan = _stored(home)
     step = cache.load_plan(None, key).steps[0]
     step.store.save((True, True, True, True), _Compiled(tmp_path))
@@ -248,7 +248,7 @@ def test_a_binary_for_another_build_is_recompiled_or_refused(with_binary, monkey
     args, key, plan, path = with_binary
     store = cache.load_plan(None, key).steps[0].store
     monkeypatch.setattr(binaries, "current_build", lambda: {"capability": [8, 0],
-                        "torch": torch.__version__, "triton": binaries._triton_version()})  # fmt: skip
+                        "torch": torch.__version__, "triton": binaries.triton_version()})  # fmt: skip
     align = (True, True, True, True)
     with pytest.warns(cache.CacheWarning, match="capability"):
         assert store.restore(object(), align) is None  # loose: compile from source instead

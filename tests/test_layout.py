@@ -57,47 +57,6 @@ def test_no_module_over_the_line_limit():
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
-# functions over the limit outside the kernel layer, left to their own changes: this list may
-# only shrink
-LONG_FUNCTIONS = {
-    ("autofuse/cache/bundle.py", "export_bundle"),
-    ("autofuse/cache/load.py", "load"),
-    ("autofuse/frontend/graph.py", "prepare"),
-    ("autofuse/capture/structural.py", "convert_structural"),
-}
-# private names the cache modules share among themselves, likewise
-PRIVATE_IMPORTS = {
-    ("autofuse/cache/commands.py", "_read_entry"),
-    ("autofuse/cache/binaries.py", "_canonical"),
-    ("autofuse/cache/binaries.py", "_sha"),
-    ("autofuse/cache/binaries.py", "_triton_version"),
-    ("autofuse/cache/disk.py", "_canonical"),
-    ("autofuse/cache/disk.py", "_decode_graph"),
-    ("autofuse/cache/disk.py", "_decode_kernel"),
-    ("autofuse/cache/disk.py", "_encode_graph"),
-    ("autofuse/cache/disk.py", "_encode_kernel"),
-    ("autofuse/cache/disk.py", "_json_safe"),
-    ("autofuse/cache/disk.py", "_sha"),
-    ("autofuse/cache/disk.py", "_KEY_RE"),
-    ("autofuse/cache/disk.py", "_STALE_SECONDS"),
-    ("autofuse/cache/disk.py", "_check_key"),
-    ("autofuse/cache/disk.py", "_Corrupt"),
-    ("autofuse/cache/disk.py", "_triton_version"),
-    ("autofuse/cache/bundle.py", "_canonical"),
-    ("autofuse/cache/bundle.py", "_sha"),
-    ("autofuse/cache/bundle.py", "_decode_plan"),
-    ("autofuse/cache/bundle.py", "_publish"),
-    ("autofuse/cache/bundle.py", "_read_doc"),
-    ("autofuse/cache/bundle.py", "_read_entry"),
-    ("autofuse/cache/bundle.py", "_KEY_RE"),
-    ("autofuse/cache/bundle.py", "_Corrupt"),
-    ("autofuse/cache/bundle.py", "_triton_version"),
-    ("autofuse/cache/calls.py", "_canonical"),
-    ("autofuse/cache/calls.py", "_sha"),
-    ("autofuse/cache/calls.py", "_KEY_RE"),
-    ("autofuse/cache/calls.py", "_triton_version"),
-    ("autofuse/cache/load.py", "_read_entry"),
-}
 PIPELINE = ("measure", "tune", "partition", "plan")
 LAUNCH_FIELDS = {"num_warps", "num_stages"}  # every launch has them, not one kind's
 IR_KINDS = {"pointwise", "reduction"}  # also the IR's op kinds (``Node.kind``)
@@ -115,10 +74,7 @@ def _long_functions() -> set[tuple[str, str]]:
 
 def test_no_function_over_the_line_limit():
     long = _long_functions()
-    assert long <= LONG_FUNCTIONS, (
-        f"functions over {MAX_FUNCTION_LINES} lines: {long - LONG_FUNCTIONS}"
-    )
-    assert not any(p.startswith("autofuse/kernels/") for p, _ in long)
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {sorted(long)}"
 
 
 def test_no_private_name_is_imported_from_another_module():
@@ -129,7 +85,7 @@ def test_no_private_name_is_imported_from_another_module():
                 for a in node.names:
                     if a.name.startswith("_") and not a.name.startswith("__"):
                         found.add((str(path.relative_to(ROOT)), a.name))
-    assert found <= PRIVATE_IMPORTS, f"private names imported: {sorted(found - PRIVATE_IMPORTS)}"
+    assert not found, f"private names imported: {sorted(found)}"
 
 
 def test_the_kinds_live_in_folders_and_the_registry_lists_them():
@@ -237,6 +193,70 @@ def test_no_import_cycles():
         if m not in state:
             visit(m)
     assert len(graph) > 40  # the walk saw the whole package
+
+
+# package loops still there: tune, cache, runner and frontend reach each other through plan
+# assembly (tuned and untuned plans built in each), which one planner in plan/ takes over. This
+# list may only shrink: a loop that changes or goes away is taken out here.
+KNOWN_PACKAGE_LOOPS = [
+    {"autofuse.cache", "autofuse.frontend", "autofuse.runner", "autofuse.tune"},
+]
+
+
+def _package(module: str) -> str:
+    """A module's package: its first component under autofuse/ (``autofuse.ir.graph`` ->
+    ``autofuse.ir``; a top-level module such as ``autofuse.logs`` is its own)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _loops(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of ``graph`` with more than one member."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_package_import_loops():
+    """A package imports another if any of its modules does (at module level or deferred); no
+    two packages import each other, directly or around a loop, but the known loop above. The
+    root package (``autofuse/__init__.py``, the public facade) is left out."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        for dep in _imports(name, path, modules):
+            a, b = _package(name), _package(dep)
+            if a != b and "autofuse" not in (a, b):
+                graph.setdefault(a, set()).add(b)
+    loops = sorted(sorted(c) for c in _loops(graph))
+    assert loops == sorted(sorted(c) for c in KNOWN_PACKAGE_LOOPS), (
+        f"package loops {loops}: none but KNOWN_PACKAGE_LOOPS, which may only shrink"
+    )
+    assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
 
 def test_the_partitioner_imports_no_plan_runtime():

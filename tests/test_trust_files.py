@@ -24,7 +24,7 @@ import pytest
 
 from autofuse import cache, settings
 from autofuse.cache import bundle, calls, trust
-from autofuse.cache.codec import _canonical, _sha
+from autofuse.cache.codec import canonical_json, sha256_hex
 from autofuse.capture.trace import capture
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan
@@ -69,8 +69,8 @@ def _forge(entry: Path, marker: Path) -> None:
     k = next(s["kernel"] for s in payload["steps"] if s["kind"] == "kernel")
     src = f"open({str(marker)!r}, 'w').write('ran')\n" + (entry / k["source_file"]).read_text()
     (entry / k["source_file"]).write_text(src)
-    k["source_sha256"] = _sha(src.encode())
-    doc["payload_sha256"] = _sha(_canonical(payload))
+    k["source_sha256"] = sha256_hex(src.encode())
+    doc["payload_sha256"] = sha256_hex(canonical_json(payload))
     (entry / "plan.json").write_text(json.dumps(doc))
 
 
@@ -126,7 +126,7 @@ def test_a_call_record_under_another_functions_key_is_refused(home, monkeypatch)
 def test_binaries_are_signed_and_checked(home, tmp_path, monkeypatch):
     from autofuse.cache import binaries
 
-    rec = {"source_sha256": "s", "binary_b64": "AA==", "binary_sha256": _sha(b"\0")}
+    rec = {"source_sha256": "s", "binary_b64": "AA==", "binary_sha256": sha256_hex(b"\0")}
     binaries.write_binary(tmp_path / "unsigned.json", rec)
     _with_key(monkeypatch)
     binaries.write_binary(tmp_path / "signed.json", rec)
@@ -151,10 +151,10 @@ def _forge_bundle(out: Path, marker: Path) -> None:
     key = prefix.split("/")[1]
     for p in entry.iterdir():
         files[f"{prefix}/{p.name}"] = p.read_bytes()
-        m["entries"][key]["files"][p.name] = _sha(p.read_bytes())
+        m["entries"][key]["files"][p.name] = sha256_hex(p.read_bytes())
     m.pop("manifest_hmac", None)
     m.pop("manifest_sha256")
-    m["manifest_sha256"] = _sha(_canonical(m))
+    m["manifest_sha256"] = sha256_hex(canonical_json(m))
     files["manifest.json"] = json.dumps(m).encode()
     with zipfile.ZipFile(out, "w") as z:
         for n, d in files.items():
@@ -285,10 +285,10 @@ def test_a_bundle_that_is_a_fifo_ends_in_a_clear_error(tmp_path):
 
 def _manifest_bundle(path: Path, change) -> None:
     m = {"autofuse_bundle": bundle.BUNDLE_FORMAT, "provenance": {},
-         "entries": {KEY: {"files": {"plan.json": _sha(b"{}")}, "build": {}}}}  # fmt: skip
+         "entries": {KEY: {"files": {"plan.json": sha256_hex(b"{}")}, "build": {}}}}  # fmt: skip
     files = {f"plans/{KEY}/plan.json": b"{}"}
     change(m, files)
-    m["manifest_sha256"] = _sha(_canonical(m))
+    m["manifest_sha256"] = sha256_hex(canonical_json(m))
     with zipfile.ZipFile(path, "w") as z:
         for n, d in files.items():
             z.writestr(n, d)
@@ -296,7 +296,7 @@ def _manifest_bundle(path: Path, change) -> None:
 
 
 def _both(m, files):
-    m["entries"][KEY]["files"]["plan.json/x"] = _sha(b"")
+    m["entries"][KEY]["files"]["plan.json/x"] = sha256_hex(b"")
     files[f"plans/{KEY}/plan.json/x"] = b""
 
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from autofuse.cache.codec import _canonical, _sha
-from autofuse.cache.keys import CacheWarning, _triton_version
+from autofuse.cache.codec import canonical_json, sha256_hex
+from autofuse.cache.keys import CacheWarning, triton_version
 from autofuse.cache.trust import BINARY_LIMIT, read_bounded, sign, signature_problem
 from autofuse.files import write_atomic
 from autofuse.settings import settings
@@ -53,7 +53,7 @@ def current_build() -> dict[str, Any]:
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         cap = [int(major), int(minor)]
-    return {"capability": cap, "torch": str(torch.__version__), "triton": _triton_version()}
+    return {"capability": cap, "torch": str(torch.__version__), "triton": triton_version()}
 
 
 def mismatch(record: dict, build: dict | None = None) -> list[str]:
@@ -95,7 +95,7 @@ def record_from_compiled(compiled: Any) -> dict | None:
             "metadata_json": meta_json,
             "binary_ext": "cubin",
             "binary_b64": base64.b64encode(bytes(binary)).decode(),
-            "binary_sha256": _sha(bytes(binary)),
+            "binary_sha256": sha256_hex(bytes(binary)),
             # ordered pairs: the launcher packs arguments in signature order, and the record
             # is written with sorted keys (a dict here came back alphabetical: wrong launches)
             "signature": [[str(k), v] for k, v in src.signature.items()],
@@ -121,7 +121,7 @@ def compiled_from_record(fn: Any, record: dict) -> Any:
         raise ValueError("the binary's signature does not list the kernel's parameters in order")
     src = ASTSource(fn, signature, _decode_path_dict(record["constexprs"]), attrs)
     binary = base64.b64decode(record["binary_b64"])
-    if _sha(binary) != record["binary_sha256"]:
+    if sha256_hex(binary) != record["binary_sha256"]:
         raise ValueError("binary does not match its sha256")
     name = re.sub(r"[^A-Za-z0-9_]", "_", record["name"])
     with tempfile.TemporaryDirectory(prefix="autofuse-bin-") as d:
@@ -145,7 +145,9 @@ def read_binary(path: Path, source_sha256: str) -> dict:
     if not isinstance(doc, dict) or doc.get("autofuse_binary") != BINARY_FORMAT:
         raise ValueError("is not an autofuse binary of this format")
     payload = doc.get("payload")
-    if not isinstance(payload, dict) or _sha(_canonical(payload)) != doc.get("payload_sha256"):
+    if not isinstance(payload, dict) or sha256_hex(canonical_json(payload)) != doc.get(
+        "payload_sha256"
+    ):
         raise ValueError("does not match its sha256 (the file was modified)")
     forged = signature_problem("binary", doc["payload_sha256"], doc.get("signature"))
     if forged is not None:
@@ -156,13 +158,13 @@ def read_binary(path: Path, source_sha256: str) -> dict:
         binary = base64.b64decode(payload["binary_b64"], validate=True)
     except (KeyError, ValueError) as e:
         raise ValueError(f"holds no readable binary ({e})") from None
-    if _sha(binary) != payload.get("binary_sha256"):
+    if sha256_hex(binary) != payload.get("binary_sha256"):
         raise ValueError("the binary does not match its sha256")
     return payload
 
 
 def write_binary(path: Path, payload: dict) -> None:
-    doc = {"autofuse_binary": BINARY_FORMAT, "payload_sha256": _sha(_canonical(payload))}
+    doc = {"autofuse_binary": BINARY_FORMAT, "payload_sha256": sha256_hex(canonical_json(payload))}
     signature = sign("binary", doc["payload_sha256"])
     if signature is not None:
         doc["signature"] = signature

@@ -35,24 +35,24 @@ import torch
 
 from autofuse.cache.binaries import BIN_DIR
 from autofuse.cache.calls import CALLS_DIR, read_call
-from autofuse.cache.codec import _canonical, _sha
+from autofuse.cache.codec import canonical_json, sha256_hex
 from autofuse.cache.disk import (
-    _decode_plan,
-    _publish,
-    _read_doc,
-    _read_entry,
+    decode_plan,
     plan_text,
     plans_dir,
+    publish_entry,
+    read_doc,
+    read_entry,
 )
 from autofuse.cache.keys import (
-    _KEY_RE,
     CACHE_FORMAT,
+    KEY_RE,
     PLAN_FILE,
+    CorruptEntry,
     DeviceInfo,
-    _Corrupt,
-    _triton_version,
     generator_id,
     key_of_parts,
+    triton_version,
 )
 from autofuse.cache.trust import (
     BUNDLE_LIMIT,
@@ -83,7 +83,7 @@ def here() -> dict[str, str]:
     return {
         "device": DeviceInfo.current().tag(),
         "torch": str(torch.__version__),
-        "triton": _triton_version(),
+        "triton": triton_version(),
         "autofuse": __version__,
         "generator": generator_id(),
     }
@@ -117,30 +117,39 @@ def export_bundle(
     call index's records ``calls`` (call key -> entry key: ``load`` then needs no capture)."""
     root = plans_dir(cache_dir)
     if keys is None:
-        keys = sorted(p.name for p in root.iterdir() if _KEY_RE.match(p.name) and p.is_dir()) \
+        keys = sorted(p.name for p in root.iterdir() if KEY_RE.match(p.name) and p.is_dir()) \
             if root.is_dir() else []  # fmt: skip
     if not keys:
         raise BundleError(f"nothing to export: no cache entries in {root}")
-    entries: dict[str, Any] = {}
     blobs: dict[str, bytes] = {}
-    for key in keys:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            plan, meta, problem = _read_entry(cache_dir, key)
-        if plan is None:
-            raise BundleError(f"entry {key}: {problem or 'no such entry in ' + str(root)}")
-        files = {}
-        for rel in _entry_files(root / key):
-            data = (root / key / rel).read_bytes()
-            blobs[f"plans/{key}/{rel}"] = data
-            files[rel] = _sha(data)
-        entries[key] = {
-            "files": files,
-            "build": entry_build(meta),
-            "function": str(meta.get("function", "")),
-            "kernels": len(plan.kernels),
-        }
-    call_records = _call_records(cache_dir, calls or {}, entries, blobs)
+    entries = {key: _export_entry(cache_dir, root, key, blobs) for key in keys}
+    manifest = _manifest(entries, _call_records(cache_dir, calls or {}, entries, blobs))
+    _write_zip(Path(out), blobs, manifest)
+    return manifest
+
+
+def _export_entry(cache_dir: Any, root: Path, key: str, blobs: dict[str, bytes]) -> dict:
+    """The manifest record of the valid entry ``key``, its files added to ``blobs``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan, meta, problem = read_entry(cache_dir, key)
+    if plan is None:
+        raise BundleError(f"entry {key}: {problem or 'no such entry in ' + str(root)}")
+    files = {}
+    for rel in _entry_files(root / key):
+        data = (root / key / rel).read_bytes()
+        blobs[f"plans/{key}/{rel}"] = data
+        files[rel] = sha256_hex(data)
+    return {
+        "files": files,
+        "build": entry_build(meta),
+        "function": str(meta.get("function", "")),
+        "kernels": len(plan.kernels),
+    }
+
+
+def _manifest(entries: dict, call_records: dict) -> dict[str, Any]:
+    """The bundle's manifest: its entries, call records and provenance, digested and signed."""
     manifest: dict[str, Any] = {
         "autofuse_bundle": BUNDLE_FORMAT,
         "cache_format": CACHE_FORMAT,
@@ -157,11 +166,15 @@ def export_bundle(
     }
     if call_records:
         manifest["calls"] = call_records
-    manifest["manifest_sha256"] = _sha(_canonical(manifest))
+    manifest["manifest_sha256"] = sha256_hex(canonical_json(manifest))
     signature = sign("bundle", manifest["manifest_sha256"])
     if signature is not None:
         manifest["manifest_hmac"] = signature
-    out = Path(out)
+    return manifest
+
+
+def _write_zip(out: Path, blobs: dict[str, bytes], manifest: dict) -> None:
+    """The zip ``out`` of ``blobs`` and ``manifest``, written whole or not at all."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
@@ -173,7 +186,6 @@ def export_bundle(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return manifest
 
 
 def _call_records(cache_dir: Any, calls: dict[str, str], entries: dict, blobs: dict) -> dict:
@@ -191,7 +203,7 @@ def _call_records(cache_dir: Any, calls: dict[str, str], entries: dict, blobs: d
         except OSError:
             continue
         blobs[f"{CALLS_DIR}/{ck}.json"] = data
-        out[ck] = {"plan_key": key, "sha256": _sha(data)}
+        out[ck] = {"plan_key": key, "sha256": sha256_hex(data)}
     return out
 
 
@@ -254,7 +266,7 @@ def read_bundle(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
     if not isinstance(manifest, dict) or manifest.get("autofuse_bundle") != BUNDLE_FORMAT:
         raise _corrupt(path, "manifest.json is not an autofuse bundle manifest of this format")
     body = {k: v for k, v in manifest.items() if k not in ("manifest_sha256", "manifest_hmac")}
-    if _sha(_canonical(body)) != manifest.get("manifest_sha256"):
+    if sha256_hex(canonical_json(body)) != manifest.get("manifest_sha256"):
         raise _corrupt(path, "manifest.json does not match its sha256 (modified)")
     forged = signature_problem("bundle", manifest["manifest_sha256"], manifest.get("manifest_hmac"))
     if forged is not None:
@@ -265,7 +277,7 @@ def read_bundle(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
         extra, missing = sorted(set(blobs) - set(listed)), sorted(set(listed) - set(blobs))
         raise _corrupt(path, f"files not in the manifest {extra}, missing files {missing}")
     for name, digest in listed.items():
-        if _sha(blobs[name]) != digest:
+        if sha256_hex(blobs[name]) != digest:
             raise _corrupt(path, f"{name} does not match its sha256")
     return manifest, blobs
 
@@ -278,7 +290,7 @@ def _listed_files(path: Any, manifest: dict) -> dict[str, str]:
         raise _corrupt(path, "manifest.json's 'entries' is not a non-empty map of entries")
     listed: dict[str, str] = {}
     for key, e in entries.items():
-        if not _KEY_RE.match(key):
+        if not KEY_RE.match(key):
             raise _corrupt(path, f"invalid entry key {key!r}")
         files = e.get("files") if isinstance(e, dict) else None
         if not isinstance(files, dict) or not files:
@@ -325,7 +337,7 @@ def differences(build: dict, local: dict | None = None) -> list[str]:
 
 def _rekey(entry: Path, old_key: str, local: dict) -> str:
     """Rewrite ``entry``'s plan.json for the key this machine computes; drop its binaries."""
-    payload = _read_doc(entry)
+    payload = read_doc(entry)
     meta = payload.setdefault("metadata", {})
     parts = meta.get("key_parts")
     if not isinstance(parts, dict) or "graph" not in parts:
@@ -393,16 +405,16 @@ def import_bundle(
             new = _rekey(tmp, key, local) if differences(e.get("build") or {}, local) else key
             staged.append((key, new, tmp))
             try:  # the entry as the cache will read it: plan digest, kernels, binaries
-                payload = _read_doc(tmp)
+                payload = read_doc(tmp)
                 if payload.get("key") != new:
-                    raise _Corrupt(tmp / PLAN_FILE, f"holds the entry {payload.get('key')!r}")
+                    raise CorruptEntry(tmp / PLAN_FILE, f"holds the entry {payload.get('key')!r}")
                 with warnings.catch_warnings():
                     warnings.simplefilter("error")
-                    _decode_plan(tmp, payload)
-            except (_Corrupt, Warning) as err:
+                    decode_plan(tmp, payload)
+            except (CorruptEntry, Warning) as err:
                 raise _corrupt(path, f"entry {key}: {err}") from None
         for _, new, tmp in staged:
-            _publish(tmp, root / new)
+            publish_entry(tmp, root / new)
     finally:
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -43,15 +43,15 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from autofuse.cache.codec import _canonical, _sha
+from autofuse.cache.codec import canonical_json, sha256_hex
 from autofuse.cache.keys import (
-    _KEY_RE,
     CACHE_FORMAT,
+    KEY_RE,
     DeviceInfo,
-    _triton_version,
     generator_id,
     inputs_device,
     key_options,
+    triton_version,
 )
 from autofuse.cache.trust import CALL_LIMIT, read_bounded, sign, signature_problem
 from autofuse.files import write_atomic
@@ -321,7 +321,7 @@ def call_key_why(fn: Any, example_inputs: Any, options: dict | None = None) -> t
             "device": DeviceInfo.current(inputs_device(example_inputs)).tag(),
             "versions": [
                 str(torch.__version__),
-                _triton_version(),
+                triton_version(),
                 __version__,
                 generator_id(),
             ],  # fmt: skip
@@ -368,7 +368,7 @@ def write_call(cache_dir: str | os.PathLike, ck: str | None, plan_key: str, capt
             "param_names": list(captured.param_names),
             "source_name": captured.source_name,
         }
-        doc = {"autofuse_call": CACHE_FORMAT, "sha256": _sha(_canonical(payload))}
+        doc = {"autofuse_call": CACHE_FORMAT, "sha256": sha256_hex(canonical_json(payload))}
         signature = sign("call", doc["sha256"])
         if signature is not None:
             doc["signature"] = signature
@@ -399,9 +399,12 @@ def read_call(cache_dir: str | os.PathLike, ck: str | None) -> dict | None:
     try:
         doc = json.loads(read_bounded(_path(cache_dir, ck), CALL_LIMIT))
         payload = doc["payload"]
-        if doc.get("autofuse_call") != CACHE_FORMAT or _sha(_canonical(payload)) != doc["sha256"]:
+        if (
+            doc.get("autofuse_call") != CACHE_FORMAT
+            or sha256_hex(canonical_json(payload)) != doc["sha256"]
+        ):
             return None
-        if not isinstance(payload.get("plan_key"), str) or not _KEY_RE.match(payload["plan_key"]):
+        if not isinstance(payload.get("plan_key"), str) or not KEY_RE.match(payload["plan_key"]):
             return None
         if payload.get("call_key") != ck or signature_problem("call", doc["sha256"],
                                                               doc.get("signature")):  # fmt: skip

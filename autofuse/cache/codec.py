@@ -8,7 +8,8 @@ import json
 from typing import Any
 
 from autofuse.ir.graph import Graph, Node
-from autofuse.kernels import GroupInfo, Kernel, KernelMeta
+from autofuse.kernels import GroupInfo, Kernel, KernelMeta, LibraryCall, check_call
+from autofuse.plan import LibraryStep
 
 # ---------------------------------------------------------------------------------------------
 # Encoding: tuples of primitives <-> JSON
@@ -36,16 +37,16 @@ def _dec(v: Any) -> Any:
     return v
 
 
-def _json_safe(v: Any) -> Any:
+def json_safe(v: Any) -> Any:
     """Metadata -> JSON: anything that is not a primitive, a sequence or a dict is repr'd."""
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, dict):
-        return {str(k): _json_safe(x) for k, x in v.items()}
+        return {str(k): json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
+        return [json_safe(x) for x in v]
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return {f.name: _json_safe(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        return {f.name: json_safe(getattr(v, f.name)) for f in dataclasses.fields(v)}
     return repr(v)
 
 
@@ -74,7 +75,8 @@ def _decode_node(d: dict) -> Node:
     )
 
 
-def _encode_graph(graph: Graph) -> dict:
+def encode_graph(graph: Graph) -> dict:
+    """``graph`` as JSON: its key, nodes, inputs and outputs."""
     return {
         "key": graph.key,
         "nodes": [_encode_node(n) for n in graph.nodes],
@@ -83,7 +85,8 @@ def _encode_graph(graph: Graph) -> dict:
     }
 
 
-def _decode_graph(d: dict) -> Graph:
+def decode_graph(d: dict) -> Graph:
+    """The graph ``encode_graph`` wrote."""
     graph = Graph(
         tuple(_decode_node(n) for n in d["nodes"]), tuple(d["inputs"]), tuple(d["outputs"])
     )
@@ -121,7 +124,8 @@ def _decode_config(d: dict) -> Any:
 _KERNEL_SPECIAL = ("name", "source", "config", "info", "meta")
 
 
-def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
+def encode_kernel(kernel: Kernel, source_file: str) -> dict:
+    """``kernel`` as JSON, its source kept in ``source_file`` beside the plan."""
     extra = {
         f.name: _enc(getattr(kernel, f.name), f"kernel {kernel.name}.{f.name}")
         for f in dataclasses.fields(kernel)
@@ -130,7 +134,7 @@ def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
     return {
         "name": kernel.name,
         "source_file": source_file,
-        "source_sha256": _sha(kernel.source.encode()),
+        "source_sha256": sha256_hex(kernel.source.encode()),
         "config": _encode_config(kernel.config),
         "info": _encode_dataclass(kernel.info, f"kernel {kernel.name}.info"),
         "meta": _encode_dataclass(kernel.meta, f"kernel {kernel.name}.meta"),
@@ -138,7 +142,8 @@ def _encode_kernel(kernel: Kernel, source_file: str) -> dict:
     }
 
 
-def _decode_kernel(d: dict, source: str) -> Kernel:
+def decode_kernel(d: dict, source: str) -> Kernel:
+    """The kernel ``encode_kernel`` wrote, with its verified ``source`` text."""
     return Kernel(
         name=d["name"],
         source=source,
@@ -149,9 +154,43 @@ def _decode_kernel(d: dict, source: str) -> Kernel:
     )
 
 
-def _sha(data: bytes) -> str:
+def encode_library_step(step: LibraryStep) -> dict:
+    """A library step as data: its provider, function and arguments (nodes and constants)."""
+    call = step.call
+    what = f"library call {call.label}"
+    return {
+        "kind": "library",
+        "provider": call.provider,
+        "call": call.name,
+        "args": list(call.args),
+        "out": call.out,
+        "nodes": list(call.nodes),
+        "params": [[k, _enc(v, f"argument {k} of {what}")] for k, v in call.params],
+        "reason": step.reason,
+    }
+
+
+def decode_library_step(d: dict, graph: Graph) -> LibraryStep:
+    """The step ``encode_library_step`` wrote; raises ValueError where it names a provider,
+    a function or a node this autofuse and ``graph`` do not have."""
+    call = LibraryCall(
+        provider=str(d["provider"]),
+        name=str(d["call"]),
+        args=tuple(int(a) for a in d["args"]),
+        out=int(d["out"]),
+        nodes=tuple(int(n) for n in d["nodes"]),
+        params=tuple((str(k), _dec(v)) for k, v in d["params"]),
+    )
+    check_call(call, graph)
+    return LibraryStep(call, str(d["reason"]))
+
+
+def sha256_hex(data: bytes) -> str:
+    """The hex SHA-256 digest of ``data``: the cache's checksum of files and documents."""
     return hashlib.sha256(data).hexdigest()
 
 
-def _canonical(payload: Any) -> bytes:
+def canonical_json(payload: Any) -> bytes:
+    """The one byte form of a JSON document that digests and signatures are taken over (sorted
+    keys, no spaces, ASCII)."""
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()

@@ -19,9 +19,9 @@ from typing import Any
 
 from autofuse.cache.binaries import BIN_DIR
 from autofuse.cache.calls import CALLS_DIR
-from autofuse.cache.disk import _read_entry, entry_files, list_entries, plans_dir
+from autofuse.cache.disk import entry_files, list_entries, plans_dir, read_entry
 from autofuse.cache.keys import PLAN_FILE, valid_key
-from autofuse.plan.runtime import KernelStep
+from autofuse.plan import KernelStep, LibraryStep
 from autofuse.settings import cache_home, settings
 
 _KERNEL_FILE = re.compile(r"^[A-Za-z0-9_]+_[0-9a-f]{20}(\.py|[A-Za-z0-9_]*\.tmp)$")
@@ -70,7 +70,7 @@ def cache_list(root: Any) -> int:
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan, meta, _ = _read_entry(root, e.key)
+            plan, meta, _ = read_entry(root, e.key)
         if plan is None:
             continue
         print(f"{e}\n    inputs: {_shapes(plan)}\n    speedup: {_speed_text(meta)}"
@@ -80,7 +80,7 @@ def cache_list(root: Any) -> int:
 
 def cache_show(root: Any, key: str) -> int:
     key = resolve_key(root, key)
-    plan, meta, problem = _read_entry(root, key)
+    plan, meta, problem = read_entry(root, key)
     if plan is None:
         print(f"entry {key}: {problem or 'not in ' + str(plans_dir(root))}", file=sys.stderr)
         return 1
@@ -98,6 +98,8 @@ def cache_show(root: Any, key: str) -> int:
             k = step.kernel
             n_bin = len(step.store.records) if step.store is not None else 0
             print(f"  kernel {k.name}: {len(k.info.nodes)} ops, {k.config}, {n_bin} binaries")
+        elif isinstance(step, LibraryStep):
+            print(f"  library {step.implementation}: {step.reason}")
         else:
             print(f"  eager  {g[step.node].op}: {step.reason}")
     return 0

@@ -34,32 +34,34 @@ import torch
 
 from autofuse.cache.binaries import BIN_DIR, BinaryStore
 from autofuse.cache.codec import (
-    _canonical,
-    _decode_graph,
-    _decode_kernel,
-    _encode_graph,
-    _encode_kernel,
-    _json_safe,
-    _sha,
+    canonical_json,
+    decode_graph,
+    decode_kernel,
+    decode_library_step,
+    encode_graph,
+    encode_kernel,
+    encode_library_step,
+    json_safe,
+    sha256_hex,
 )
 from autofuse.cache.keys import (
-    _KEY_RE,
-    _STALE_SECONDS,
     CACHE_FORMAT,
+    KEY_RE,
     PLAN_FILE,
     PLANS,
+    STALE_SECONDS,
     CacheWarning,
+    CorruptEntry,
     DeviceInfo,
-    _check_key,
-    _Corrupt,
-    _triton_version,
+    check_key,
     generator_id,
     inputs_device,
     key_for,
     key_parts,
+    triton_version,
 )
 from autofuse.cache.trust import PLAN_LIMIT, SOURCE_LIMIT, read_bounded, sign, signature_problem
-from autofuse.plan.runtime import EagerStep, KernelStep, Plan
+from autofuse.plan import EagerStep, KernelStep, LibraryStep, Plan
 from autofuse.settings import cache_home, settings
 from autofuse.version import __version__
 
@@ -74,7 +76,7 @@ def plans_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def entry_dir(cache_dir: str | os.PathLike | None, key: str) -> Path:
-    _check_key(key)
+    check_key(key)
     return plans_dir(cache_dir) / key
 
 
@@ -97,7 +99,7 @@ def _default_metadata() -> dict[str, Any]:
         "created": now,
         "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
         "torch": str(torch.__version__),
-        "triton": _triton_version(),
+        "triton": triton_version(),
         "autofuse": __version__,
         "generator": generator_id(),
         "cuda": torch.version.cuda,
@@ -238,7 +240,7 @@ def _keep_foreign(final: Path, tmp: Path) -> None:
         pass
 
 
-def _publish(tmp: Path, final: Path) -> None:
+def publish_entry(tmp: Path, final: Path) -> None:
     """Rename the complete entry ``tmp`` to ``final``, replacing an older entry.
 
     Where the OS can swap two directories atomically, readers never see the entry missing;
@@ -278,7 +280,7 @@ def _sweep(root: Path) -> None:
     for p in children:
         if p.name.startswith((".tmp-", ".trash-")):
             try:
-                if now - p.stat().st_mtime > _STALE_SECONDS:
+                if now - p.stat().st_mtime > STALE_SECONDS:
                     shutil.rmtree(p, ignore_errors=True)
             except OSError:
                 pass
@@ -286,7 +288,7 @@ def _sweep(root: Path) -> None:
 
 def plan_text(key: str, payload: dict) -> str:
     """plan.json for ``payload``: its digest, and its signature where a signing key is set."""
-    digest = _sha(_canonical(payload))
+    digest = sha256_hex(canonical_json(payload))
     doc = {"autofuse_plan_cache": CACHE_FORMAT, "key": key, "payload_sha256": digest}
     signature = sign("plan", digest)
     if signature is not None:
@@ -306,19 +308,21 @@ def save_plan(
     for step in plan.steps:
         if isinstance(step, KernelStep):
             kernel, file = next(kernels)
-            steps.append({"kind": "kernel", "kernel": _encode_kernel(kernel, file)})
+            steps.append({"kind": "kernel", "kernel": encode_kernel(kernel, file)})
+        elif isinstance(step, LibraryStep):
+            steps.append(encode_library_step(step))
         elif isinstance(step, EagerStep):
             steps.append({"kind": "eager", "node": step.node, "reason": step.reason})
         else:
             raise TypeError(f"cannot cache a plan step of type {type(step).__name__}")
     meta = _default_metadata()
-    meta.update(_json_safe(dict(metadata or {})))
+    meta.update(json_safe(dict(metadata or {})))
     meta.setdefault("function", "")
     payload = {
         "format": CACHE_FORMAT,
         "key": key,
         "label": plan.label,
-        "graph": _encode_graph(plan.graph),
+        "graph": encode_graph(plan.graph),
         "steps": steps,
         "metadata": meta,
     }
@@ -334,7 +338,7 @@ def save_plan(
             _write_file(tmp / file, kernel.source.encode())
         _write_file(tmp / PLAN_FILE, text.encode())
         _fsync_dir(tmp)
-        _publish(tmp, final)
+        publish_entry(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -361,7 +365,7 @@ def store(
     tuning = getattr(optimized, "tuning", None)
     if tuning is not None:
         meta["tuning"] = {
-            name: _json_safe(getattr(tuning, name))
+            name: json_safe(getattr(tuning, name))
             for name in (
                 "value",
                 "source",
@@ -407,52 +411,57 @@ class EntryInfo:
         return f"{self.key}  {self.function or '?'}  {when}  {self.kernels} kernels  {state}"
 
 
-def _read_doc(entry: Path) -> dict:
-    """plan.json, parsed and checked against its digest; raises _Corrupt."""
+def read_doc(entry: Path) -> dict:
+    """plan.json, parsed and checked against its digest; raises CorruptEntry."""
     file = entry / PLAN_FILE
     try:
         raw = read_bounded(file, PLAN_LIMIT)
     except FileNotFoundError:
-        raise _Corrupt(file, "plan.json is missing") from None
+        raise CorruptEntry(file, "plan.json is missing") from None
     except OSError as e:
-        raise _Corrupt(file, f"cannot be read: {e}") from None
+        raise CorruptEntry(file, f"cannot be read: {e}") from None
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise _Corrupt(file, f"is not valid JSON (truncated or corrupted?): {e}") from None
+        raise CorruptEntry(file, f"is not valid JSON (truncated or corrupted?): {e}") from None
     if not isinstance(doc, dict):
-        raise _Corrupt(file, "is not a JSON object")
+        raise CorruptEntry(file, "is not a JSON object")
     fmt = doc.get("autofuse_plan_cache")
     if fmt != CACHE_FORMAT:
-        raise _Corrupt(
+        raise CorruptEntry(
             file, f"was written in cache format {fmt!r}; this autofuse reads format {CACHE_FORMAT}"
         )
     payload = doc.get("payload")
     if not isinstance(payload, dict) or not isinstance(doc.get("payload_sha256"), str):
-        raise _Corrupt(file, "has no payload or no payload digest")
-    if _sha(_canonical(payload)) != doc["payload_sha256"]:
-        raise _Corrupt(file, "the payload does not match its sha256 (the file was modified)")
+        raise CorruptEntry(file, "has no payload or no payload digest")
+    if sha256_hex(canonical_json(payload)) != doc["payload_sha256"]:
+        raise CorruptEntry(file, "the payload does not match its sha256 (the file was modified)")
     forged = signature_problem("plan", doc["payload_sha256"], doc.get("signature"))
     if forged is not None:
-        raise _Corrupt(file, forged)
+        raise CorruptEntry(file, forged)
     if payload.get("format") != CACHE_FORMAT:
-        raise _Corrupt(file, f"payload format {payload.get('format')!r} != {CACHE_FORMAT}")
+        raise CorruptEntry(file, f"payload format {payload.get('format')!r} != {CACHE_FORMAT}")
     return payload
 
 
 def _safe_file(entry: Path, name: Any) -> Path:
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.py", name):
-        raise _Corrupt(entry / PLAN_FILE, f"names an invalid kernel file {name!r}")
+        raise CorruptEntry(entry / PLAN_FILE, f"names an invalid kernel file {name!r}")
     return entry / name
 
 
-def _decode_plan(entry: Path, payload: dict) -> Plan:
+def decode_plan(entry: Path, payload: dict) -> Plan:
+    """The plan of ``entry`` from its parsed plan.json ``payload``, each kernel's source read and
+    checked against its digest; raises CorruptEntry."""
     try:
-        graph = _decode_graph(payload["graph"])
+        graph = decode_graph(payload["graph"])
         steps: list[Any] = []
         for s in payload["steps"]:
             if s["kind"] == "eager":
                 steps.append(EagerStep(int(s["node"]), str(s["reason"])))
+                continue
+            if s["kind"] == "library":
+                steps.append(decode_library_step(s, graph))
                 continue
             if s["kind"] != "kernel":
                 raise ValueError(f"unknown step kind {s['kind']!r}")
@@ -461,29 +470,33 @@ def _decode_plan(entry: Path, payload: dict) -> Plan:
             try:
                 data = read_bounded(file, SOURCE_LIMIT)
             except FileNotFoundError:
-                raise _Corrupt(file, f"kernel file of {k['name']} is missing") from None
+                raise CorruptEntry(file, f"kernel file of {k['name']} is missing") from None
             except OSError as e:
-                raise _Corrupt(file, f"kernel file of {k['name']} cannot be read: {e}") from None
-            if _sha(data) != k["source_sha256"]:
-                raise _Corrupt(
+                raise CorruptEntry(
+                    file, f"kernel file of {k['name']} cannot be read: {e}"
+                ) from None
+            if sha256_hex(data) != k["source_sha256"]:
+                raise CorruptEntry(
                     file, f"kernel source of {k['name']} does not match its sha256 (modified?)"
                 )
             store = BinaryStore(entry, file.name, k["name"], k["source_sha256"]).scan()
             for path, problem in store.problems:
                 if settings().strict:
-                    raise _Corrupt(path, f"binary of {k['name']} {problem}")
+                    raise CorruptEntry(path, f"binary of {k['name']} {problem}")
                 warnings.warn(
                     f"autofuse cache: {path}: binary of {k['name']} {problem}; the kernel is "
                     "recompiled from its verified source",
                     CacheWarning,
                     stacklevel=2,
                 )
-            steps.append(KernelStep(_decode_kernel(k, data.decode("utf-8")), store=store))
+            steps.append(KernelStep(decode_kernel(k, data.decode("utf-8")), store=store))
         return Plan(graph, tuple(steps), str(payload.get("label", "plan")))
-    except _Corrupt:
+    except CorruptEntry:
         raise
     except Exception as e:  # noqa: BLE001 - any decoding failure makes the entry unusable
-        raise _Corrupt(entry / PLAN_FILE, f"cannot be decoded ({type(e).__name__}: {e})") from None
+        raise CorruptEntry(
+            entry / PLAN_FILE, f"cannot be decoded ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _inode(path: Path) -> int | None:
@@ -493,7 +506,7 @@ def _inode(path: Path) -> int | None:
         return None
 
 
-def _read_entry(cache_dir: str | os.PathLike, key: str) -> tuple[Plan | None, dict, str | None]:
+def read_entry(cache_dir: str | os.PathLike, key: str) -> tuple[Plan | None, dict, str | None]:
     """(plan, metadata, problem): plan None and problem None is a plain miss."""
     entry = entry_dir(cache_dir, key)
     attempts = 5
@@ -502,13 +515,13 @@ def _read_entry(cache_dir: str | os.PathLike, key: str) -> tuple[Plan | None, di
         if ino is None:
             return None, {}, None
         try:
-            payload = _read_doc(entry)
+            payload = read_doc(entry)
             if payload.get("key") != key:
-                raise _Corrupt(
+                raise CorruptEntry(
                     entry / PLAN_FILE, f"holds the entry {payload.get('key')!r}, not {key!r}"
                 )
-            return _decode_plan(entry, payload), dict(payload.get("metadata") or {}), None
-        except _Corrupt as e:
+            return decode_plan(entry, payload), dict(payload.get("metadata") or {}), None
+        except CorruptEntry as e:
             if attempt < attempts - 1 and _inode(entry) != ino:
                 continue  # a concurrent writer replaced the entry while we read it: read again
             return None, {}, str(e)
@@ -517,7 +530,7 @@ def _read_entry(cache_dir: str | os.PathLike, key: str) -> tuple[Plan | None, di
 
 def load_plan(cache_dir: str | os.PathLike, key: str) -> Plan | None:
     """The cached plan ``key``, or None (a miss; a corrupt entry also warns naming the file)."""
-    plan, _, problem = _read_entry(cache_dir, key)
+    plan, _, problem = read_entry(cache_dir, key)
     if problem is not None:
         warnings.warn(
             f"autofuse cache: skipping corrupt entry {key}: {problem}", CacheWarning, stacklevel=2
@@ -527,7 +540,7 @@ def load_plan(cache_dir: str | os.PathLike, key: str) -> Plan | None:
 
 def load_metadata(cache_dir: str | os.PathLike, key: str) -> dict | None:
     """The metadata of a valid entry (function, created, versions, tuning times), or None."""
-    plan, meta, _ = _read_entry(cache_dir, key)
+    plan, meta, _ = read_entry(cache_dir, key)
     return meta if plan is not None else None
 
 
@@ -538,9 +551,9 @@ def list_entries(cache_dir: str | os.PathLike | None = None) -> list[EntryInfo]:
         return []
     out = []
     for entry in sorted(root.iterdir()):
-        if entry.name.startswith(".") or not entry.is_dir() or not _KEY_RE.match(entry.name):
+        if entry.name.startswith(".") or not entry.is_dir() or not KEY_RE.match(entry.name):
             continue
-        plan, meta, problem = _read_entry(cache_dir, entry.name)
+        plan, meta, problem = read_entry(cache_dir, entry.name)
         if plan is None and problem is None:
             continue  # vanished while listing
         function, created, kernels = str(meta.get("function", "")), meta.get("created"), 0

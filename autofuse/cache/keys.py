@@ -42,8 +42,8 @@ TUNING_OPTIONS = frozenset(
     }
 )
 
-_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_STALE_SECONDS = 3600.0  # leftover temp / trash directories older than this are swept
+KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # the form of a cache key
+STALE_SECONDS = 3600.0  # leftover temp / trash directories older than this are swept
 
 
 class CacheMiss(LookupError):
@@ -58,8 +58,8 @@ class CacheMissWarning(CacheWarning):
     """``load`` found no usable plan and runs the function in eager."""
 
 
-class _Corrupt(Exception):
-    """Internal: an entry that cannot be used; ``file`` names the culprit."""
+class CorruptEntry(Exception):
+    """An entry (or bundle) that cannot be used; ``file`` names the culprit, ``problem`` says why."""
 
     def __init__(self, file: Path, problem: str) -> None:
         super().__init__(f"{file}: {problem}")
@@ -112,7 +112,8 @@ def inputs_device(example_inputs: Any) -> torch.device | None:
     return None
 
 
-def _triton_version() -> str:
+def triton_version() -> str:
+    """The installed Triton's version ("none" without Triton): part of every key and build record."""
     try:
         import triton
     except ImportError:  # pragma: no cover - triton is a dependency
@@ -163,7 +164,7 @@ def key_parts(captured: Captured, device: DeviceInfo, options: dict | None = Non
         "out_spec": str(captured.out_spec),
         "device": device.tag(),
         "torch": str(torch.__version__),
-        "triton": _triton_version(),
+        "triton": triton_version(),
         "autofuse": __version__,
         "generator": generator_id(),
         "options": repr(sorted((str(k), repr(v)) for k, v in opts.items())),
@@ -188,11 +189,12 @@ def key_for(captured: Captured, example_inputs: Any, options: dict | None = None
 
 def valid_key(key: Any) -> bool:
     """Whether ``key`` has the form of a cache key (not whether such an entry exists)."""
-    return isinstance(key, str) and bool(_KEY_RE.match(key))
+    return isinstance(key, str) and bool(KEY_RE.match(key))
 
 
-def _check_key(key: str) -> None:
-    if not isinstance(key, str) or not _KEY_RE.match(key):
+def check_key(key: str) -> None:
+    """Raise ValueError unless ``key`` has the form of a cache key (``valid_key``)."""
+    if not isinstance(key, str) or not KEY_RE.match(key):
         raise ValueError(
             f"invalid cache key {key!r}: expected letters, digits, '_', '-' or '.' "
             "(plan_key makes one)"

@@ -10,8 +10,8 @@ from typing import Any
 from autofuse import logs
 from autofuse.cache.calls import call_key_why, captured_from, note_unkeyed, read_call, write_call
 from autofuse.cache.disk import (
-    _read_entry,
     entry_dir,
+    read_entry,
 )
 from autofuse.cache.keys import (
     PLAN_FILE,
@@ -56,7 +56,7 @@ def _load_by_call(cache_dir: Any, ck: str | None, fn: Any, cuda_graph: bool) -> 
     from autofuse.runner import OptimizedFunction
 
     key = record["plan_key"]
-    plan, meta, _ = _read_entry(cache_dir, key)
+    plan, meta, _ = read_entry(cache_dir, key)
     if plan is None or plan.graph.key != record["graph_key"]:
         return None
     try:
@@ -97,8 +97,6 @@ def load(
     On a miss (or an unusable entry) it returns ``fn`` itself, run in eager, after one warning
     per key; with ``strict=True`` it raises :class:`CacheMiss` instead.
     """
-    from autofuse.runner import OptimizedFunction
-
     cache_dir = cache_home(cache_dir)
     ck, why = (None, None) if retrace else call_key_why(fn, example_inputs, options)
     if why is not None:
@@ -106,31 +104,55 @@ def load(
     fast = _load_by_call(cache_dir, ck, fn, cuda_graph)
     if fast is not None:
         return fast
-    from autofuse.capture.state import buffers_kept
-    from autofuse.capture.trace import TraceUnsupported, capture
-
-    try:
-        with buffers_kept(fn):  # capturing a module in train mode moves no statistics
-            captured = capture(fn, example_inputs)
-    except TraceUnsupported as e:  # optimize runs it on the backend path: no plan to load
-        why = f"{_fn_name(fn)} cannot be captured as one plan ({e})"
+    captured, why = _capture(fn, example_inputs)
+    if captured is None:  # optimize runs it on the backend path: no plan to load
         hint = (
             "optimize() runs such code through the torch.compile backend path, whose plans are "
             "not cached for load: call torch.compile(fn, backend='autofuse') in this process"
         )
         return _missed(fn, "", why, hint, strict, os.path.abspath(cache_dir))
     key = key_for(captured, example_inputs, options)
-    plan, meta, problem = _read_entry(cache_dir, key)
+    opt, problem = _load_by_key(cache_dir, key, captured, fn, cuda_graph)
+    if opt is not None:
+        write_call(cache_dir, ck, key, captured)
+        return opt
+    why, hint = _miss_text(_fn_name(fn), key, problem, cache_dir)
+    return _missed(fn, key, why, hint, strict, os.path.abspath(cache_dir))
+
+
+def _capture(fn: Any, example_inputs: Sequence[Any]) -> tuple[Any, str | None]:
+    """(captured, None), or (None, why) where ``fn`` cannot be captured as one plan."""
+    from autofuse.capture.state import buffers_kept
+    from autofuse.capture.trace import TraceUnsupported, capture
+
+    try:
+        with buffers_kept(fn):  # capturing a module in train mode moves no statistics
+            return capture(fn, example_inputs), None
+    except TraceUnsupported as e:
+        return None, f"{_fn_name(fn)} cannot be captured as one plan ({e})"
+
+
+def _load_by_key(
+    cache_dir: Any, key: str, captured: Any, fn: Any, cuda_graph: bool
+) -> tuple[Any, str | None]:
+    """(the entry ``key`` of ``captured``'s graph ready to run, None), or (None, its problem:
+    None for a plain miss)."""
+    from autofuse.runner import OptimizedFunction
+
+    plan, meta, problem = read_entry(cache_dir, key)
     if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)
         plan, problem = None, f"{entry_dir(cache_dir, key) / PLAN_FILE}: holds another graph"
     logs.emit("cache", f"{'hit' if plan is not None else 'miss'}: {_fn_name(fn)} (key {key})")
-    if plan is not None:
-        opt = OptimizedFunction(captured, plan, fn, cuda_graph=cuda_graph)
-        opt.cache_key = key
-        opt.cache_metadata = meta
-        write_call(cache_dir, ck, key, captured)
-        return opt
-    name = _fn_name(fn)
+    if plan is None:
+        return None, problem
+    opt = OptimizedFunction(captured, plan, fn, cuda_graph=cuda_graph)
+    opt.cache_key = key
+    opt.cache_metadata = meta
+    return opt, None
+
+
+def _miss_text(name: str, key: str, problem: str | None, cache_dir: Any) -> tuple[str, str]:
+    """Why a miss of entry ``key`` ran ``name`` in eager, and how to fill the entry."""
     why = f"the cached entry is unusable: {problem}" if problem else "no cached plan"
     why = f"{why} for {name} (key {key}) in {os.fspath(cache_dir)!r}"
     hint = (
@@ -139,7 +161,7 @@ def load(
         "options first: a search (trials=) tunes and caches a plan (without trials, optimize "
         "builds the greedy plan and caches nothing)."
     )
-    return _missed(fn, key, why, hint, strict, os.path.abspath(cache_dir))
+    return why, hint
 
 
 def _missed(fn: Any, key: str, why: str, hint: str, strict: bool, where: str) -> Any:

@@ -3,7 +3,9 @@
 Core ATen's decompositions, plus softmax, log_softmax, layer_norm, gelu, silu, ... and norms
 (vector_norm, batch_norm, group_norm) taken to sums / maxima the reduction kernels compute; var,
 var_mean and std by moments that stay finite where eager's do; hardtanh, log10, flip, and pools and
-constant pads as window offsets (``pooling.py``).
+constant pads as window offsets (``pooling.py``); convolutions without their bias, which is added
+by a generated kernel, and inference BatchNorm as a per-channel scale and shift
+(``convolution.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from autofuse.capture.convolution import conv_decompositions
 from autofuse.capture.pooling import pooling_decompositions
 
 aten = torch.ops.aten
@@ -137,6 +140,20 @@ def _not_for_bool(decomp):
     return decomposed
 
 
+def _op_where_it_fails(decomp):
+    """``decomp``, or the op itself (eager's op) where the decomposition raises: some are
+    stricter than the op (addcmul's on integer tensors with a float ``value`` raises where
+    eager rounds), and an input eager rejects makes the op raise as eager would."""
+
+    def decomposed(*args, **kwargs):
+        try:
+            return decomp(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - any error: the op decides, as in eager
+            return NotImplemented
+
+    return decomposed
+
+
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(
@@ -178,4 +195,5 @@ def decomposition_table() -> dict:
     table[aten.log10.default] = _log10
     table[aten.flip.default] = _flip
     table.update(pooling_decompositions())  # pools and constant pads (capture/pooling.py)
-    return table
+    table.update(conv_decompositions())  # bias peeled, inference BatchNorm (convolution.py)
+    return {op: _op_where_it_fails(decomp) for op, decomp in table.items()}

@@ -33,84 +33,106 @@ def _dims(dims: Any, ndim: int) -> tuple[int, ...]:
     return tuple(sorted({d % max(ndim, 1) for d in dims}))
 
 
-def convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name):  # noqa: C901
+def convert_structural(b, packet, overload, args, kwargs, val, out_dtype, name):
     """One ATen call with a tensor result -> an IR node, or None."""
+    overloads, rule = _RULES.get(packet, ((), None))
+    if overload not in overloads:
+        return None
+    return rule(b, packet, overload, args, kwargs, val, out_dtype, name)
+
+
+def _cat(b, packet, overload, args, kwargs, val, out_dtype, name):
     env = b.env
-    if packet == "cat" and overload == "default":
-        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-        # legacy: 1-D empty tensors are skipped by torch.cat whatever the other shapes
-        parts = [env[a] for a in args[0] if b.nodes[env[a]].shape != (0,)]
-        if not parts or any(isinstance(p, tuple) for p in parts):
-            return None
-        dim = dim % len(val.shape)
-        if len(parts) == 1:
-            return b.like("cast", parts, val, name, dtype=out_dtype)
-        return b.like("cat", parts, val, name, dim=dim)
-    if packet == "slice_scatter" and overload == "default":
-        return _slice_scatter(b, args, kwargs, val, name)
-    if packet == "gather" and overload == "default" and not kwargs.get("sparse_grad"):
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    # legacy: 1-D empty tensors are skipped by torch.cat whatever the other shapes
+    parts = [env[a] for a in args[0] if b.nodes[env[a]].shape != (0,)]
+    if not parts or any(isinstance(p, tuple) for p in parts):
+        return None
+    dim = dim % len(val.shape)
+    if len(parts) == 1:
+        return b.like("cast", parts, val, name, dtype=out_dtype)
+    return b.like("cat", parts, val, name, dim=dim)
+
+
+def _gather(b, packet, overload, args, kwargs, val, out_dtype, name):
+    if kwargs.get("sparse_grad"):
+        return None
+    src, idx = b.env[args[0]], b.env[args[2]]
+    if b.nodes[idx].dtype not in INDEX_DTYPES:
+        return None
+    dim = args[1] % max(len(b.nodes[src].shape), 1)
+    return b.like("gather", (src, idx), val, name, dim=dim)
+
+
+def _index_select(b, packet, overload, args, kwargs, val, out_dtype, name):
+    env = b.env
+    if packet == "embedding":
+        src, idx, dim = env[args[0]], env[args[1]], 0
+    else:
         src, idx = env[args[0]], env[args[2]]
-        if b.nodes[idx].dtype not in INDEX_DTYPES:
-            return None
         dim = args[1] % max(len(b.nodes[src].shape), 1)
-        return b.like("gather", (src, idx), val, name, dim=dim)
-    if packet in ("index_select", "embedding") and overload == "default":
-        if packet == "embedding":
-            src, idx, dim = env[args[0]], env[args[1]], 0
-        else:
-            src, idx = env[args[0]], env[args[2]]
-            dim = args[1] % max(len(b.nodes[src].shape), 1)
-        if b.nodes[idx].dtype not in INDEX_DTYPES or not b.nodes[src].shape:
-            return None
-        return b.like("take", (src, idx), val, name, dim=dim, wrap=False)
-    if packet == "index" and overload == "Tensor":
-        # index tensors (after any number of full slices, given as None), broadcast together:
-        # an indirect read; a bool mask (data-dependent shape) stays opaque
-        given = [(d, env[a]) for d, a in enumerate(args[1]) if a is not None]
-        if not given or any(b.nodes[i].dtype not in INDEX_DTYPES for _, i in given):
-            return None
-        src, dims = env[args[0]], tuple(d for d, _ in given)
-        idxs = tuple(i for _, i in given)
-        if len(given) == 1:
-            return b.like("take", (src, *idxs), val, name, dim=dims[0], wrap=True)
-        return b.like("take", (src, *idxs), val, name, dim=dims[0], dims=dims, wrap=True)
-    if packet in ("index_put", "_unsafe_index_put") and overload == "default":
-        given = [(d, env[a]) for d, a in enumerate(args[1]) if a is not None]
-        if not given or any(b.nodes[i].dtype not in INDEX_DTYPES for _, i in given):
-            return None  # a bool mask: opaque
-        accumulate = bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
-        where = {"dims": tuple(d for d, _ in given), "along": None}
-        idxs = tuple(i for _, i in given)
-        return _put(b, env[args[0]], env[args[2]], idxs, val, out_dtype, name, accumulate, where)
-    if packet in ("scatter", "scatter_add") and overload in ("default", "src", "value"):
-        if kwargs.get("reduce") is not None or len(args) < 4:
-            return None
-        idx = env[args[2]]
-        if b.nodes[idx].dtype not in INDEX_DTYPES:
-            return None
-        values = b.operand(args[3], out_dtype, name + "_value")
-        where = {"dims": None, "along": args[1] % max(len(val.shape), 1)}
-        accumulate = packet == "scatter_add"
-        return _put(b, env[args[0]], values, (idx,), val, out_dtype, name, accumulate, where)
-    if packet in ("full_like", "zeros_like", "ones_like") and overload == "default":
-        value = {"zeros_like": 0, "ones_like": 1}.get(packet, args[1] if len(args) > 1 else None)
-        if not isinstance(value, numbers.Number):
-            return None
-        v = converted(value, out_dtype)  # as eager stores it: wrapped, rounded
-        v = float(v) if out_dtype in FLOAT_DTYPES else v
-        v = bool(v) if out_dtype == "bool" else v
-        return b.shaped("const", (), tuple(val.shape), out_dtype, name, value=v)
-    if packet == "any" and overload in ("default", "dim", "dims"):
-        x = env[args[0]]
-        ndim = len(b.nodes[x].shape)
-        dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), ndim)
-        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-        if overload == "default" or not ndim:
-            dims, keepdim = tuple(range(ndim)), False
-        if not dims:  # a 0-d tensor: any / all is its truth value
-            return b.like("ne", (x, b.const(0, b.nodes[x].dtype, name + "_zero")), val, name)
-        return b.like(packet, (x,), val, name, dims=dims, keepdim=bool(keepdim))
-    return None
+    if b.nodes[idx].dtype not in INDEX_DTYPES or not b.nodes[src].shape:
+        return None
+    return b.like("take", (src, idx), val, name, dim=dim, wrap=False)
+
+
+def _index(b, packet, overload, args, kwargs, val, out_dtype, name):
+    """Index tensors (after any number of full slices, given as None), broadcast together: an
+    indirect read; a bool mask (data-dependent shape) stays opaque."""
+    env = b.env
+    given = [(d, env[a]) for d, a in enumerate(args[1]) if a is not None]
+    if not given or any(b.nodes[i].dtype not in INDEX_DTYPES for _, i in given):
+        return None
+    src, dims = env[args[0]], tuple(d for d, _ in given)
+    idxs = tuple(i for _, i in given)
+    if len(given) == 1:
+        return b.like("take", (src, *idxs), val, name, dim=dims[0], wrap=True)
+    return b.like("take", (src, *idxs), val, name, dim=dims[0], dims=dims, wrap=True)
+
+
+def _index_put(b, packet, overload, args, kwargs, val, out_dtype, name):
+    env = b.env
+    given = [(d, env[a]) for d, a in enumerate(args[1]) if a is not None]
+    if not given or any(b.nodes[i].dtype not in INDEX_DTYPES for _, i in given):
+        return None  # a bool mask: opaque
+    accumulate = bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
+    where = {"dims": tuple(d for d, _ in given), "along": None}
+    idxs = tuple(i for _, i in given)
+    return _put(b, env[args[0]], env[args[2]], idxs, val, out_dtype, name, accumulate, where)
+
+
+def _scatter(b, packet, overload, args, kwargs, val, out_dtype, name):
+    if kwargs.get("reduce") is not None or len(args) < 4:
+        return None
+    idx = b.env[args[2]]
+    if b.nodes[idx].dtype not in INDEX_DTYPES:
+        return None
+    values = b.operand(args[3], out_dtype, name + "_value")
+    where = {"dims": None, "along": args[1] % max(len(val.shape), 1)}
+    accumulate = packet == "scatter_add"
+    return _put(b, b.env[args[0]], values, (idx,), val, out_dtype, name, accumulate, where)
+
+
+def _full_like(b, packet, overload, args, kwargs, val, out_dtype, name):
+    value = {"zeros_like": 0, "ones_like": 1}.get(packet, args[1] if len(args) > 1 else None)
+    if not isinstance(value, numbers.Number):
+        return None
+    v = converted(value, out_dtype)  # as eager stores it: wrapped, rounded
+    v = float(v) if out_dtype in FLOAT_DTYPES else v
+    v = bool(v) if out_dtype == "bool" else v
+    return b.shaped("const", (), tuple(val.shape), out_dtype, name, value=v)
+
+
+def _any(b, packet, overload, args, kwargs, val, out_dtype, name):
+    x = b.env[args[0]]
+    ndim = len(b.nodes[x].shape)
+    dims = _dims(args[1] if len(args) > 1 else kwargs.get("dim"), ndim)
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    if overload == "default" or not ndim:
+        dims, keepdim = tuple(range(ndim)), False
+    if not dims:  # a 0-d tensor: any / all is its truth value
+        return b.like("ne", (x, b.const(0, b.nodes[x].dtype, name + "_zero")), val, name)
+    return b.like(packet, (x,), val, name, dims=dims, keepdim=bool(keepdim))
 
 
 def _put(b, base, values, idxs, val, out_dtype, name, accumulate, where) -> int | None:
@@ -200,7 +222,7 @@ def mutates(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
-def _slice_scatter(b, args, kwargs, val, name):
+def _slice_scatter(b, packet, overload, args, kwargs, val, out_dtype, name):
     """``slice_scatter(base, src, dim, start, end, 1)`` (a slice's backward: ``base`` is zeros;
     RoPE's ``rotate_half``) as ``cat`` of base's slice before, ``src``, base's slice after:
     views and one concatenation, fused like any cat. Other steps stay eager."""
@@ -230,3 +252,22 @@ def _slice_scatter(b, args, kwargs, val, name):
     if len(parts) == 1:
         return b.like("cast", parts, val, name, dtype=_dtype(val.dtype))
     return b.like("cat", parts, val, name, dim=dim)
+
+
+# packet -> (the overloads a rule lowers, the rule)
+_RULES = {
+    "cat": (("default",), _cat),
+    "slice_scatter": (("default",), _slice_scatter),
+    "gather": (("default",), _gather),
+    "index_select": (("default",), _index_select),
+    "embedding": (("default",), _index_select),
+    "index": (("Tensor",), _index),
+    "index_put": (("default",), _index_put),
+    "_unsafe_index_put": (("default",), _index_put),
+    "scatter": (("default", "src", "value"), _scatter),
+    "scatter_add": (("default", "src", "value"), _scatter),
+    "full_like": (("default",), _full_like),
+    "zeros_like": (("default",), _full_like),
+    "ones_like": (("default",), _full_like),
+    "any": (("default", "dim", "dims"), _any),
+}

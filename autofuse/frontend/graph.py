@@ -75,7 +75,21 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Prepared
     """Rewrite a copy of ``gm``: constants become inputs, non-tensor inputs become constants,
     non-tensor outputs leave the graph. Raises :class:`SymbolicShapes` on symbolic sizes."""
     gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    graph = gm.graph
+    tensor_args, specialized = _specialize_inputs(gm.graph, example_inputs)
+    constants = _lift_constants(gm)
+    _fold_symbolic_scalars(gm.graph)
+    outputs, metas = _tensor_outputs(gm.graph)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return Prepared(gm, tuple(tensor_args), constants, tuple(outputs), tuple(metas), specialized)
+
+
+def _specialize_inputs(
+    graph: torch.fx.Graph, example_inputs: Sequence[Any]
+) -> tuple[list[int], dict[int, Any]]:
+    """(the positions of the tensor inputs, position -> value of the non-tensor inputs, which
+    leave the graph: each use replaced by the example's value)."""
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
         raise ValueError(
@@ -95,7 +109,13 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Prepared
         specialized[k] = value
         node.replace_all_uses_with(value)  # type: ignore[arg-type]
         graph.erase_node(node)
-    # lifted constants: placeholders after the last input, in order of first appearance
+    return tensor_args, specialized
+
+
+def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """The ``get_attr`` tensors of ``gm``, each turned into a placeholder after the last input,
+    in order of first appearance."""
+    graph = gm.graph
     last = [n for n in graph.nodes if n.op == "placeholder"]
     anchor = last[-1] if last else None
     constants: list[torch.Tensor] = []
@@ -116,7 +136,12 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Prepared
         node.replace_all_uses_with(ph)
         graph.erase_node(node)
         constants.append(value)
-    _fold_symbolic_scalars(graph)
+    return constants
+
+
+def _tensor_outputs(graph: torch.fx.Graph) -> tuple[list[tuple[str, Any]], list[Any]]:
+    """(per result: ("node", k) for the k-th kept tensor output or ("value", v), the traced
+    fake tensor of each kept output); the graph's output node keeps the tensors alone."""
     out_node = next(n for n in graph.nodes if n.op == "output")
     results = out_node.args[0]
     flat = list(results) if isinstance(results, (list, tuple)) else [results]
@@ -131,10 +156,7 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Prepared
         else:
             outputs.append(("value", concrete(r)))
     out_node.args = (tuple(kept),)
-    graph.eliminate_dead_code()
-    graph.lint()
-    gm.recompile()
-    return Prepared(gm, tuple(tensor_args), constants, tuple(outputs), tuple(metas), specialized)
+    return outputs, metas
 
 
 def _get_attr(gm: torch.nn.Module, target: str) -> Any:

@@ -16,6 +16,7 @@ node's compute dtype), ``"common"`` (torch's promotion of the operands, for comp
 
 from __future__ import annotations
 
+import ast
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -103,6 +104,21 @@ def literal(value: Any, dtype: str) -> str:
     return str(int(value))
 
 
+_SPECIAL = {'float("inf")': math.inf, 'float("-inf")': -math.inf, 'float("nan")': math.nan}
+
+
+def literal_value(code: str) -> Any:
+    """The number a literal's code writes (``literal``'s forms, and True / False), else None
+    (a variable or an expression)."""
+    if code in _SPECIAL:
+        return _SPECIAL[code]
+    try:
+        value = ast.literal_eval(code)
+    except (SyntaxError, ValueError):
+        return None
+    return value if isinstance(value, (bool, int, float)) else None
+
+
 def minmax(op: str, a: str, b: str, dtype: str) -> str:
     """tl.maximum / tl.minimum; for floats a NaN wins, as in torch."""
     nan = ", propagate_nan=tl.PropagateNan.ALL" if is_float(dtype) else ""
@@ -129,9 +145,16 @@ def _add(node: Any, c: list[str], dt: str) -> str:
 
 
 def _copysign(node: Any, c: list[str], dt: str) -> str:
-    # |a| with b's sign bit (so -0.0 and a negative NaN give a negative result, as torch)
+    # |a| with b's sign bit (so -0.0 and a negative NaN give a negative result, as torch); a
+    # literal operand (a Python number has no bitcast) is decided here
+    a, b = literal_value(c[0]), literal_value(c[1])
+    if a is not None:
+        a = literal(abs(float(a)), dt)
+    mag = f"tl.abs({c[0]})" if a is None else a
+    if b is not None:
+        return mag if math.copysign(1.0, float(b)) > 0 else f"-{mag}"
     bits = "tl.int64" if dt == "float64" else "tl.int32"
-    return f"tl.where({c[1]}.to({bits}, bitcast=True) < 0, -tl.abs({c[0]}), tl.abs({c[0]}))"
+    return f"tl.where({c[1]}.to({bits}, bitcast=True) < 0, -{mag}, {mag})"
 
 
 def _clamp(node: Any, c: list[str], dt: str) -> str:

@@ -6,8 +6,6 @@ cast of operands, the op's own rendering, the reductions' identities and combine
 
 from __future__ import annotations
 
-import ast
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +19,7 @@ from autofuse.ir.ops import (
     category,
     is_float,
     literal,
+    literal_value,
     minmax,
     op_def,
 )
@@ -38,6 +37,7 @@ __all__ = [
     "is_float",
     "literal",
     "minmax",
+    "reduction_operand",
     "render_op",
     "row_reduce",
 ]
@@ -68,12 +68,25 @@ def cast(v: Val, dtype: str) -> str:
     if v.dtype == dtype:
         return v.code
     if v.literal:
-        if is_float(dtype):
-            return v.code if "." in v.code or "float" in v.code else f"{v.code}.0"
+        if is_float(dtype):  # 2 -> 2.0, 1e+30 as it is (1e+30.0 is no Python literal)
+            value = literal_value(v.code)
+            return v.code if value is None else literal(float(value), dtype)
         return v.code
     if dtype == "bool":
         return f"({v.code} != 0)"
     return f"{v.code}.to({TL_DTYPE[dtype]})"
+
+
+def reduction_operand(src: Val, acc: str, truth: bool) -> str:
+    """``src`` as a reduction's operand in ``acc``: for any / all (``truth``) its truth value
+    as int32, not an integer cast; a literal (a constant reduced) as a typed block, since a
+    Python int is int32 in Triton and int64's identity -2**63 beside it is out of range."""
+    if truth:
+        b = cast(src, "bool")
+        code = str(int(b == "True")) if src.literal else f"({b}).to(tl.int32)"
+    else:
+        code = cast(src, acc)
+    return f"tl.full([XBLOCK, RBLOCK], {code}, {TL_DTYPE[acc]})" if src.literal else code
 
 
 LOG2E = 1.4426950408889634
@@ -146,14 +159,6 @@ def render_op(op: str, node, args: list[Val], helpers: set[Helper]) -> str:
         raise FusionRefused(str(e)) from None
 
 
-_SPECIAL = {'float("inf")': math.inf, 'float("-inf")': -math.inf, 'float("nan")': math.nan}
-
-
-def _number(code: str) -> Any:
-    """The number a literal's code writes (``literal``'s forms)."""
-    return _SPECIAL[code] if code in _SPECIAL else ast.literal_eval(code)
-
-
 def _folded(node, args: list[Val]) -> str | None:
     """An op of constants, computed once by its eager semantics: its value in the node's
     dtype as a literal (``0.0 / 0.0`` in the kernel's source is a Python division, which
@@ -162,7 +167,7 @@ def _folded(node, args: list[Val]) -> str | None:
     if d.eager is None or d.indexed or d.scatter:
         return None
     try:
-        xs = [torch.tensor(_number(a.code), dtype=getattr(torch, a.dtype)) for a in args]
+        xs = [torch.tensor(literal_value(a.code), dtype=getattr(torch, a.dtype)) for a in args]
         value = d.eager(node, *xs).to(getattr(torch, node.dtype)).item()
     except (SyntaxError, TypeError, ValueError, RuntimeError):
         return None  # not a Python literal, or not one of its dtype

@@ -40,7 +40,9 @@ from autofuse.kernels.gemm.template import (
 )
 from autofuse.kernels.gemm.tiles import default_configs, prune_configs
 
+_A_TILE = ("offs_m[:, None]", "offs_k[None, :]")  # the A operand tile's variables
 _B_TILE = ("offs_k[:, None]", "offs_n[None, :]")  # the B operand tile's variables
+_OUT_TILE = ("offs_m[:, None]", "offs_n[None, :]")  # the output tile's
 
 
 def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
@@ -101,13 +103,21 @@ class GemmEmitter(Emitter):
         self.depth = 0  # hook lines carry no indentation: the template indents them
         self.int64 = False
         self.mask = "mask"
+        self.tile = _OUT_TILE  # the variables of the tile ``mask`` covers
         batch, m, n, _ = gemm_dims(graph, info)
         b = (Expr.dim("pid_b", 1, batch, True),) if len(info.domain) == 3 else ()
         self.full = b + (Expr.dim("rm", 1, m, True), Expr.dim("rn", 1, n, True))
         self.batch_index = b
 
+    scalar_vars = frozenset({"pid_b"})  # the batch: one per program
+
     def cls_of(self, e: Expr) -> int:
         return 2 if e.vars else 0
+
+    def block_offset(self, off: Expr) -> str:
+        """A masked load's offset as a whole tile: one with only the batch (rows and columns
+        of size 1) is a scalar pointer, which Triton refuses beside a block mask."""
+        return off.render() if off.vars - self.scalar_vars else tile_offset(off, self.tile)
 
     def mask_for(self, cls: int) -> str | None:
         return self.mask if cls else None
@@ -132,20 +142,20 @@ class GemmEmitter(Emitter):
                 Expr.dim("offs_m[:, None]", 1, node.shape[-2], True),
                 Expr.dim("offs_k[None, :]", 1, self.g[src].shape[-1], True),
             )
-            self.mask = "mask_m[:, None] & mask_k[None, :]"
+            self.mask, self.tile = "mask_m[:, None] & mask_k[None, :]", _A_TILE
         else:
             idx = self.batch_index + (
                 Expr.dim("offs_k[:, None]", 1, self.g[src].shape[-2], True),
                 Expr.dim("offs_n[None, :]", 1, node.shape[-1], True),
             )
-            self.mask = "mask_k[:, None] & mask_n[None, :]"
+            self.mask, self.tile = "mask_k[:, None] & mask_n[None, :]", _B_TILE
         dot_dtype = self.g[src].dtype
         base = self.g.base_of(src)
         if getattr(self.cfg, "TMA", False) and tma_operand(self.g, self.info, src):
             return self._descriptor_load(src, which, var)
         if base not in self.members and base in self.ptr:  # a plain (strided) load as it is
             off = self._offset(src, idx)
-            tile = ("offs_m[:, None]", "offs_k[None, :]") if which == 0 else _B_TILE
+            tile = _A_TILE if which == 0 else _B_TILE
             ptr = f"{self.ptr[base]} + ({tile_offset(off, tile)})"
             if self._even(which):  # the tile never crosses an edge: no mask in the K loop
                 self.line(f"{var} = tl.load({ptr})")
@@ -186,7 +196,7 @@ class GemmEmitter(Emitter):
 
     def epilogue(self) -> list[str]:
         self.lines, self.scopes = [], [Scope()]
-        self.mask = "mask"
+        self.mask, self.tile = "mask", _OUT_TILE
         for s in self.info.stored:
             v = self.value(s, self.full)
             node = self.g[s]
@@ -196,7 +206,7 @@ class GemmEmitter(Emitter):
                 code = f"tl.full([BLOCK_M, BLOCK_N], {code}, tl.float32)"
             if compute_dtype(node.dtype) != node.dtype or v.dtype != node.dtype:
                 code = f"{code}.to({TL_DTYPE[node.dtype]})"
-            tile = tile_offset(off, ("offs_m[:, None]", "offs_n[None, :]"))
+            tile = tile_offset(off, _OUT_TILE)
             self.line(f"tl.store({self.out_ptr[s]} + ({tile}), {code}, mask)")
         return self.lines
 
