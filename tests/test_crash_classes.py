@@ -105,7 +105,8 @@ def test_an_invalid_kernel_body_raises_in_strict_mode(strict):
 # ---------------------------------------------------------------------------------------------
 # a literal operand where a rendering or a helper expects a Triton value: copysign's bitcast of
 # a Python number, a float literal of another float dtype written with ".0" appended (1e+30.0
-# is no Python literal), hypot's `scalar | block` of two bool tests
+# is no Python literal), hypot's `scalar | block` of two bool tests, an integer literal out of
+# its operand dtype's range, a non-finite pow exponent
 # ---------------------------------------------------------------------------------------------
 
 X = lambda: (torch.randn(4, 3),)  # noqa: E731
@@ -130,6 +131,14 @@ LITERALS = {
     "hypot_with_a_size1_operand": (  # C3
         lambda a, b: torch.hypot(torch.softmax(a, 2).amin(-1), b),
         lambda: (torch.randn(1, 33, 1), torch.randn(1, 1)),
+    ),
+    "pow_by_inf_and_nan": (  # an eager step: the rendering raised on int(inf)
+        lambda x: x.abs() ** float("inf") + x ** float("nan") + x ** float("-inf"),
+        X,
+    ),
+    "int_scalars_out_of_range": (  # wrapped as torch casts them
+        lambda n: (n.int() + 2**40, n.to(torch.int16) * 40000, n.to(torch.int16) < 40000),
+        lambda: (torch.randint(-5, 5, (4, 3)),),
     ),
     "bool_xor_true": (
         lambda b, x: ((b ^ True).float() * x).sum(1) + (b.any(1) ^ True),
@@ -303,3 +312,24 @@ def test_an_input_eager_rejects_still_raises():
     args = (torch.randn(3, 2), torch.randn(4, 2))
     with pytest.raises(Exception, match="size"):
         autofuse.optimize(fn, args)(*args)
+
+
+# ---------------------------------------------------------------------------------------------
+# an attention mask of -inf: the backward's skip test renders the constant as a literal (it
+# wrote -inf, a Python name, and the kernel could not be built)
+# ---------------------------------------------------------------------------------------------
+
+
+def _causal_minus_inf(q, k, v):
+    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    s = (q @ k.transpose(-1, -2) * 0.25).masked_fill(j > i, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_attention_masked_with_minus_inf_builds(front, strict):
+    def make():
+        torch.manual_seed(0)
+        return tuple(torch.randn(1, 2, 20, 8, requires_grad=True) for _ in range(3))
+
+    _check(_causal_minus_inf, make, front)

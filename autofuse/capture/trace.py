@@ -22,6 +22,7 @@ from autofuse.capture.decompositions import decomposition_table
 from autofuse.capture.rules import Call, convert, dtype_name
 from autofuse.capture.structural import convert_multi, convert_structural, mutates
 from autofuse.ir.conv_fold import fold_batchnorm
+from autofuse.ir.conv_layout import choose_layouts
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
 from autofuse.ir.ops import TL_DTYPE
 from autofuse.ir.split import split_for_pipeline
@@ -154,7 +155,9 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
     graph = dedupe(fx_to_ir(gm))
     # long reductions with few outputs in two stages (a no-op unless the settings split them);
     # the stages' views and casts of one input are shared
-    graph = dedupe(split_for_pipeline(graph, any(t.is_cuda for t in tensors)))
+    cuda = any(t.is_cuda for t in tensors)
+    graph = dedupe(split_for_pipeline(graph, cuda))
+    graph = choose_layouts(graph, cuda)  # each convolution's memory format (ir/conv_layout.py)
     return Captured(
         graph=graph,
         in_spec=in_spec,

@@ -101,7 +101,20 @@ def literal(value: Any, dtype: str) -> str:
         if math.isnan(v):
             return 'float("nan")'
         return repr(v)
-    return str(int(value))
+    return str(wrapped(int(value), dtype))
+
+
+_INT_BITS = {"int64": 64, "int32": 32, "int16": 16, "int8": 8, "uint8": 8}
+
+
+def wrapped(v: int, dtype: str) -> int:
+    """``v`` in integer ``dtype``'s range, wrapped around as torch casts a Python int scalar
+    (an int32 tensor + 2**40 adds 0; Triton refuses a literal out of its operand's range)."""
+    bits = _INT_BITS.get(dtype)
+    if bits is None:
+        return v
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if dtype != "uint8" and v >= 1 << (bits - 1) else v
 
 
 _SPECIAL = {'float("inf")': math.inf, 'float("-inf")': -math.inf, 'float("nan")': math.nan}
@@ -172,6 +185,8 @@ class NoLowering(Exception):
 
 def _pow(node: Any, c: list[str], dt: str) -> str:
     a, e = c[0], node.attr("exponent")
+    if not math.isfinite(e):  # C's pow special cases (|x| = 1, x < 0, NaN): eager's op
+        raise NoLowering(f"pow by {e}: no Triton lowering")
     if not is_float(dt):
         if not (e == int(e) and e >= 0):
             raise NoLowering(f"pow of an integer tensor by {e}: no Triton lowering")

@@ -22,6 +22,7 @@ from autofuse.ir.ops import (
     literal_value,
     minmax,
     op_def,
+    wrapped,
 )
 from autofuse.kernels.common.base import FusionRefused
 
@@ -71,7 +72,8 @@ def cast(v: Val, dtype: str) -> str:
         if is_float(dtype):  # 2 -> 2.0, 1e+30 as it is (1e+30.0 is no Python literal)
             value = literal_value(v.code)
             return v.code if value is None else literal(float(value), dtype)
-        return v.code
+        value = literal_value(v.code)  # an int in the dtype's range (wrapped, as torch)
+        return str(wrapped(value, dtype)) if type(value) is int else v.code
     if dtype == "bool":
         return f"({v.code} != 0)"
     return f"{v.code}.to({TL_DTYPE[dtype]})"
