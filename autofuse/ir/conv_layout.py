@@ -28,6 +28,7 @@ import torch
 from autofuse.ir.conv_fold import is_convolution
 from autofuse.ir.eager import bind_node
 from autofuse.ir.graph import Graph, make_attrs
+from autofuse.settings import settings
 
 __all__ = ["LAYOUTS", "choose_layouts", "measure_layouts"]
 
@@ -86,8 +87,6 @@ def choose_layouts(graph: Graph, cuda: bool, rule: str | None = None,
     """``graph`` with each 2-D / 3-D convolution's format recorded by ``rule`` (default: the
     settings'; measured on ``device`` by ``timer``); the graph itself where nothing is."""
     if rule is None:
-        from autofuse.settings import settings
-
         rule = settings().conv_layout
     if rule == "eager" or (rule == "measure" and not cuda):
         return graph

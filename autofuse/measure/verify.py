@@ -15,7 +15,7 @@ from autofuse.interpreter import interpreting
 from autofuse.ir.eager import conform, eval_node, run_graph
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, buffer_strides
 from autofuse.ir.ops import OPS, op_def
-from autofuse.kernels import GroupInfo, Kernel, generate
+from autofuse.kernels import GroupInfo, Kernel
 from autofuse.measure.candidate import (
     Candidate,
     describe_error,
@@ -27,29 +27,10 @@ from autofuse.plan.runtime import allocate_outputs, launch
 # ---------------------------------------------------------------------------------------------
 
 
-def jit_functions(source: str) -> list[str]:
-    """Names of the ``@triton.jit`` functions that ``source`` defines, in order."""
-    import ast
-
-    out = []
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and any(
-            ast.unparse(d).split("(")[0] in ("triton.jit", "jit") for d in node.decorator_list
-        ):
-            out.append(node.name)
-    return out
-
-
 def build_kernel(candidate: Candidate) -> tuple[Graph, GroupInfo, Kernel]:
-    """Generate the candidate's kernel on its standalone subgraph (or apply the override)."""
-    sub, info = candidate.standalone_parts
-    kernel = generate(sub, info, candidate.config)
-    if candidate.source_override is not None:
-        names = jit_functions(candidate.source_override)
-        if not names:
-            raise ValueError("source_override defines no @triton.jit function")
-        kernel = replace(kernel, source=candidate.source_override, name=names[-1])
-    return sub, info, kernel
+    """The candidate's kernel on its standalone subgraph (or the override), rendered once per
+    candidate (:attr:`Candidate.built`)."""
+    return candidate.built
 
 
 def _torch_dtype(name: str) -> torch.dtype:
