@@ -41,7 +41,7 @@ from autofuse.kernels.common.render import (
     compute_dtype,
     kernel_header,
     literal,
-    tile_offset,
+    tile_address,
 )
 from autofuse.kernels.common.views import (
     broadcast_index,
@@ -86,7 +86,6 @@ class AttentionEmitter(Emitter):
         super().__init__(graph, info, config)
         self.parts = parts
         self.dims = attention_dims(graph, info)
-        self.scalar_vars = frozenset({"bh"})
         dom = info.domain
         self.full = (
             *domain_index(dom[:-2], "bh"),
@@ -212,7 +211,9 @@ class AttentionEmitter(Emitter):
         base, off = self.operand_offset(j, index)
         self.note_load(base)
         masked = f", {mask}, other=0.0" if mask else ""
-        self.line(f"{var} = tl.load({self.ptr[base]} + ({tile_offset(off, _TILE[which])}){masked})")
+        self.line(
+            f"{var} = tl.load({self.ptr[base]} + ({tile_address(off, _TILE[which])}){masked})"
+        )
 
     # -- kernel ------------------------------------------------------------------------------
     def emit(self) -> list[str]:
@@ -430,9 +431,10 @@ class AttentionEmitter(Emitter):
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
         off = linearize((*self.bh3, self.full[-2], dv), contiguous_strides(node.shape), node.shape)
         mask = "xmask" + ("" if d.dv == head_block(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
-        cols = tile_offset(off, ("offs_dv[None, :]",))  # a head dim of 1: no column term
-        ptr = _row_block(f"{self.out_ptr[mm2]} + ({cols})", off, "BLOCK_DV")
-        self.line(f"tl.store({ptr}, out.to({TL_DTYPE[node.dtype]}), {mask})")
+        addr = tile_address(off, ("xindex", "offs_dv[None, :]"))
+        self.line(
+            f"tl.store({self.out_ptr[mm2]} + ({addr}), out.to({TL_DTYPE[node.dtype]}), {mask})"
+        )
         self._store_stats()
 
     def _store_stats(self) -> None:
@@ -449,22 +451,13 @@ class AttentionEmitter(Emitter):
             shape = node.shape[:-1] if len(node.shape) == len(self.info.domain) else node.shape
             off = linearize(rows, contiguous_strides(shape), shape)
             val = f"{var}[:, None].to({TL_DTYPE[node.dtype]})"
-            ptr = _row_block(f"{self.out_ptr[i]} + ({off.render()})", off, "1")
-            self.line(f"tl.store({ptr}, {val}, xmask)")
+            addr = tile_address(off, ("xindex",))
+            self.line(f"tl.store({self.out_ptr[i]} + ({addr}), {val}, xmask)")
 
 
 # the row and column variables of each operand tile: Q [BLOCK_M, D], K^T [D, BLOCK_N], V [BLOCK_N, DV]
 _TILE = {"q": ("xindex", "offs_d[None, :]"), "k": ("offs_d[:, None]", "rindex"),
          "v": ("offs_n[:, None]", "offs_dv[None, :]")}  # fmt: skip
-
-
-def _row_block(ptr: str, off: Expr, cols: str) -> str:
-    """``ptr`` as a ``[BLOCK_M, cols]`` block: a single query row (a decode step against a
-    cache) has no row term in its address, yet the program stores a whole row tile (rows past
-    the first masked off)."""
-    if any(v.startswith(("xindex", "offs_m")) for v in off.vars):
-        return ptr
-    return f"tl.broadcast_to({ptr}, (BLOCK_M, {cols}))"
 
 
 def parts_of(graph: Graph, info: GroupInfo) -> AttentionParts:

@@ -52,7 +52,7 @@ from autofuse.kernels.common.render import (
     cast,
     kernel_header,
     literal,
-    tile_offset,
+    tile_address,
 )
 from autofuse.kernels.common.views import broadcast_index, view_source_index
 
@@ -164,7 +164,6 @@ class BwdEmitter(Emitter):
         self.keys = Expr.dim("rindex", 1, p.tk, True)
         self.full = tile_index(p.domain, p.heads, len(p.domain), self.rows, self.keys)
         self.bh3 = (Expr.dim("bh", 1, p.heads, True),)
-        self.scalar_vars = frozenset({"bh"})
         self.role = ""  # "kv": the program holds keys; "q": it holds rows
         self.held: dict[int, str] = {}  # operand node -> the variable loaded before the loop
         self.skip: SkipPlan | None = skip_plan(graph, info, parts, self.full)
@@ -261,8 +260,8 @@ class BwdEmitter(Emitter):
     def operand(self, j: int, pair, mask: str | None, fixed: bool, tile=()) -> str:
         """Load matmul operand ``j`` at ``(bh, *pair)`` through its views (before the loop when
         the program holds it fixed); returns its variable. ``tile``: the names of the tile's
-        two axes (an axis of size 1 leaves its name out of the address: added as ``0 * name``
-        so the pointer takes the tile's shape and mask)."""
+        two axes, which its address takes even where an axis of size 1 left it
+        (``tile_address``)."""
         if fixed and j in self.held:
             return self.held[j]
         rank = len(self.g[j].shape)
@@ -280,7 +279,7 @@ class BwdEmitter(Emitter):
         self.n_tmp += 1
         masked = f", {mask}, other=0.0" if mask else ""
         desc = attention_bwd_tma.tile(self, base, off, pair, mask)
-        addr = tile_offset(off, tile)
+        addr = tile_address(off, tile)
         code = f"{var} = {desc or f'tl.load({self.ptr[base]} + ({addr}){masked})'}"
         note = f"{self.g[base].name}{', TMA' if desc else ''}"
         if fixed:
@@ -509,9 +508,8 @@ class BwdEmitter(Emitter):
             mask = self.mask(**{side: "[None, :]"}, head=(e, "[:, None]"))
             names = (f"{var}[None, :]", f"{h}[:, None]")
         index = (*self.bh3, *pair) if len(node.shape) == 3 else pair
-        # a single query row or a head dim of 1: no term of that axis in the address, the
-        # whole tile stored all the same
-        off = tile_offset(linearize(index, contiguous_strides(node.shape), node.shape), names)
+        # a single query row or a head dim of 1: the whole tile stored all the same
+        off = tile_address(linearize(index, contiguous_strides(node.shape), node.shape), names)
         masked = f", {mask}" if mask else ""
         out = f"{acc}.to({TL_DTYPE[node.dtype]})"
         self.line(f"tl.store({self.out_ptr[gm.node]} + ({off}), {out}{masked})")

@@ -29,7 +29,7 @@ from autofuse.kernels.common.base import (
 from autofuse.kernels.common.cost import TileCost
 from autofuse.kernels.common.emitter import Emitter, Scope
 from autofuse.kernels.common.memory import ITEM, ancestors, memory_offset
-from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype, tile_offset
+from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype, tile_address
 from autofuse.kernels.gemm.cost import gemm_cost
 from autofuse.kernels.gemm.template import (
     GemmConfig,
@@ -40,7 +40,10 @@ from autofuse.kernels.gemm.template import (
 )
 from autofuse.kernels.gemm.tiles import default_configs, prune_configs
 
-_B_TILE = ("offs_k[:, None]", "offs_n[None, :]")  # the B operand tile's variables
+# the variables of each tile's axes: operand A, operand B, the output (``rm = offs_m[:, None]``)
+_A_TILE = ("offs_m[:, None]", "offs_k[None, :]")
+_B_TILE = ("offs_k[:, None]", "offs_n[None, :]")
+_OUT_TILE = ("rm", "rn")
 
 
 def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
@@ -100,7 +103,7 @@ class GemmEmitter(Emitter):
         super().__init__(graph, info, config)
         self.depth = 0  # hook lines carry no indentation: the template indents them
         self.int64 = False
-        self.mask = "mask"
+        self.mask, self.tile = "mask", _OUT_TILE  # those of the tile being emitted
         batch, m, n, _ = gemm_dims(graph, info)
         b = (Expr.dim("pid_b", 1, batch, True),) if len(info.domain) == 3 else ()
         self.full = b + (Expr.dim("rm", 1, m, True), Expr.dim("rn", 1, n, True))
@@ -111,6 +114,9 @@ class GemmEmitter(Emitter):
 
     def mask_for(self, cls: int) -> str | None:
         return self.mask if cls else None
+
+    def tile_axes(self, cls: int) -> tuple[str, ...]:
+        return self.tile
 
     def reduced(self, i: int, index):
         if index != self.full:
@@ -132,21 +138,20 @@ class GemmEmitter(Emitter):
                 Expr.dim("offs_m[:, None]", 1, node.shape[-2], True),
                 Expr.dim("offs_k[None, :]", 1, self.g[src].shape[-1], True),
             )
-            self.mask = "mask_m[:, None] & mask_k[None, :]"
+            self.mask, self.tile = "mask_m[:, None] & mask_k[None, :]", _A_TILE
         else:
             idx = self.batch_index + (
                 Expr.dim("offs_k[:, None]", 1, self.g[src].shape[-2], True),
                 Expr.dim("offs_n[None, :]", 1, node.shape[-1], True),
             )
-            self.mask = "mask_k[:, None] & mask_n[None, :]"
+            self.mask, self.tile = "mask_k[:, None] & mask_n[None, :]", _B_TILE
         dot_dtype = self.g[src].dtype
         base = self.g.base_of(src)
         if getattr(self.cfg, "TMA", False) and tma_operand(self.g, self.info, src):
             return self._descriptor_load(src, which, var)
         if base not in self.members and base in self.ptr:  # a plain (strided) load as it is
             off = self._offset(src, idx)
-            tile = ("offs_m[:, None]", "offs_k[None, :]") if which == 0 else _B_TILE
-            ptr = f"{self.ptr[base]} + ({tile_offset(off, tile)})"
+            ptr = f"{self.ptr[base]} + ({tile_address(off, self.tile)})"
             if self._even(which):  # the tile never crosses an edge: no mask in the K loop
                 self.line(f"{var} = tl.load({ptr})")
             else:
@@ -186,7 +191,7 @@ class GemmEmitter(Emitter):
 
     def epilogue(self) -> list[str]:
         self.lines, self.scopes = [], [Scope()]
-        self.mask = "mask"
+        self.mask, self.tile = "mask", _OUT_TILE
         for s in self.info.stored:
             v = self.value(s, self.full)
             node = self.g[s]
@@ -196,7 +201,7 @@ class GemmEmitter(Emitter):
                 code = f"tl.full([BLOCK_M, BLOCK_N], {code}, tl.float32)"
             if compute_dtype(node.dtype) != node.dtype or v.dtype != node.dtype:
                 code = f"{code}.to({TL_DTYPE[node.dtype]})"
-            tile = tile_offset(off, ("offs_m[:, None]", "offs_n[None, :]"))
+            tile = tile_address(off, self.tile)
             self.line(f"tl.store({self.out_ptr[s]} + ({tile}), {code}, mask)")
         return self.lines
 
