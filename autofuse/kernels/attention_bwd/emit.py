@@ -27,11 +27,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
+from autofuse.ir.graph import Graph, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.attention.analysis import head_block
+from autofuse.kernels.attention.facts import tile_load
 from autofuse.kernels.attention_bwd import tma as attention_bwd_tma
-from autofuse.kernels.attention_bwd.analysis import BwdParts, GradMatmul, bwd_parts, tile_index
+from autofuse.kernels.attention_bwd.analysis import (
+    BwdParts,
+    GradMatmul,
+    backward_facts,
+    tile_index,
+)
 from autofuse.kernels.attention_bwd.skip import SkipPlan, skip_plan
 from autofuse.kernels.common.base import (
     DESCRIPTOR_ALIGNMENT,
@@ -54,7 +60,7 @@ from autofuse.kernels.common.render import (
     literal,
     tile_address,
 )
-from autofuse.kernels.common.views import broadcast_index, view_source_index
+from autofuse.kernels.common.views import broadcast_index
 
 KIND = "attention_bwd"  # the plugin's name (AttentionBwdKind, attention_bwd_space.py)
 
@@ -115,7 +121,7 @@ def _swap(code: str) -> str:
 
 
 def analyze_attention_bwd_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
-    parts = bwd_parts(graph, members)
+    parts = backward_facts(graph, members)
     stored = stored_nodes(graph, members)
     grads = {g.node for g in parts.grads}
     extra = [s for s in stored if s not in grads]
@@ -266,7 +272,7 @@ class BwdEmitter(Emitter):
             return self.held[j]
         rank = len(self.g[j].shape)
         index = (*self.bh3, *pair) if rank == 3 else tuple(pair)
-        base, off = self.operand_offset(j, index)
+        base, off = self.parts.operand_offset(self.g, j, index)
         self.note_load(base)
         if not fixed:  # the same tile read again this step, or its transpose
             key = ("operand", base, off.render(), mask)
@@ -277,10 +283,8 @@ class BwdEmitter(Emitter):
                 return f"tl.trans({hit})"
         var = f"{'h' if fixed else 'o'}{self.n_tmp}"
         self.n_tmp += 1
-        masked = f", {mask}, other=0.0" if mask else ""
         desc = attention_bwd_tma.tile(self, base, off, pair, mask)
-        addr = tile_address(off, tile)
-        code = f"{var} = {desc or f'tl.load({self.ptr[base]} + ({addr}){masked})'}"
+        code = f"{var} = {desc or tile_load(self.ptr[base], off, tile, mask)}"
         note = f"{self.g[base].name}{', TMA' if desc else ''}"
         if fixed:
             self.loops[-1].before(self, code + f"  # {note}, held")
@@ -289,22 +293,6 @@ class BwdEmitter(Emitter):
             self.line(code + f"  # {note}")
             self.scopes[-1].cache[key] = var
         return var
-
-    def operand_offset(self, j: int, index) -> tuple[int, Expr]:
-        """The loaded buffer behind operand ``j`` (through views and read-through copies) and
-        the offset of ``index`` in it."""
-        g = self.g
-        while True:
-            if g[j].kind == "view":
-                index = view_source_index(g, j, index)
-                j = g[j].inputs[0]
-            elif j in self.parts.copies:
-                j = g[j].inputs[0]
-            else:
-                break
-        node = g[j]
-        strides = buffer_strides(node)
-        return j, linearize(index, strides, node.shape)
 
     # -- kernel ------------------------------------------------------------------------------
     def emit(self) -> list[str]:
@@ -518,7 +506,7 @@ class BwdEmitter(Emitter):
 def generate_attention_bwd(
     graph: Graph, info: GroupInfo, config: AttentionBwdConfig, index: int
 ) -> Kernel:
-    parts = bwd_parts(graph, frozenset(info.nodes))
+    parts = backward_facts(graph, frozenset(info.nodes))
     em = BwdEmitter(graph, info, config, parts)
     body = em.emit()
     name = kernel_name(graph, info, "attbwd", index)
