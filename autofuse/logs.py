@@ -17,7 +17,6 @@ import logging
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 from autofuse.settings import settings
 
@@ -60,24 +59,7 @@ def no_output_code() -> Iterator[None]:
         _quiet.on = before
 
 
-def kernel_file(source: str, name: str) -> str:
-    """A readable copy of ``source`` (the kernel runs from the verified text itself)."""
-    from autofuse.kernels.common.loader import kernel_file as copy
-
-    try:
-        return str(copy(source, name))
-    except OSError as e:
-        return f"(no readable copy: {e})"
-
-
-def output_code(plan: Any) -> None:
-    """Print every kernel of ``plan`` with its file when AUTOFUSE_LOGS contains output_code."""
-    if not enabled("output_code") or getattr(_quiet, "on", False):
-        return
-    out = sys.stderr
-    print(f"===== autofuse output code: {plan.label} ({len(plan.kernels)} kernels) =====", file=out)
-    for k in plan.kernels:
-        print(f"# kernel {k.name}: {kernel_file(k.source, k.name)}", file=out)
-        print(k.source, file=out)
-    for fb in plan.fallbacks:
-        print(f"# eager: {plan.graph[fb.node].name}: {fb.reason}", file=out)
+def output_code_on() -> bool:
+    """Whether a plan built now prints its code (``plan/code_log.py``): the topic is on and
+    no :func:`no_output_code` is active."""
+    return enabled("output_code") and not getattr(_quiet, "on", False)

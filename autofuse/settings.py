@@ -26,6 +26,14 @@ them again, for tests and for programs that change the environment on purpose):
 - ``AUTOFUSE_CHECK_BOUNDS``: check every load and store of every generated kernel against the
   buffers of its launch; an access outside all of them raises :class:`OutOfBoundsAccess` naming
   the kernel, the nearest buffer and the offsets (``autofuse/bounds.py``; default off).
+- ``AUTOFUSE_CONV_BIAS``: where a convolution's bias is added: ``kernel`` (default: the library
+  convolution runs without it and the bias add joins the generated epilogue kernel, its
+  gradient a generated sum; ``capture/convolution.py``) or ``library`` (inside the library call,
+  as eager does); an unknown value warns and means ``kernel``.
+- ``AUTOFUSE_CONV_LAYOUT``: each convolution's memory format: ``measure`` (default: timed once
+  in each on a CUDA device, eager's layout on a CPU; ``ir/conv_layout.py``), ``eager``,
+  ``contiguous`` or ``channels_last`` (forced, any device); an unknown value warns and means
+  ``measure``.
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
   ``+autofuse``, ``all``); an unknown topic is ignored with one ``SettingsWarning`` naming the
   valid ones.
@@ -41,6 +49,8 @@ import os
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
+
+from autofuse.interpreter import interpreting
 
 LOG_TOPICS = frozenset({"output_code", "search", "cache", "+autofuse", "all"})
 
@@ -100,6 +110,8 @@ class Settings:
     split_reductions: str = "auto"  # "auto" (CUDA inputs), "on", "off"
     split_min_rnumel: int = 4096
     check_bounds: bool = False
+    conv_bias: str = "kernel"  # "kernel" (peeled into the epilogue) or "library"
+    conv_layout: str = "measure"  # "measure", "eager", "contiguous", "channels_last"
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -124,8 +136,30 @@ def settings() -> Settings:
         split_reductions=_split_mode(),
         split_min_rnumel=int(os.environ.get("AUTOFUSE_SPLIT_MIN_RNUMEL", "4096")),
         check_bounds=_flag("AUTOFUSE_CHECK_BOUNDS", False),
+        conv_bias=_choice("AUTOFUSE_CONV_BIAS", CONV_BIAS),
+        conv_layout=_choice("AUTOFUSE_CONV_LAYOUT", CONV_LAYOUT),
         signing_key=_signing_key(),
     )
+
+
+CONV_BIAS = ("kernel", "library")
+CONV_LAYOUT = ("measure", "eager", "contiguous", "channels_last")
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """Variable ``name``: one of ``choices``; unset or anything else is the first (with a
+    warning naming the valid ones)."""
+    value = os.environ.get(name, "").strip().lower() or choices[0]
+    if value in choices:
+        return value
+    import warnings
+
+    warnings.warn(
+        f"autofuse: {name}={value!r} is not one of {list(choices)}; using {choices[0]!r}",
+        SettingsWarning,
+        stacklevel=4,
+    )
+    return choices[0]
 
 
 def _signing_key() -> bytes | None:
@@ -174,8 +208,6 @@ def target(device_index: int | None = None) -> Target:
     """The CUDA device ``device_index`` (default: the current one), or ``HOPPER``'s description
     where kernels run in Triton's interpreter or there is no GPU."""
     import torch
-
-    from autofuse.interpreter import interpreting
 
     if interpreting() or not torch.cuda.is_available():
         return HOPPER

@@ -101,7 +101,7 @@ def _cotangents(outs: list[torch.Tensor], like: Sequence[torch.dtype] = ()) -> l
     gen = torch.Generator().manual_seed(1234)
     cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32) for o in outs]
     cots = [c.to(like[k]) if k < len(like) else c for k, c in enumerate(cots)]
-    return [c.to(o.dtype) for c, o in zip(cots, outs)]
+    return [c.to(device=o.device, dtype=o.dtype) for c, o in zip(cots, outs)]
 
 
 def run_case(

@@ -80,8 +80,8 @@ def check_partitions(
 def fresh_runtime(monkeypatch):
     """As a new process would: no kernel imported, launched or marked broken yet."""
     from autofuse.kernels.common import loader
-    from autofuse.plan import runtime
+    from autofuse.plan import launcher, runtime
 
     monkeypatch.setattr(loader, "_LOADED", {})
-    monkeypatch.setattr(runtime, "_LAUNCHERS", {})
+    monkeypatch.setattr(launcher, "_LAUNCHERS", {})
     monkeypatch.setattr(runtime, "_BROKEN", {})

@@ -10,17 +10,18 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
 
-from experiments.fuzz import driver
-from experiments.fuzz.compare import Verdict, check_program, compare, lowest_precision
+from experiments.fuzz import driver, jobs, record, worker
+from experiments.fuzz.compare import MODES, Verdict, check_program, compare, lowest_precision
 from experiments.fuzz.generate import FORM_NAMES, generate
 from experiments.fuzz.program import InputSpec, OpNode, Program, compile_program, value_flags
 from experiments.fuzz.record import classes
-from experiments.fuzz.repro import write_repro
+from experiments.fuzz.repro import Target, write_repro
 from experiments.fuzz.shrink import shrink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +48,51 @@ def test_generated_programs_are_valid_for_eager():
     assert sizes[0] > 0 and rejected < 200
 
 
+# the op forms of issue 50's programs and of a second generator's table: a fragment of a
+# template each, every one drawn in 200 graphs
+ISSUE_FORMS = (
+    " >= ", "^ True)", ".type_as(", ".to({0}.dtype)", "F.pad((", ".permute(", "F.layer_norm(",
+    "index_select(torch.cat(", "index_select(F.pad(", "torch.hypot(", ".long().cumsum(",
+    ".fill_(", "torch.logaddexp(", ".masked_fill(", "torch.std(", "torch.addcmul(",
+    "lambda v: ", ".kthvalue(", ".min(", ".max(", "torch.flip(", ".roll(", "torch.softmax(",
+    "torch.topk(", "torch.sort(", "torch.msort(", "torch.aminmax(", "torch.copysign({0}, -",
+    "torch.copysign({0}, {1})", "torch.floor_divide(", "rounding_mode='floor'",
+    "rounding_mode='trunc'", "tril(", "triu(", "torch.split(", "torch.tensor_split(",
+    "__setitem__", "index_put(", "{0}[{1}", ".unflatten(", ".repeat(", ").long()", "torch.var(",
+    ".mT", ".transpose(-1, -2)", "torch.mm(", "torch.bmm(", "torch.addmm(",
+)  # fmt: skip
+
+
+def test_the_issue_forms_are_drawn():
+    """Every form of the table above appears in the programs of 200 seeds (several times for
+    most: each form's weight is set for that)."""
+    text = collections.Counter()
+    for seed in range(200):
+        p, _ = generate(seed)
+        for op in p.ops:
+            for frag in ISSUE_FORMS:
+                text[frag] += frag in op.template
+    missing = [f for f in ISSUE_FORMS if not text[f]]
+    assert not missing, missing
+    assert sum(text[f] >= 3 for f in ISSUE_FORMS) >= 0.8 * len(ISSUE_FORMS), text
+
+
+def test_inplace_forms_write_to_intermediates_only():
+    """An in-place form never writes to an input or a view of one (the program's caller would
+    see it), and its alias form returns the original."""
+    seen = 0
+    for seed in range(300):
+        p, _ = generate(seed)
+        names = {s.name for s in p.inputs}
+        for op in p.ops:
+            if op.form in ("inplace", "alias_inplace"):
+                seen += 1
+                assert op.args[0] not in names
+                if op.form == "alias_inplace":
+                    assert op.template.endswith(", {0})[1]")
+    assert seen >= 10
+
+
 def test_generation_is_deterministic():
     a, _ = generate(12345)
     b, _ = generate(12345)
@@ -67,9 +113,13 @@ def test_sibling_views_are_drawn_on_request():
     assert generate(3)[0] == generate(3, siblings=0.0)[0] != p
 
 
-# graphs of seed 0 that pass today: attention, matmul, norms, gather / scatter, index_add,
-# cumsum, reductions, views, slices, expand, where
-SLICE = (5, 12, 13, 25, 28)
+# graphs of seed 0 that pass today: rounding division, split / tensor_split / unbind, tril,
+# unflatten, var / std over few elements, advanced indexing, masked_fill, int scalars compared,
+# addcmul, hypot / copysign / logaddexp, index_select of a cat / a padded tensor, casts after
+# comparisons, a reduction between flips / rolls, in-place ops through a same-dtype alias, a pad
+# of a matmul of a permuted view, layer_norm of constant rows, sort / topk, repeat, setitem; and
+# attention, matmuls, norms, gather / scatter, index_select, cumsum, reductions, views, slices
+SLICE = (33, 39, 40, 42, 43, 52, 59, 66, 69, 91, 114)
 
 
 @pytest.mark.parametrize("seed", SLICE)
@@ -199,7 +249,7 @@ def test_repro_file_runs(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(
         good.read_text().replace(
-            "return autofuse.optimize(program, make_inputs())",
+            "return autofuse.optimize(program, make_inputs(DEVICE))",
             "return lambda *xs: tuple(o * 1.5 for o in program(*xs))",
         )
     )
@@ -232,6 +282,8 @@ def test_driver_records_and_resumes(tmp_path, capsys):
         (["--front-ends", "optimise"], "--front-ends 'optimise': unknown optimise"),
         (["--shard", "3/2"], "--shard '3/2': need 0 <= i < n"),
         (["--graphs", "0"], "--graphs must be positive"),
+        (["--device", "gpu"], "--device 'gpu': cpu, cuda or cuda:i"),
+        (["--jobs", "2", "--shard", "0/2"], "give --jobs or --shard, not both"),
     ],
 )
 def test_driver_names_a_bad_argument(argv, message, capsys):
@@ -241,6 +293,193 @@ def test_driver_names_a_bad_argument(argv, message, capsys):
     with pytest.raises(SystemExit):
         driver.parse_args([x for kv in base.items() for x in kv])
     assert message in capsys.readouterr().err
+
+
+def _passing_check(seen: list):
+    def check(self, p, backward, front_end, timeout):
+        seen.append((self.device, self.tf32, dict(self.env)))
+        v = Verdict(front_end, MODES[backward], "pass")
+        return {"eager_rejected": None, "verdict": asdict(v)}
+
+    return check
+
+
+@pytest.mark.parametrize(
+    "flags, device, tf32, env",
+    [
+        ([], "cpu", False, {"TRITON_INTERPRET": "1", "AUTOFUSE_CHECK_BOUNDS": "1"}),
+        (["--device", "cuda"], "cuda", False, {"TRITON_INTERPRET": "0", "AUTOFUSE_CHECK_BOUNDS": "0"}),
+        (["--device", "cuda:1", "--tf32", "--check-bounds"], "cuda:1", True,
+         {"TRITON_INTERPRET": "0", "AUTOFUSE_CHECK_BOUNDS": "1"}),
+    ],
+)  # fmt: skip
+def test_device_flags_reach_the_checking_process(flags, device, tf32, env, tmp_path, monkeypatch):
+    """--device / --tf32 / --check-bounds (the GPU mocked): the checking process is asked for
+    the device and TF32 setting, runs real kernels (no interpreter) off the CPU, the bounds
+    mode on by default on the CPU only; the record names the device, TF32 and the bounds mode,
+    and the commit from AUTOFUSE_COMMIT."""
+    seen: list = []
+    monkeypatch.setattr(driver.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(worker.Worker, "check", _passing_check(seen))
+    monkeypatch.setattr(record, "device_name", lambda d: f"mock {d}")
+    monkeypatch.setenv("AUTOFUSE_COMMIT", "abc123")
+    out = tmp_path / "run"
+    args = ["--graphs", "1", "--out", str(out), "--front-ends", "compile", *flags]
+    assert driver.main(args) == 0
+    assert seen == [(device, tf32, env)]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["device"] == device and s["device_name"] == f"mock {device}"
+    assert s["tf32"] == ("on" if tf32 else "off") and s["commit"] == "abc123"
+    assert s["check_bounds"] is (env["AUTOFUSE_CHECK_BOUNDS"] == "1")
+    assert {"cudnn", "triton", "torch"} <= set(s)
+
+
+def test_device_cuda_without_a_gpu_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(driver.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="--device cuda: no CUDA device"):
+        driver.main(["--graphs", "1", "--out", str(tmp_path / "x"), "--device", "cuda"])
+
+
+def test_check_program_moves_the_inputs_to_the_device():
+    """The inputs are drawn on the CPU and moved to the device, strides kept (a sliced input
+    stays a strided view there)."""
+    p = Program((InputSpec("x0", (2, 3), "float32", layout="sliced", seed=5),),
+                (OpNode("v0", "unary", "torch.tanh({0})", ("x0",)),), ("v0",))  # fmt: skip
+    seen = []
+
+    def spy(fn, xs):
+        seen.extend((x.device.type, x.stride()) for x in xs)
+        return fn
+
+    (v,) = check_program(p, False, ["spy"], compilers={"spy": spy}, device="cpu")
+    assert v.status == "pass" and seen == [("cpu", (6, 2))]
+    _, make_inputs = compile_program(p)
+    assert torch.equal(make_inputs("cpu")[0], make_inputs()[0])
+
+
+def test_a_gpu_repro_names_its_device_tf32_and_bounds_mode(tmp_path):
+    p = Program((InputSpec("x0", (2,), "float32"),),
+                (OpNode("v0", "unary", "torch.exp({0})", ("x0",)),), ("v0",))  # fmt: skip
+    v = Verdict("optimize", "forward", "mismatch", "forward", detail="planted")
+    text = write_repro(tmp_path / "r.py", p, v, "a test", Target("cuda", False, False)).read_text()
+    assert "DEVICE = 'cuda'" in text and "make_inputs(DEVICE)" in text
+    assert "allow_tf32 = False" in text and '"AUTOFUSE_CHECK_BOUNDS", "0"' in text
+
+
+def test_jobs_split_the_command_line_and_the_gpus(monkeypatch):
+    argv = ["--graphs", "4", "--jobs", "2", "--out", "x", "--jobs=2"]
+    assert jobs.child_argv(argv, 1, 2) == ["--graphs", "4", "--out", "x", "--shard", "1/2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert jobs.gpu_env("cuda", 3) == {"CUDA_VISIBLE_DEVICES": "5"}
+    assert jobs.gpu_env("cuda:0", 3) == {} and jobs.gpu_env("cpu", 1) == {}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert jobs.gpu_env("cuda", 3) == {}  # one GPU: every shard shares it
+
+
+def _graph_record(i: int, fail: bool) -> dict:
+    v = {"front_end": "compile", "mode": "forward", "status": "crash" if fail else "pass",
+         "phase": "", "error": "E" if fail else "", "detail": "E: x" if fail else ""}  # fmt: skip
+    f = {**v, "graph": i, "seed": i, "repro": f"repros/g{i}.py", "min_size": 1}
+    return {"graph": i, "seed": i, "forms": ["unary"], "ops": ["exp"], "rejected_draws": 0,
+            "eager_rejected": None, "verdicts": [v], "failures": [f] if fail else [],
+            "seconds": 1.0}  # fmt: skip
+
+
+def test_jobs_merge_the_shards_records(tmp_path):
+    """The shards' records are summarized as one run; a reproduction is named by its shard's
+    folder."""
+    for k in range(2):
+        (tmp_path / f"shard{k}of2").mkdir()
+        for i in range(k, 5, 2):
+            record.append_jsonl(
+                tmp_path / f"shard{k}of2" / "graphs.jsonl", _graph_record(i, i == 3)
+            )
+    s = jobs.merge(tmp_path, 2, {"device": "cpu"})
+    assert s["graphs_tried"] == 5 and s["checks"]["forward"] == {
+        "pass": 4, "mismatch": 0, "crash": 1, "timeout": 0}  # fmt: skip
+    assert s["failures"][0]["repro"] == "shard1of2/repros/g3.py"
+    assert json.loads((tmp_path / "summary.json").read_text())["graphs_tried"] == 5
+
+
+def test_a_backward_eager_rejects_keeps_the_forward_checks(tmp_path, monkeypatch):
+    """An in-place op eager's autograd rejects fails the backward check only: the graph's
+    forward verdicts are kept and the rejection recorded."""
+
+    def check(self, p, backward, front_end, timeout):
+        if backward:
+            return {"eager_rejected": "RuntimeError: modified by an inplace operation",
+                    "verdict": None}  # fmt: skip
+        return {"eager_rejected": None, "verdict": asdict(Verdict(front_end, "forward", "pass"))}
+
+    monkeypatch.setattr(worker.Worker, "check", check)
+    out = tmp_path / "run"
+    driver.main(["--graphs", "1", "--out", str(out), "--front-ends", "compile", "--backward"])
+    (rec,) = record.read_jsonl(out / "graphs.jsonl")
+    assert rec["backward_eager_rejected"] and not rec["eager_rejected"]
+    assert [v["mode"] for v in rec["verdicts"]] == ["forward"]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["graphs_checked"] == 1 and s["backward_eager_rejected_graphs"] == 1
+
+
+class _FakeChild:
+    """A stand-in for the checking process: answers every request with ``answer``."""
+
+    def __init__(self, answer: dict) -> None:
+        self.answer = answer
+        self.stdin = self
+        self.killed = False
+
+    def write(self, _data: bytes) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def poll(self):
+        return -9 if self.killed else None
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def wait(self) -> int:
+        return -9
+
+
+@pytest.mark.parametrize(
+    "answer, restarted",
+    [
+        ({"eager_rejected": "AcceleratorError: CUDA error: device-side assert triggered",
+          "verdict": None}, True),
+        ({"eager_rejected": None, "verdict": {"detail": "RuntimeError: CUDA error: an illegal "
+                                              "memory access was encountered"}}, True),
+        ({"eager_rejected": "IndexError: index 3 is out of bounds", "verdict": None}, False),
+    ],
+)  # fmt: skip
+def test_the_checking_process_is_restarted_after_a_cuda_fault(answer, restarted, monkeypatch):
+    """A device-side assert (eager's index out of range on a GPU, a shrunk candidate's say)
+    leaves the child's CUDA context unusable: the next check gets a fresh child."""
+    w = worker.Worker(device="cuda")
+    child = _FakeChild(answer)
+    w.proc = child
+    monkeypatch.setattr(w, "_read_line", lambda _deadline: worker.PREFIX + json.dumps(answer))
+    p = Program((InputSpec("x0", (1,), "float32"),),
+                (OpNode("v0", "unary", "torch.exp({0})", ("x0",)),), ("v0",))  # fmt: skip
+    assert w.check(p, False, "compile", 10.0) == answer
+    assert (w.proc is None) is restarted and child.killed is restarted
+
+
+@pytest.mark.gpu
+def test_gpu_mode_checks_with_real_kernels(tmp_path):
+    """A few graphs on the GPU, both front ends, forward and backward, two shards at once:
+    every check has a verdict and the record names the GPU."""
+    out = tmp_path / "gpu"
+    argv = ["--graphs", "4", "--seed", "0", "--out", str(out), "--device", "cuda",
+            "--backward", "--jobs", "2", "--shrinks-per-class", "0"]  # fmt: skip
+    driver.main(argv)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["graphs_tried"] == 4 and s["device"] == "cuda" and s["tf32"] == "off"
+    assert "interpreter" not in s["device_name"] and s["cudnn"]
+    assert s["check_bounds"] is False
 
 
 @pytest.mark.exhaustive

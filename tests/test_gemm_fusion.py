@@ -52,7 +52,7 @@ def test_untuned_plan_runs_gemms_in_cublas_with_one_fused_epilogue():
     for name, epilogue_ops in (("gemm_bias_gelu", {"erf", "add"}), ("swiglu", {"sigmoid"})):
         fn, args = gemm_cases()[name]
         opt = autofuse.optimize(fn, args)
-        assert [s.reason for s in opt.plan.fallbacks if "cuBLAS" in s.reason]
+        assert [s.reason for s in opt.plan.library if "cuBLAS" in s.reason]
         (k,) = opt.plan.kernels
         assert epilogue_ops <= {opt.plan.graph[n].op for n in k.info.nodes}, name
         assert_close(opt(*args), fn(*args), torch.float32)
@@ -94,7 +94,9 @@ def test_lone_matmul_runs_as_torch_mm():
 
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     opt = autofuse.optimize(mm, (a, b))
-    assert not opt.plan.kernels and "cuBLAS" in opt.plan.fallbacks[0].reason
+    assert not opt.plan.kernels and not opt.plan.fallbacks
+    (step,) = opt.plan.library
+    assert step.implementation == "cublas.mm" and "cuBLAS" in step.reason
 
 
 @pytest.mark.parametrize(

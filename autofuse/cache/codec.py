@@ -8,7 +8,8 @@ import json
 from typing import Any
 
 from autofuse.ir.graph import Graph, Node
-from autofuse.kernels import GroupInfo, Kernel, KernelMeta
+from autofuse.kernels import GroupInfo, Kernel, KernelMeta, LibraryCall, check_call, config_classes
+from autofuse.plan import LibraryStep
 
 # ---------------------------------------------------------------------------------------------
 # Encoding: tuples of primitives <-> JSON
@@ -94,12 +95,6 @@ def decode_graph(d: dict) -> Graph:
     return graph
 
 
-def _config_classes() -> dict[str, type]:
-    from autofuse.kernels import config_classes
-
-    return config_classes()
-
-
 def _encode_dataclass(obj: Any, what: str) -> dict:
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         raise TypeError(f"cannot cache {what}: {type(obj).__name__} is not a dataclass")
@@ -108,13 +103,13 @@ def _encode_dataclass(obj: Any, what: str) -> dict:
 
 def _encode_config(config: Any) -> dict:
     cls = type(config).__name__
-    if _config_classes().get(cls) is not type(config):
+    if config_classes().get(cls) is not type(config):
         raise TypeError(f"cannot cache a launch config of type {type(config).__qualname__}")
     return {"class": cls, "fields": _encode_dataclass(config, cls)}
 
 
 def _decode_config(d: dict) -> Any:
-    cls = _config_classes().get(d["class"])
+    cls = config_classes().get(d["class"])
     if cls is None:
         raise ValueError(f"unknown launch config class {d['class']!r}")
     return cls(**{k: _dec(v) for k, v in d["fields"].items()})
@@ -151,6 +146,37 @@ def decode_kernel(d: dict, source: str) -> Kernel:
         meta=KernelMeta(**{k: _dec(v) for k, v in d["meta"].items()}),
         **{k: _dec(v) for k, v in d["fields"].items()},
     )
+
+
+def encode_library_step(step: LibraryStep) -> dict:
+    """A library step as data: its provider, function and arguments (nodes and constants)."""
+    call = step.call
+    what = f"library call {call.label}"
+    return {
+        "kind": "library",
+        "provider": call.provider,
+        "call": call.name,
+        "args": list(call.args),
+        "out": call.out,
+        "nodes": list(call.nodes),
+        "params": [[k, _enc(v, f"argument {k} of {what}")] for k, v in call.params],
+        "reason": step.reason,
+    }
+
+
+def decode_library_step(d: dict, graph: Graph) -> LibraryStep:
+    """The step ``encode_library_step`` wrote; raises ValueError where it names a provider,
+    a function or a node this autofuse and ``graph`` do not have."""
+    call = LibraryCall(
+        provider=str(d["provider"]),
+        name=str(d["call"]),
+        args=tuple(int(a) for a in d["args"]),
+        out=int(d["out"]),
+        nodes=tuple(int(n) for n in d["nodes"]),
+        params=tuple((str(k), _dec(v)) for k, v in d["params"]),
+    )
+    check_call(call, graph)
+    return LibraryStep(call, str(d["reason"]))
 
 
 def sha256_hex(data: bytes) -> str:

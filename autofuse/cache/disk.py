@@ -37,8 +37,10 @@ from autofuse.cache.codec import (
     canonical_json,
     decode_graph,
     decode_kernel,
+    decode_library_step,
     encode_graph,
     encode_kernel,
+    encode_library_step,
     json_safe,
     sha256_hex,
 )
@@ -59,7 +61,7 @@ from autofuse.cache.keys import (
     triton_version,
 )
 from autofuse.cache.trust import PLAN_LIMIT, SOURCE_LIMIT, read_bounded, sign, signature_problem
-from autofuse.plan.runtime import EagerStep, KernelStep, Plan
+from autofuse.plan import EagerStep, KernelStep, LibraryStep, Plan
 from autofuse.settings import cache_home, settings
 from autofuse.version import __version__
 
@@ -307,6 +309,8 @@ def save_plan(
         if isinstance(step, KernelStep):
             kernel, file = next(kernels)
             steps.append({"kind": "kernel", "kernel": encode_kernel(kernel, file)})
+        elif isinstance(step, LibraryStep):
+            steps.append(encode_library_step(step))
         elif isinstance(step, EagerStep):
             steps.append({"kind": "eager", "node": step.node, "reason": step.reason})
         else:
@@ -455,6 +459,9 @@ def decode_plan(entry: Path, payload: dict) -> Plan:
         for s in payload["steps"]:
             if s["kind"] == "eager":
                 steps.append(EagerStep(int(s["node"]), str(s["reason"])))
+                continue
+            if s["kind"] == "library":
+                steps.append(decode_library_step(s, graph))
                 continue
             if s["kind"] != "kernel":
                 raise ValueError(f"unknown step kind {s['kind']!r}")

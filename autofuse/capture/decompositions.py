@@ -3,7 +3,9 @@
 Core ATen's decompositions, plus softmax, log_softmax, layer_norm, gelu, silu, ... and norms
 (vector_norm, batch_norm, group_norm) taken to sums / maxima the reduction kernels compute; var,
 var_mean and std by moments that stay finite where eager's do; hardtanh, log10, flip, and pools and
-constant pads as window offsets (``pooling.py``).
+constant pads as window offsets (``pooling.py``); convolutions without their bias, which is added
+by a generated kernel, and inference BatchNorm as a per-channel scale and shift
+(``convolution.py``).
 """
 
 from __future__ import annotations
@@ -13,22 +15,34 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from autofuse.capture.convolution import conv_decompositions
 from autofuse.capture.pooling import pooling_decompositions
 
 aten = torch.ops.aten
 
 
 def _moment_mean(x, dims, n):
-    """The mean over ``dims`` (kept) for var / var_mean / std / layer_norm, finite wherever the
-    true mean is, as eager's Welford moments are: sum(x) / n overflows on a row of finfo.min
-    (a masked row) and layer_norm then gave NaN where eager gives 0. The sum of x * 2^-k, with
-    2^k >= 2n (an exact scaling), cannot overflow for finite inputs and is inf only where an
-    input is; the finite mean is clamped into the dtype's range (it may round an ulp past it)."""
+    """The mean over ``dims`` (kept) for var / var_mean / std / layer_norm / group_norm /
+    batch_norm: exact on a constant row and finite wherever the true mean is, as eager's
+    Welford moments are.
+
+    Exact: the row's first element ``x0`` plus the mean of ``x - x0``, which is 0 on a
+    constant row, so the row minus its mean is 0 and its variance 0 (a plain sum of n equal
+    values rounds: layer_norm with eps=1e-12 then scaled that rounding by 1e6). Finite: sum(x)
+    overflows on a row of finfo.min (a masked row); the differences are taken of x * 2^-k and
+    x0 * 2^-k, 2^k >= 2n (an exact scaling), so neither they nor their sum can overflow for
+    finite inputs (an infinite ``x0`` is replaced by 0: inf - inf would be NaN). The finite
+    mean is clamped into the dtype's range (it may round an ulp past it)."""
     if not x.is_floating_point() or n == 0:
         return torch.mean(x, dims, keepdim=True)
     k = math.ceil(math.log2(n)) + 1
-    s = torch.sum(x * 2.0**-k, dims, keepdim=True)
-    m = s * (2.0**k / n)
+    x0 = x
+    for d in dims:
+        x0 = x0.narrow(d, 0, 1)
+    x0 = torch.where(x0.abs() == math.inf, 0.0, x0)
+    h0 = x0 * 2.0**-k
+    s = torch.sum(x * 2.0**-k - h0, dims, keepdim=True)
+    m = (h0 + s / n) * 2.0**k
     fi = torch.finfo(x.dtype)
     return torch.where(s.abs() == math.inf, m, m.clamp(fi.min, fi.max))
 
@@ -126,6 +140,20 @@ def _not_for_bool(decomp):
     return decomposed
 
 
+def _op_where_it_fails(decomp):
+    """``decomp``, or the op itself (eager's op) where the decomposition raises: some are
+    stricter than the op (addcmul's on integer tensors with a float ``value`` raises where
+    eager rounds), and an input eager rejects makes the op raise as eager would."""
+
+    def decomposed(*args, **kwargs):
+        try:
+            return decomp(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - any error: the op decides, as in eager
+            return NotImplemented
+
+    return decomposed
+
+
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(
@@ -167,4 +195,5 @@ def decomposition_table() -> dict:
     table[aten.log10.default] = _log10
     table[aten.flip.default] = _flip
     table.update(pooling_decompositions())  # pools and constant pads (capture/pooling.py)
-    return table
+    table.update(conv_decompositions())  # bias peeled, inference BatchNorm (convolution.py)
+    return {op: _op_where_it_fails(decomp) for op, decomp in table.items()}

@@ -136,11 +136,12 @@ class CompiledGraph:
         return self.plan.graph
 
     def fallback_ops(self) -> collections.Counter:
-        """The ops that run as eager steps, by ATen target (matmuls as ``mm`` / ``bmm``)."""
+        """The ops that run outside generated kernels, by ATen target: eager steps, and library
+        calls by their matmul (``mm`` / ``bmm``)."""
         g = self.plan.graph
-        return collections.Counter(
-            str(g[s.node].attr("target", g[s.node].op)) for s in self.plan.fallbacks
-        )
+        ops = [s.call.name for s in self.plan.library]
+        ops += [str(g[s.node].attr("target", g[s.node].op)) for s in self.plan.fallbacks]
+        return collections.Counter(ops)
 
     def _run(self, ins: list[Any], checked: bool) -> list[Any]:
         """The plan on ``ins``; ``checked``: they passed the plan's input guard already."""
@@ -324,10 +325,11 @@ class AutofuseBackend:
         self.records.append(compiled)
         _COMPILED.append(compiled)
         logs.log.info(
-            "autofuse backend: %s graph, %d nodes -> %d kernels, %d eager steps",
+            "autofuse backend: %s graph, %d nodes -> %d kernels, %d library calls, %d eager steps",
             kind,
             len(graph.nodes),
             len(plan.kernels),
+            len(plan.library),
             len(plan.fallbacks),
         )
         return compiled

@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from autofuse.capture import fx_to_ir
 from autofuse.ir import Graph, dedupe
+from autofuse.ir.conv_layout import choose_layouts
 from autofuse.ir.split import split_for_pipeline
 
 
@@ -194,5 +195,6 @@ def _fold_symbolic_scalars(graph: torch.fx.Graph) -> None:
 
 def to_ir(prepared: Prepared, cuda: bool = False) -> Graph:
     """The prepared graph in the IR, its long reductions split (``ir/split.py``) where the
-    settings split them (by default: ``cuda`` inputs)."""
-    return dedupe(split_for_pipeline(dedupe(fx_to_ir(prepared.gm)), cuda))
+    settings split them (by default: ``cuda`` inputs), each convolution's memory format
+    recorded by the settings' rule (``ir/conv_layout.py``)."""
+    return choose_layouts(dedupe(split_for_pipeline(dedupe(fx_to_ir(prepared.gm)), cuda)), cuda)

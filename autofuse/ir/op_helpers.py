@@ -65,14 +65,16 @@ HYPOT = Helper(
     """@triton.jit
 def _af_hypot(a, b):
     # sqrt(a^2 + b^2) without overflow or underflow: hi * sqrt(1 + (lo / hi)^2); an infinite
-    # operand gives inf even beside a NaN, as C's hypot and torch.hypot
+    # operand gives inf even beside a NaN, as C's hypot and torch.hypot (two wheres, not an
+    # `|` of the tests: one operand may be a scalar, and Triton's interpreter fails
+    # `scalar | block` on bools)
     x = tl.abs(a)
     y = tl.abs(b)
     hi = tl.maximum(x, y, propagate_nan=tl.PropagateNan.ALL)
     lo = tl.minimum(x, y, propagate_nan=tl.PropagateNan.ALL)
     r = lo / tl.where(hi == 0.0, 1.0, hi)
     h = hi * tl.sqrt(1.0 + r * r)
-    return tl.where((x == float("inf")) | (y == float("inf")), float("inf"), h)
+    return tl.where(x == float("inf"), float("inf"), tl.where(y == float("inf"), float("inf"), h))
 """,
 )
 IPOW = Helper(

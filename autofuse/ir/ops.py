@@ -16,6 +16,7 @@ node's compute dtype), ``"common"`` (torch's promotion of the operands, for comp
 
 from __future__ import annotations
 
+import ast
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -83,6 +84,12 @@ def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
 
 
+def category(dtype: str) -> int:
+    """Torch's type-promotion category of ``dtype``: 0 bool, 1 integer, 2 floating (a Python
+    number or a 0-d tensor widens a promotion only to a higher category)."""
+    return 0 if dtype == "bool" else 2 if is_float(dtype) else 1
+
+
 def literal(value: Any, dtype: str) -> str:
     """A Python literal of ``value`` for Triton source, in ``dtype``'s family."""
     if isinstance(value, bool) or dtype == "bool":
@@ -94,7 +101,35 @@ def literal(value: Any, dtype: str) -> str:
         if math.isnan(v):
             return 'float("nan")'
         return repr(v)
-    return str(int(value))
+    return str(wrapped(int(value), dtype))
+
+
+_INT_BITS = {"int64": 64, "int32": 32, "int16": 16, "int8": 8, "uint8": 8}
+
+
+def wrapped(v: int, dtype: str) -> int:
+    """``v`` in integer ``dtype``'s range, wrapped around as torch casts a Python int scalar
+    (an int32 tensor + 2**40 adds 0; Triton refuses a literal out of its operand's range)."""
+    bits = _INT_BITS.get(dtype)
+    if bits is None:
+        return v
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if dtype != "uint8" and v >= 1 << (bits - 1) else v
+
+
+_SPECIAL = {'float("inf")': math.inf, 'float("-inf")': -math.inf, 'float("nan")': math.nan}
+
+
+def literal_value(code: str) -> Any:
+    """The number a literal's code writes (``literal``'s forms, and True / False), else None
+    (a variable or an expression)."""
+    if code in _SPECIAL:
+        return _SPECIAL[code]
+    try:
+        value = ast.literal_eval(code)
+    except (SyntaxError, ValueError):
+        return None
+    return value if isinstance(value, (bool, int, float)) else None
 
 
 def minmax(op: str, a: str, b: str, dtype: str) -> str:
@@ -123,9 +158,16 @@ def _add(node: Any, c: list[str], dt: str) -> str:
 
 
 def _copysign(node: Any, c: list[str], dt: str) -> str:
-    # |a| with b's sign bit (so -0.0 and a negative NaN give a negative result, as torch)
+    # |a| with b's sign bit (so -0.0 and a negative NaN give a negative result, as torch); a
+    # literal operand (a Python number has no bitcast) is decided here
+    a, b = literal_value(c[0]), literal_value(c[1])
+    if a is not None:
+        a = literal(abs(float(a)), dt)
+    mag = f"tl.abs({c[0]})" if a is None else a
+    if b is not None:
+        return mag if math.copysign(1.0, float(b)) > 0 else f"-{mag}"
     bits = "tl.int64" if dt == "float64" else "tl.int32"
-    return f"tl.where({c[1]}.to({bits}, bitcast=True) < 0, -tl.abs({c[0]}), tl.abs({c[0]}))"
+    return f"tl.where({c[1]}.to({bits}, bitcast=True) < 0, -{mag}, {mag})"
 
 
 def _clamp(node: Any, c: list[str], dt: str) -> str:
@@ -143,6 +185,8 @@ class NoLowering(Exception):
 
 def _pow(node: Any, c: list[str], dt: str) -> str:
     a, e = c[0], node.attr("exponent")
+    if not math.isfinite(e):  # C's pow special cases (|x| = 1, x < 0, NaN): eager's op
+        raise NoLowering(f"pow by {e}: no Triton lowering")
     if not is_float(dt):
         if not (e == int(e) and e >= 0):
             raise NoLowering(f"pow of an integer tensor by {e}: no Triton lowering")

@@ -35,12 +35,24 @@ from autofuse.kernels.fill.kind import FillKind
 from autofuse.kernels.gemm.kind import GemmKind
 from autofuse.kernels.gemm.row import GemmRowKind, RowGemmConfig
 from autofuse.kernels.gemm.template import GemmConfig
+from autofuse.kernels.library import (
+    LibraryCall,
+    bind_call,
+    call_reason,
+    check_call,
+    library_calls,
+)
 from autofuse.kernels.pointwise.kind import PointwiseKind
 from autofuse.kernels.reduction.kind import ReductionKind
 from autofuse.kernels.reduction.scan import ScanKind
 from autofuse.kernels.scatter.kind import ScatterKind
 
 __all__ = [
+    "LibraryCall",
+    "bind_call",
+    "call_reason",
+    "check_call",
+    "library_calls",
     "INLINE_OPS",
     "KINDS",
     "AttentionBwdConfig",

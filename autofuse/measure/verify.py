@@ -20,6 +20,7 @@ from autofuse.measure.candidate import (
     Candidate,
     describe_error,
 )
+from autofuse.plan.runtime import allocate_outputs, launch
 
 # ---------------------------------------------------------------------------------------------
 # Kernels, inputs, reference, comparison
@@ -120,8 +121,6 @@ def poisoned_outputs(
     """Output buffers filled with values a correct kernel overwrites: NaN for floats, an
     extreme value for ints, True for bools (False with ``inverted``: a second run with the other
     poison catches unwritten bool elements)."""
-    from autofuse.plan.runtime import allocate_outputs
-
     outs = allocate_outputs(graph, info, torch.device(device))
     for s, t in zip(info.stored, outs):
         if op_def(graph[s].op).scatter:
@@ -275,7 +274,6 @@ def verify_candidate(
     device = torch.device(device)
     if device.type == "cpu" and not interpreting():
         return "cannot verify on CPU: set TRITON_INTERPRET=1 before triton is imported"
-    from autofuse.plan.runtime import launch
 
     try:
         sub, info, kernel = build_kernel(candidate)

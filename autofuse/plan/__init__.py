@@ -1,10 +1,11 @@
-"""Plan: kernels and eager steps in topological order, and running them."""
+"""Plan: kernel, library and eager steps in topological order, and running them."""
 
 from autofuse.plan.runtime import (
     EagerStep,
     InputError,
     KernelBuildWarning,
     KernelStep,
+    LibraryStep,
     Plan,
     build_plan,
     execute,
@@ -15,6 +16,7 @@ __all__ = [
     "InputError",
     "KernelBuildWarning",
     "KernelStep",
+    "LibraryStep",
     "Plan",
     "build_plan",
     "execute",

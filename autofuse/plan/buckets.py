@@ -13,7 +13,8 @@ from typing import Any
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels import bucket_config_fits
-from autofuse.plan.runtime import Plan, build_plan, eager_group
+from autofuse.plan.build import build_plan
+from autofuse.plan.steps import Plan
 
 __all__ = ["BucketPlans", "structure_key"]
 
@@ -28,15 +29,12 @@ def structure_key(graph: Graph) -> str:
 
 
 def _partition(plan: Plan) -> tuple[tuple[frozenset[int], ...], tuple[Any, ...]]:
-    """The groups and configs ``build_plan`` makes ``plan`` from (matmuls left to the library
-    as one-node groups)."""
-    g = plan.graph
-    lone = tuple(
-        frozenset({s.node}) for s in plan.fallbacks if eager_group(g, frozenset({s.node}))
-    )  # fmt: skip
+    """The groups and choices ``build_plan`` makes ``plan`` from (a library step's call kept:
+    its arguments are nodes, the same at every shape of the bucket)."""
+    library = tuple(frozenset(s.nodes) for s in plan.library)
     configs = tuple(k.config if bucket_config_fits(k.info) else None for k in plan.kernels)
-    configs += (None,) * len(lone)
-    return plan.groups + lone, configs
+    configs += tuple(s.call for s in plan.library)
+    return plan.groups + library, configs
 
 
 class BucketPlans:

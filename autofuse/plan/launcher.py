@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from autofuse.interpreter import interpreting
+from autofuse.kernels.common.loader import load_kernel
 from autofuse.plan.direct_launch import bind
 from autofuse.settings import settings
 
@@ -201,3 +202,20 @@ def _on_cuda(args: Sequence[Any]) -> bool:
 def stats() -> dict[str, int]:
     """How many launches took the lean and the regular path (tests read it)."""
     return dict(_STATS)
+
+
+_LAUNCHERS: dict[tuple, Launcher] = {}
+
+
+def launcher_for(kernel: Any, store: Any = None) -> Launcher:
+    """The one launcher of ``kernel`` in this process (its source loaded on first use); a
+    ``store`` (a cache entry's binaries) is attached to it where it has none yet."""
+    key = (kernel.source, kernel.name, kernel.grid, kernel.launch_kw)
+    hit = _LAUNCHERS.get(key)
+    if hit is None:
+        fn = load_kernel(kernel.source, kernel.name)
+        scratch = kernel.meta.needs_allocator
+        hit = _LAUNCHERS[key] = Launcher(fn, kernel.grid, dict(kernel.launch_kw), scratch, store)
+    elif store is not None and hit.store is None:
+        hit.attach(store)  # a plan from a cache entry: its binaries are used and kept there
+    return hit

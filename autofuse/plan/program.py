@@ -4,8 +4,8 @@ Walking a plan's steps resolves, on each call, which values a step reads (views 
 their first use, through the op table), how each eager op is called, each output's shape and
 dtype. None of that changes between calls, so :func:`program` resolves it once per plan into a
 flat list of bound operations: evaluate a view, give a loaded intermediate the layout the
-kernel reads it with (``buffer_strides``; buffers kernels wrote need nothing), call an eager op,
-launch a kernel with its argument template. A call then does only the tensor work. Views are
+kernel reads it with (``buffer_strides``; buffers kernels wrote need nothing), call a library
+function or an eager op (``step.bind``), launch a kernel with its argument template. A call then does only the tensor work. Views are
 rebuilt with ``_reinterpret_tensor`` once their first evaluation has shown their layout, and a
 kernel's output is written into a buffer an earlier kernel made and no later step reads (as
 Inductor's generated code reuses buffers: fewer allocations on the host, less memory on the
@@ -52,8 +52,8 @@ class Program:
         for k, step in enumerate(plan.steps):
             if hasattr(step, "kernel"):
                 self._kernel(step, k)
-            else:
-                self._eager(step.node)
+            else:  # a library call or an eager op: one bound function
+                self._call(step)
         for o in self.graph.outputs:
             self._need(o)
         self.outputs = tuple(self.graph.outputs)
@@ -76,12 +76,12 @@ class Program:
             self.ops.append(_evaluate(i, node.inputs, bind_node(node)))
         self.have.add(i)
 
-    def _eager(self, i: int) -> None:
-        node = self.graph[i]
-        for j in node.inputs:
+    def _call(self, step: Any) -> None:
+        args = step.reads(self.graph)
+        for j in args:
             self._need(j)
-        self.ops.append(_evaluate(i, node.inputs, bind_node(node)))
-        self.have.add(i)
+        self.ops.append(_evaluate(step.out, args, step.bind(self.graph)))
+        self.have.update(step.nodes)
 
     def _donor(self, s: int, k: int) -> int | None:
         """A buffer a kernel step made earlier that no step from ``k`` on reads (nor a view of
@@ -262,8 +262,9 @@ def _launch_one(step, loads, s, fresh, tail, slow, broken) -> Op:
 
 def last_reads(plan: Any) -> dict[int, int]:
     """For each buffer a kernel step of ``plan`` stores, the index of the last step that reads
-    it or a view of it, where only kernels and matmuls (whose results are new tensors) read it
-    and it is not (a view of) a graph output: the buffers a later kernel may write into."""
+    it or a view of it, where only kernels, library calls and matmuls (their results new
+    tensors) read it and it is not (a view of) a graph output: the buffers a later kernel may
+    write into."""
     g = plan.graph
     last: dict[int, int] = {}
     kept = {g.base_of(o) for o in g.outputs}
@@ -273,13 +274,17 @@ def last_reads(plan: Any) -> dict[int, int]:
                 last.setdefault(s, -1)
             reads = [i for i, _ in step.load_kinds(g)]
         else:
-            node = g[step.node]
-            reads = list(node.inputs)
-            if node.kind != "matmul":  # an eager op's result may alias what it reads
+            reads = list(step.reads(g))
+            if not _fresh_result(g, step):  # an eager op's result may alias what it reads
                 kept.update(g.base_of(i) for i in reads)
         for i in reads:
             last[g.base_of(i)] = k
     return {b: k for b, k in last.items() if b not in kept}
+
+
+def _fresh_result(graph: Any, step: Any) -> bool:
+    """Whether a non-kernel step's result is a new tensor: a library call's, a matmul's."""
+    return hasattr(step, "call") or graph[step.out].kind == "matmul"
 
 
 _ALLOCATORS: dict[torch.device, tuple[Callable[..., torch.Tensor], int | None]] = {}

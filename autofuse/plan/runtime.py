@@ -1,216 +1,35 @@
-"""Plans and their execution.
+"""Running plans.
 
-A :class:`Plan` is a partition of the graph plus one config per kernel: an ordered list of steps,
-each a generated kernel or an op that runs in eager (unsupported ops, matmuls). Running it
-allocates the outputs and the intermediates that must live in memory, launches the steps in
-order and returns what the function returns, in the same structure.
+A :class:`Plan` (``steps.py``) is a partition of the graph plus one implementation per group:
+an ordered list of steps, each a generated kernel, a library call (cuBLAS matmuls) or an op that
+runs in eager (unsupported ops); ``build.py`` makes one. Running it allocates the outputs and
+the intermediates that must live in memory, runs the steps in order and returns what the
+function returns, in the same structure.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import torch
 
-from autofuse import logs
+from autofuse.bounds import bounds_error
 from autofuse.ir.eager import conform, eval_node
 from autofuse.ir.graph import Graph, buffer_strides
 from autofuse.ir.ops import op_def
-from autofuse.kernels import (
-    INLINE_OPS,
-    GroupInfo,
-    Kernel,
-    KernelConfig,
-    analyze_group,
-    default_config,
-    fusible,
-    generate,
-    unlowerable,
-)
-from autofuse.kernels.common.loader import load_kernel
-from autofuse.plan.launcher import Launcher
+from autofuse.kernels import INLINE_OPS, GroupInfo, Kernel
+from autofuse.plan.build import build_plan as build_plan
+from autofuse.plan.build import eager_group as eager_group
+from autofuse.plan.build import eager_reason as eager_reason
+from autofuse.plan.launcher import launcher_for
 from autofuse.plan.program import program
+from autofuse.plan.steps import EagerStep as EagerStep
+from autofuse.plan.steps import KernelStep, Plan
+from autofuse.plan.steps import LibraryStep as LibraryStep
+from autofuse.plan.steps import Step as Step
 from autofuse.settings import settings
-
-# ---------------------------------------------------------------------------------------------
-# Loading generated source
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# Plans
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KernelStep:
-    kernel: Kernel
-    # where this kernel's compiled binaries are kept (a cache entry's ``BinaryStore``), if any
-    store: Any = field(default=None, compare=False, repr=False)
-
-    @property
-    def nodes(self) -> tuple[int, ...]:
-        return self.kernel.info.nodes
-
-    @cached_property
-    def launcher(self) -> Launcher:
-        return launcher_for(self.kernel, self.store)
-
-    def load_kinds(self, graph: Graph) -> tuple[tuple[int, bool], ...]:
-        """(node, is a graph input) per loaded buffer: inputs are read as given (checked once
-        per call), other loads may need evaluating or a contiguous copy."""
-        kinds = self.__dict__.get("_load_kinds")
-        if kinds is None:
-            kinds = tuple((i, graph[i].kind == "input") for i in self.kernel.info.loads)
-            self.__dict__["_load_kinds"] = kinds  # frozen: cached like a cached_property
-        return kinds
-
-    @cached_property
-    def arg_spec(self) -> tuple[tuple[bool, Any], ...]:
-        """``kernel_args`` prebuilt: (True, buffer index) or (False, constant) per argument."""
-        n_in = len(self.kernel.info.loads)
-        return tuple(
-            (True, k) if kind == "in" else (True, n_in + k) if kind == "out" else (False, k)
-            for kind, k in self.kernel.layout
-        )
-
-
-@dataclass(frozen=True)
-class EagerStep:
-    node: int
-    reason: str
-
-    @property
-    def nodes(self) -> tuple[int, ...]:
-        return (self.node,)
-
-
-Step = KernelStep | EagerStep
-
-
-@dataclass(frozen=True)
-class Plan:
-    graph: Graph
-    steps: tuple[Step, ...]
-    label: str = "plan"
-
-    @property
-    def kernels(self) -> tuple[Kernel, ...]:
-        return tuple(s.kernel for s in self.steps if isinstance(s, KernelStep))
-
-    @property
-    def fallbacks(self) -> tuple[EagerStep, ...]:
-        return tuple(s for s in self.steps if isinstance(s, EagerStep))
-
-    @property
-    def groups(self) -> tuple[frozenset[int], ...]:
-        return tuple(frozenset(k.info.nodes) for k in self.kernels)
-
-    @cached_property
-    def input_specs(self) -> tuple[tuple[torch.Size, torch.dtype, tuple[int, ...]], ...]:
-        """(shape, dtype, strides) of each input, for the per-call check."""
-        g = self.graph
-        return tuple(
-            (torch.Size(g[i].shape), getattr(torch, g[i].dtype), tuple(g[i].strides))
-            for i in g.inputs
-        )
-
-    @cached_property
-    def out_specs(self) -> dict[int, tuple[tuple[int, ...], torch.dtype]]:
-        g = self.graph
-        return {
-            s: (g[s].shape, getattr(torch, g[s].dtype)) for k in self.kernels for s in k.info.stored
-        }
-
-
-def eager_reason(graph: Graph, i: int) -> str:
-    node = graph[i]
-    if node.kind == "matmul":
-        return f"{node.op} runs as torch.{node.op} (cuBLAS on GPU)"
-    if node.op == "getitem":
-        return "output of a multi-output op"
-    return f"unsupported op {node.attr('target', node.op)}: runs in eager"
-
-
-def eager_group(graph: Graph, group: frozenset[int]) -> bool:
-    """A group of one matmul and nothing else runs as torch.mm (cuBLAS on GPU)."""
-    return len(group) == 1 and graph[next(iter(group))].kind == "matmul"
-
-
-def build_plan(
-    graph: Graph,
-    groups: Sequence[frozenset[int]],
-    configs: Sequence[KernelConfig | None] | None = None,
-    label: str = "plan",
-) -> Plan:
-    """Order the groups (and the eager ops) topologically and generate one kernel per group."""
-    configs = list(configs) if configs is not None else [None] * len(groups)
-    covered = set().union(*groups) if groups else set()
-    missing = [i for i in graph.compute_nodes() if fusible(graph, i) and i not in covered]
-    refused = {i: unlowerable(graph, i) for i in missing}
-    if any(r is None for r in refused.values()):
-        raise ValueError(f"partition leaves nodes {missing} in no group")
-    lone_mm = [next(iter(g)) for g in groups if eager_group(graph, g)]
-    configs = [c for g, c in zip(groups, configs) if not eager_group(graph, g)]
-    groups = [g for g in groups if not eager_group(graph, g)]
-    infos = [analyze_group(graph, g) for g in groups]
-    units: list[tuple[str, Any]] = [("group", k) for k in range(len(groups))]
-    units += [
-        ("eager", i)
-        for i in graph.compute_nodes()
-        if (not fusible(graph, i) and graph[i].op not in INLINE_OPS) or i in lone_mm or i in refused
-    ]
-    owner: dict[int, int] = {}
-    for u, (kind, v) in enumerate(units):
-        for n in infos[v].nodes if kind == "group" else (v,):
-            owner[n] = u
-    order = _topo_units(graph, units, infos, owner)
-    steps: list[Step] = []
-    for u in order:
-        kind, v = units[u]
-        if kind == "group":
-            cfg = configs[v] or default_config(infos[v], graph)
-            steps.append(KernelStep(generate(graph, infos[v], cfg, index=len(steps))))
-        else:
-            steps.append(EagerStep(v, refused.get(v) or eager_reason(graph, v)))
-    plan = Plan(graph, tuple(steps), label)
-    logs.output_code(plan)
-    return plan
-
-
-def _topo_units(graph, units, infos, owner) -> list[int]:
-    deps: list[set[int]] = []
-    for kind, v in units:
-        nodes = infos[v].nodes if kind == "group" else (v,)
-        d = set()
-        for n in nodes:
-            for j in graph.compute_inputs(n):
-                if j in owner and owner[j] != owner[n]:
-                    d.add(owner[j])
-        deps.append(d)
-    done: list[int] = []
-    placed: set[int] = set()
-    pending = sorted(range(len(units)), key=lambda u: min(_unit_nodes(units[u], infos)))
-    while pending:
-        for u in pending:
-            if deps[u] <= placed:
-                done.append(u)
-                placed.add(u)
-                pending.remove(u)
-                break
-        else:
-            raise ValueError("the partition has a cycle between groups (a group is not convex)")
-    return done
-
-
-def _unit_nodes(unit, infos) -> tuple[int, ...]:
-    kind, v = unit
-    return infos[v].nodes if kind == "group" else (v,)
-
 
 # ---------------------------------------------------------------------------------------------
 # Execution
@@ -251,20 +70,9 @@ class _Run:
             t = self.env[i] = conform(t, node.shape, buffer_strides(node))
         return t
 
-
-_LAUNCHERS: dict[tuple, Launcher] = {}
-
-
-def launcher_for(kernel: Kernel, store: Any = None) -> Launcher:
-    key = (kernel.source, kernel.name, kernel.grid, kernel.launch_kw)
-    hit = _LAUNCHERS.get(key)
-    if hit is None:
-        fn = load_kernel(kernel.source, kernel.name)
-        scratch = kernel.meta.needs_allocator
-        hit = _LAUNCHERS[key] = Launcher(fn, kernel.grid, dict(kernel.launch_kw), scratch, store)
-    elif store is not None and hit.store is None:
-        hit.attach(store)  # a plan from a cache entry: its binaries are used and kept there
-    return hit
+    def launch(self, step: KernelStep) -> None:
+        """A kernel step's run on this call (``KernelStep.run``)."""
+        run_kernel_step(self, step)
 
 
 def kernel_args(kernel: Kernel, args: Sequence[torch.Tensor]) -> list[Any]:
@@ -352,15 +160,38 @@ def _give_up(run: _Run, kernel: Kernel, e: Exception, what: str) -> None:
 
 
 def _build_error(e: Exception) -> bool:
-    """Errors of compiling / loading generated code (not of running it on bad data)."""
+    """Errors of compiling / loading generated code (not of running it on bad data). Triton's
+    interpreter wraps whatever a kernel raises in an InterpreterError: a Python error in its
+    body is invalid code (a compiled build rejects it as a CompilationError), except the data
+    checks: an access outside its buffers (AUTOFUSE_CHECK_BOUNDS) and a failed
+    ``tl.device_assert`` (an index out of range), which must reach the caller."""
+    if bounds_error(e) is not None or _device_assert_failed(e):
+        return False
     build = {"CompilationError", "OutOfResources", "SyntaxError", "NameError", "ImportError",
-             "AttributeError"}  # fmt: skip
-    while e is not None:  # the interpreter wraps the cause in an InterpreterError
+             "AttributeError", "PTXASError", "InterpreterError"}  # fmt: skip
+    while e is not None:
         if {c.__name__ for c in type(e).__mro__} & build:
             return True
-        if isinstance(e, RuntimeError) and "active drivers" in str(e):
-            return True  # no Triton driver here (no GPU, the interpreter turned off)
+        if isinstance(e, RuntimeError) and (
+            "active drivers" in str(e)  # no Triton driver here (no GPU, the interpreter off)
+            or "PassManager::run failed" in str(e)  # a compiled build's lowering failed
+        ):
+            return True
         e = e.__cause__
+    return False
+
+
+def _device_assert_failed(e: BaseException | None) -> bool:
+    """``e`` is, or was caused by, an interpreted kernel's failed ``tl.device_assert``."""
+    seen = 0
+    while e is not None and seen < 16:
+        if isinstance(e, AssertionError):
+            tb = e.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None and tb.tb_frame.f_code.co_name == "create_assert":
+                return True
+        e, seen = e.__cause__, seen + 1
     return False
 
 

@@ -43,6 +43,7 @@ from autofuse.measure import (
     verify_candidate,
 )
 from autofuse.partition.partitioner import Partition, Partitioner
+from autofuse.plan.code_log import output_code
 from autofuse.plan.graph_choice import beats
 from autofuse.plan.runtime import Plan, build_plan, eager_group, execute
 from autofuse.settings import cache_home
@@ -414,7 +415,7 @@ def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, s
     flat = _flat_examples(captured, example_inputs, run.flat)
     best_choice, best_plan, e2e = _pick(plans, flat, incumbent)
     best_plan = dataclasses.replace(best_plan, label="tuned")
-    logs.output_code(best_plan)
+    output_code(best_plan)
     counts = study.counts
     result = TuneResult(
         plan=best_plan,

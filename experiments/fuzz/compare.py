@@ -83,8 +83,11 @@ def fresh_inputs(make_inputs: Callable[[], list], backward: bool, to64: bool = F
 
 
 def run(fn: Callable[..., Any], xs: list, backward: bool) -> Any:
-    """(outputs, gradients) of ``fn`` on ``xs`` (gradients () without ``backward``)."""
+    """(outputs, gradients) of ``fn`` on ``xs`` (gradients () without ``backward``); on a GPU
+    synchronized, so that a kernel's fault is raised here."""
     got = run_case(fn, tuple(xs), {}, backward)
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     return got if backward else (got, ())
 
 
@@ -94,10 +97,17 @@ def check_program(
     front_ends: Sequence[str],
     timeout_s: float = 120.0,
     compilers: dict[str, Compiler] | None = None,
+    device: str = "cpu",
 ) -> list[Verdict]:
-    """One verdict per front end; raises ``EagerRejected`` where eager fails."""
+    """One verdict per front end; raises ``EagerRejected`` where eager fails. The inputs are
+    drawn on the CPU and moved to ``device``, where eager (the float64 reference too) and
+    autofuse run."""
     compilers = compilers or COMPILERS
-    fn, make_inputs = compile_program(p)
+    fn, make_on = compile_program(p)
+
+    def make_inputs() -> list:
+        return make_on(device)
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

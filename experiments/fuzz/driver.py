@@ -4,19 +4,24 @@ backend="autofuse")`` against eager, failures shrunk to standalone reproductions
     python -m experiments.fuzz --graphs 200 --seed 0 --out results/fuzz/run0 --backward
     python -m experiments.fuzz --graphs 10000 --seed 1 --out /tmp/fz --shard 2/8
     python -m experiments.fuzz --graphs 200 --seed 0 --out results/fuzz/run0 --resume
+    python -m experiments.fuzz --graphs 1000 --seed 3 --out /tmp/fzgpu --device cuda --jobs 4
 
 Graph ``i`` of seed ``S`` is generated from ``S * 1_000_000 + i``: any graph can be generated
 again alone. With ``--shard i/n`` the run takes every ``n``-th graph from the ``i``-th and
-records under ``<out>/shard<i>of<n>``. Each program is checked in a child process
-(``worker.py``) with ``AUTOFUSE_CHECK_BOUNDS=1`` in its environment; a failure is shrunk (at
-most ``--shrinks-per-class`` of each kind) and written to ``<out>/repros/``.
+records under ``<out>/shard<i>of<n>``; ``--jobs n`` runs the ``n`` shards at once
+(``jobs.py``) and merges their records. Each program is checked in a child process
+(``worker.py``) on ``--device``: ``cpu`` through Triton's interpreter with
+``AUTOFUSE_CHECK_BOUNDS=1``; ``cuda`` with real kernels, inputs drawn on the CPU and moved, eager
+on the GPU the reference, the bounds mode (guarded debug kernels) only with ``--check-bounds``.
+TF32 is off in every arm unless ``--tf32``. A failure is shrunk (at most
+``--shrinks-per-class`` of each kind) and written to ``<out>/repros/``.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import os
+import re
 import signal
 import sys
 import time
@@ -28,6 +33,7 @@ import torch
 
 from experiments.fuzz.compare import COMPILERS, Verdict
 from experiments.fuzz.generate import generate, op_labels
+from experiments.fuzz.jobs import run_jobs, stop
 from experiments.fuzz.program import Program, without_dead
 from experiments.fuzz.record import (
     append_jsonl,
@@ -36,12 +42,23 @@ from experiments.fuzz.record import (
     summarize,
     write_summary,
 )
-from experiments.fuzz.repro import write_repro
+from experiments.fuzz.repro import Target, write_repro
 from experiments.fuzz.shrink import shrink
 from experiments.fuzz.worker import Worker
 from experiments.opinfo_sweep import parse_shard
 
-WORKER_ENV = {"AUTOFUSE_CHECK_BOUNDS": "1"}
+
+def worker_env(args: argparse.Namespace) -> dict[str, str]:
+    """The checking process's environment: Triton's interpreter for the CPU only, the bounds
+    mode as ``--check-bounds`` says."""
+    return {
+        "TRITON_INTERPRET": "1" if args.device == "cpu" else "0",
+        "AUTOFUSE_CHECK_BOUNDS": "1" if args.check_bounds else "0",
+    }
+
+
+def target(args: argparse.Namespace) -> Target:
+    return Target(args.device, args.check_bounds, args.tf32)
 
 
 def graph_seed(seed: int, i: int) -> int:
@@ -58,7 +75,7 @@ class Run:
     def __init__(self, args: argparse.Namespace, folder: Path) -> None:
         self.args = args
         self.folder = folder
-        self.worker = Worker(folder / "worker.log", WORKER_ENV)
+        self.worker = Worker(folder / "worker.log", worker_env(args), args.device, args.tf32)
         self.shrunk: collections.Counter = collections.Counter()
 
     def graph(self, i: int) -> dict:
@@ -71,6 +88,9 @@ class Run:
         for backward in (False, True)[: 1 + self.args.backward]:
             for fe in self.args.front_ends:
                 res = self.worker.check(p, backward, fe, self.args.timeout)
+                if res["eager_rejected"] and backward and rec["verdicts"]:
+                    rec["backward_eager_rejected"] = res["eager_rejected"]  # forward kept
+                    break
                 if res["eager_rejected"]:
                     rec.update(eager_rejected=res["eager_rejected"], verdicts=[], failures=[])
                     return rec
@@ -101,7 +121,8 @@ class Run:
             small, last, f["shrunk"] = self.shrink(p, v)
         name = f"g{i:06d}_{v.front_end}_{v.mode}_{v.status}.py"
         path = write_repro(self.folder / "repros" / name, small, last,
-                           f"graph {i} of seed {self.args.seed} (program seed {seed})")  # fmt: skip
+                           f"graph {i} of seed {self.args.seed} (program seed {seed})",
+                           target(self.args))  # fmt: skip
         f.update(repro=str(path.relative_to(self.folder)), min_ops=labels(small),
                  min_size=len(small.ops), min_program=small.to_json())  # fmt: skip
         return f
@@ -148,24 +169,56 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-ops", type=int, default=7, help="ops per program at most")
     p.add_argument("--siblings", type=float, default=0.0,
                    help="probability of a sibling view as the last op (see generate.add_sibling)")  # fmt: skip
+    p.add_argument(
+        "--device",
+        type=_device,
+        default="cpu",
+        help="cpu (Triton's interpreter) or cuda / cuda:i (real kernels)",
+    )
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="TF32 on for eager's float32 matmuls (off in every arm by default)",
+    )
+    p.add_argument(
+        "--check-bounds",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="AUTOFUSE_CHECK_BOUNDS for the checks (default: on for cpu; off for "
+        "cuda, where it builds guarded debug kernels)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="run the graphs as this many shards at once, records merged",
+    )
     p.add_argument("--shrinks-per-class", type=int, default=3)
     p.add_argument("--shrink-budget", type=float, default=300.0, help="seconds per shrink")
     p.add_argument("--shrink-checks", type=int, default=300, help="checks per shrink")
     args = p.parse_args(argv)
-    for name in ("graphs", "max_ops", "timeout"):
+    for name in ("graphs", "max_ops", "timeout", "jobs"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.jobs > 1 and args.shard != (0, 1):
+        p.error("--jobs runs the shards itself: give --jobs or --shard, not both")
+    if args.check_bounds is None:
+        args.check_bounds = args.device == "cpu"
     return args
 
 
-def _stop(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+def _device(text: str) -> str:
+    if text == "cpu" or re.fullmatch(r"cuda(:\d+)?", text):
+        return text
+    raise argparse.ArgumentTypeError(f"--device {text!r}: cpu, cuda or cuda:i")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if args.device != "cpu" and not torch.cuda.is_available():
+        sys.exit(f"--device {args.device}: no CUDA device here")
+    if args.jobs > 1:
+        return run_jobs(args, list(sys.argv[1:] if argv is None else argv))
     i0, n = args.shard
     folder = args.out / f"shard{i0}of{n}" if n > 1 else args.out
     log = folder / "graphs.jsonl"
@@ -176,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     done = {r["graph"] for r in records}
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     run, t0, now = Run(args, folder), time.perf_counter(), 0
-    signal.signal(signal.SIGTERM, _stop)  # a killed run still ends its child
+    signal.signal(signal.SIGTERM, stop)  # a killed run still ends its child
     try:
         for i in range(i0, args.graphs, n):
             if i in done:

@@ -1,5 +1,8 @@
-"""Op forms, part two: cat / stack, gather / scatter / index_select / index_add, matmuls, norms,
-attention (scaled_dot_product_attention and written out in eager ops) and cumsum."""
+"""Op forms, part two: cat / stack, gather / scatter / index_select / index_add, matmuls, norms
+(layer_norm of rows that can be constant, whose variance must come out exactly 0; layer_norm over
+a size-1 normalized shape feeding a matmul with its own transpose), attention
+(scaled_dot_product_attention and written out in eager ops) and cumsum (of integers cast to
+int64 and then filled in place, too)."""
 
 from __future__ import annotations
 
@@ -139,7 +142,7 @@ def draw_attention(rng: random.Random, b: Any) -> Draw:
             q, k, v, m,
         ]  # fmt: skip
     if mask_kind == "causal" and eager:
-        causal = f"torch.ones({length}, {s}, dtype=torch.bool).triu(1)"
+        causal = f"torch.ones({length}, {s}, dtype=torch.bool, device={{0}}.device).triu(1)"
         tpl = (
             f"torch.softmax(({{0}} @ {{1}}.transpose(-2, -1) * 0.5).masked_fill({causal}, "
             "float('-inf')), dim=-1) @ {2}"
@@ -158,6 +161,73 @@ def draw_cumsum(rng: random.Random, b: Any) -> Draw:
     return f"torch.cumsum({{0}}, dim={pick_dim(rng, b.t(x).dim())})", [x]
 
 
+def draw_int_cumsum(rng: random.Random, b: Any) -> Draw:
+    """An int64 cumsum of an integer or bool value, filled in place at times (-1, or the
+    smallest int64), then reduced by max / min at times."""
+    x = b.pick(lambda t: t.dim() >= 1 and not is_float(t))
+    if x is None:
+        return None
+    t = b.t(x)
+    expr = f"{{0}}.long().cumsum({pick_dim(rng, t.dim())})"
+    if rng.random() < 0.6:
+        expr += rng.choice((".fill_(-1)", ".fill_(-9223372036854775808)", ".fill_(2**40)"))
+    if rng.random() < 0.4:
+        expr += f".{rng.choice(('max', 'min'))}({pick_dim(rng, t.dim())}).values"
+    return expr, [x]
+
+
+def constant_rows(rng: random.Random, t: torch.Tensor) -> str:
+    """An expression of ``{0}`` whose last-dim rows are constant (or can be)."""
+    ones = [d for d, s in enumerate(t.shape) if s == 1]
+    options = [
+        "{0}.mean(-1, keepdim=True).expand_as({0})",
+        "({0} * 0 + 0.3)",
+        "{0}.amax(-1, keepdim=True).expand({0}.shape)",
+    ]
+    if ones:
+        d = rng.choice(ones)
+        options += [f"torch.softmax({{0}}, {d})",
+                    f"torch.log(torch.softmax({{0}}.cumsum(-1), {d}).abs() + 1)"]  # fmt: skip
+    return rng.choice(options)
+
+
+def draw_norm_const(rng: random.Random, b: Any) -> Draw:
+    """layer_norm (or var) of rows that are constant: the variance must come out exactly 0."""
+    x = b.pick(lambda t: t.dim() >= 1 and is_float(t))
+    if x is None:
+        return None
+    t = b.t(x)
+    rows = constant_rows(rng, t)
+    last = list(t.shape[-rng.choice((1, 1, 2)) :])
+    eps = rng.choice(("1e-5", "1e-12", "1e-6"))
+    r = rng.random()
+    if r < 0.15:
+        return f"torch.var({rows}, -1, correction=0)", [x]
+    if r < 0.5:
+        return f"F.layer_norm({rows}, {last}, eps={eps})", [x]
+    bias = b.new_input(tuple(last), t.dtype)
+    if r < 0.75:
+        return f"F.layer_norm({rows}, {last}, None, {{1}}, eps={eps})", [x, bias]
+    w = b.new_input(tuple(last), t.dtype)
+    return f"F.layer_norm({rows}, {last}, {{2}}, {{1}}, eps={eps})", [x, bias, w]
+
+
+def draw_norm_matmul(rng: random.Random, b: Any) -> Draw:
+    """layer_norm over a size-1 normalized shape (or the last dim), then a matmul with its own
+    transpose."""
+    x = b.pick(lambda t: 1 <= t.dim() <= 3 and is_float(t))
+    if x is None:
+        return None
+    t = b.t(x)
+    src, shape = "{0}", tuple(t.shape)
+    if t.shape[-1] != 1 and (rng.random() < 0.7 or t.dim() == 1):
+        src, shape = "{0}.unsqueeze(-1)", (*shape, 1)
+    w = b.new_input((shape[-1],), t.dtype)
+    norm = f"F.layer_norm({src}, [{shape[-1]}], {{1}})"
+    gram = rng.choice(("v @ v.transpose(-1, -2)", "v.transpose(-1, -2) @ v", "v.mT @ v"))
+    return f"(lambda v: {gram})({norm})", [x, w]
+
+
 FORMS_MORE = (
     Form("cat", 1.0, draw_cat),
     Form("gather_scatter", 1.0, draw_gather_scatter),
@@ -166,4 +236,7 @@ FORMS_MORE = (
     Form("norm", 1.5, draw_norm),
     Form("attention", 0.7, draw_attention),
     Form("cumsum", 0.7, draw_cumsum),
+    Form("int_cumsum", 0.8, draw_int_cumsum),
+    Form("norm_const", 0.7, draw_norm_const),
+    Form("norm_matmul", 0.6, draw_norm_matmul),
 )

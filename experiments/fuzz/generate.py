@@ -2,6 +2,9 @@
 whose shapes and dtypes it accepts, and run in eager on the real (small) inputs as it is added;
 a draw eager rejects is discarded and counted (``Builder.rejected``).
 
+Adding a form (or changing a weight) changes what every later seed draws: a graph's seed names
+its program for one version of the table (the record keeps each failing program itself).
+
 Dims of size 1 are drawn most often (the class of kernels that once went silently wrong), then
 0 and small sizes; inputs are contiguous, transposed, sliced (every other element of the last
 dim) or channels-last, in float32, float16, bfloat16, int32, int64 or bool.
@@ -16,8 +19,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from experiments.fuzz.forms_arith import FORMS_ARITH
 from experiments.fuzz.forms_basic import FORMS_BASIC, Form
 from experiments.fuzz.forms_more import FORMS_MORE
+from experiments.fuzz.forms_order import FORMS_ORDER
+from experiments.fuzz.forms_shape import FORMS_SHAPE
 from experiments.fuzz.program import (
     InputSpec,
     OpNode,
@@ -27,7 +33,7 @@ from experiments.fuzz.program import (
     namespace,
 )
 
-FORMS: tuple[Form, ...] = FORMS_BASIC + FORMS_MORE
+FORMS: tuple[Form, ...] = FORMS_BASIC + FORMS_MORE + FORMS_ARITH + FORMS_ORDER + FORMS_SHAPE
 FORM_NAMES = tuple(f.name for f in FORMS)
 DIM_SIZES = (1,) * 10 + (0,) + (2,) * 4 + (3,) * 3 + (4, 4, 5, 7, 8, 8, 16)
 DTYPES = ("float32",) * 6 + ("float16", "bfloat16", "int32", "int64", "bool")

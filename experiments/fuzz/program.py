@@ -66,8 +66,10 @@ class Program:
         return Program(inputs, ops, tuple(d["outputs"]))
 
 
-def input_expr(s: InputSpec) -> str:
-    """The expression that makes input ``s`` (with ``g`` a generator seeded for it)."""
+def input_expr(s: InputSpec, on_device: bool = False) -> str:
+    """The expression that makes input ``s`` (with ``g`` a generator seeded for it); with
+    ``on_device`` its values, drawn on the CPU, are moved to ``device`` before the layout is
+    made (so a GPU run gets the CPU run's values in the same strides)."""
     shape = list(s.shape)
     if s.layout == "transposed":
         shape[-2], shape[-1] = shape[-1], shape[-2]
@@ -82,6 +84,10 @@ def input_expr(s: InputSpec) -> str:
         e = f"(torch.rand({size}, generator=g) < 0.5)"
     else:
         e = f"torch.randint(0, {max(s.hi, 1)}, {size}, generator=g)"
+        if s.dtype != "int64":
+            e += f".to(torch.{s.dtype})"
+    if on_device:
+        e += ".to(device)"
     if s.layout == "transposed":
         e += ".transpose(-2, -1)"
     elif s.layout == "sliced":
@@ -92,9 +98,9 @@ def input_expr(s: InputSpec) -> str:
 
 
 def inputs_source(p: Program) -> str:
-    lines = ["def make_inputs():", "    g = torch.Generator()"]
+    lines = ['def make_inputs(device="cpu"):', "    g = torch.Generator()"]
     for s in p.inputs:
-        lines += [f"    g.manual_seed({s.seed})", f"    {s.name} = {input_expr(s)}"]
+        lines += [f"    g.manual_seed({s.seed})", f"    {s.name} = {input_expr(s, True)}"]
     lines.append(f"    return [{', '.join(s.name for s in p.inputs)}]")
     return "\n".join(lines) + "\n"
 

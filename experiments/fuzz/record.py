@@ -5,6 +5,7 @@ finishes, so a killed run keeps what it did and ``--resume`` skips it) and a sum
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import platform
@@ -36,22 +37,42 @@ def append_jsonl(path: Path, rec: dict) -> None:
         f.write(json.dumps(rec) + "\n")
 
 
-def versions() -> dict:
+def git_commit() -> str:
+    """``AUTOFUSE_COMMIT`` where set (a checkout without ``.git``), else git's HEAD when the
+    run wrote its first summary (a checkout that moves on during the run changes no record)."""
+    return os.environ.get("AUTOFUSE_COMMIT") or git_head()
+
+
+@functools.lru_cache(maxsize=1)
+def git_head() -> str:
     root = Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(
+        return subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=4)
+def device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{platform.processor() or platform.machine()} (Triton's interpreter)"
+
+
+def versions(device: str = "cpu") -> dict:
+    """The commit and the versions the run used, and the device's name."""
     try:
         import triton
 
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    return {"commit": commit, "torch": torch.__version__, "triton": triton_version,
-            "python": platform.python_version()}  # fmt: skip
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"commit": git_commit(), "torch": torch.__version__, "triton": triton_version,
+            "cuda": torch.version.cuda, "cudnn": cudnn, "python": platform.python_version(),
+            "device": device, "device_name": device_name(device)}  # fmt: skip
 
 
 def _counter_table(records: Sequence[dict], key: str) -> dict[str, dict[str, int]]:
@@ -80,10 +101,15 @@ def summarize(records: Sequence[dict], config: dict, seconds: float, done_now: i
     )
     return {
         "config": config,
-        **versions(),
+        **versions(config.get("device", "cpu")),
+        "tf32": "on" if config.get("tf32") else "off",
+        "check_bounds": config.get("check_bounds", True),
         "graphs_tried": len(records),
         "graphs_checked": len(checked),
         "eager_rejected_graphs": len(records) - len(checked),
+        "backward_eager_rejected_graphs": sum(
+            bool(r.get("backward_eager_rejected")) for r in checked
+        ),
         "rejected_op_draws": sum(r.get("rejected_draws", 0) for r in records),
         "graphs_with_mismatch": graphs_with["mismatch"],
         "graphs_with_crash": graphs_with["crash"],

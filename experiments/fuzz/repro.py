@@ -1,16 +1,18 @@
-"""A failing program written out as a standalone script: it builds the inputs, runs the program
-in eager and through the failing front end, and asserts that they agree (so it exits non-zero
-while the failure is there, and 0 once it is fixed)."""
+"""A failing program written out as a standalone script: it builds the inputs (on the CPU, moved
+to the run's device), runs the program in eager and through the failing front end, and asserts
+that they agree (so it exits non-zero while the failure is there, and 0 once it is fixed). The
+script sets the run's bounds mode and TF32 flags."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.fuzz.compare import Verdict, lowest_precision
 from experiments.fuzz.program import Program, inputs_source, program_source
 
 FRONT_END_CODE = {
-    "optimize": "autofuse.optimize(program, make_inputs())",
+    "optimize": "autofuse.optimize(program, make_inputs(DEVICE))",
     "compile": 'torch.compile(program, backend="autofuse", dynamic=False)',
 }
 
@@ -20,7 +22,7 @@ TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat1
 
 
 def inputs():
-    xs = make_inputs()
+    xs = make_inputs(DEVICE)
     return [x.requires_grad_() if BACKWARD and x.is_floating_point() else x for x in xs]
 
 
@@ -34,7 +36,7 @@ def run(fn, xs):
     if not diff or not leaves:
         return outs
     g = torch.Generator().manual_seed(1234)
-    cots = [torch.randn(o.shape, generator=g, dtype=torch.float32).to(o.dtype) for o in diff]
+    cots = [torch.randn(o.shape, generator=g).to(device=o.device, dtype=o.dtype) for o in diff]
     return outs + list(torch.autograd.grad(diff, leaves, cots, allow_unused=True))
 
 
@@ -66,8 +68,18 @@ if __name__ == "__main__":
 '''
 
 
-def repro_source(p: Program, v: Verdict, origin: str) -> str:
+@dataclass(frozen=True)
+class Target:
+    """Where a run checks: the device, the bounds mode, TF32 for eager's float32 matmuls."""
+
+    device: str = "cpu"
+    check_bounds: bool = True
+    tf32: bool = False
+
+
+def repro_source(p: Program, v: Verdict, origin: str, target: Target = Target()) -> str:
     backward = v.mode == "backward"
+    bounds = "1" if target.check_bounds else "0"
     head = [
         f'"""Reproduction found by the autofuse fuzzer (experiments/fuzz), {origin}.',
         "",
@@ -82,13 +94,16 @@ def repro_source(p: Program, v: Verdict, origin: str) -> str:
         "",
         "import os",
         "",
-        'os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "1")',
+        f'os.environ.setdefault("AUTOFUSE_CHECK_BOUNDS", "{bounds}")',
         "",
         "import torch",
         "import torch.nn.functional as F  # noqa: F401",
         "",
         "import autofuse  # noqa: F401 - the backend registered",
         "",
+        f"DEVICE = {target.device!r}",
+        f"torch.backends.cuda.matmul.allow_tf32 = {target.tf32}",
+        f"torch.backends.cudnn.allow_tf32 = {target.tf32}",
         f"BACKWARD = {backward}",
         f"N_OUT = {len(p.outputs)}",
         f"LOWEST = {lowest_precision(p)}",
@@ -114,7 +129,7 @@ def _wrap(text: str, width: int = 96) -> list[str]:
     return lines + ([cur] if cur else [])
 
 
-def write_repro(path: Path, p: Program, v: Verdict, origin: str) -> Path:
+def write_repro(path: Path, p: Program, v: Verdict, origin: str, target: Target = Target()) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(repro_source(p, v, origin))
+    path.write_text(repro_source(p, v, origin, target))
     return path

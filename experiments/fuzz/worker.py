@@ -3,8 +3,8 @@ corruption, an abort) or hangs past its time-out is recorded, and the run goes o
 child.
 
 The child (``python -m experiments.fuzz.worker``) reads one request a line on stdin (a program,
-the mode, one front end, the time-out) and answers one line starting ``FUZZ-RESULT``; other
-output of the child is ignored.
+the mode, one front end, the time-out, the device, TF32 on or off) and answers one line
+starting ``FUZZ-RESULT``; other output of the child is ignored.
 """
 
 from __future__ import annotations
@@ -26,12 +26,38 @@ PREFIX = "FUZZ-RESULT "
 HARD_SLACK_S = 60.0  # beyond the in-process time-out, before the child is killed
 
 
-class Worker:
-    """A child process checking programs one at a time; started again after it dies."""
+def set_tf32(on: bool) -> None:
+    """TF32 for eager's float32 matmuls and convolutions (cuBLAS, cuDNN) on or off."""
+    import torch
 
-    def __init__(self, log: Path | None = None, env: dict[str, str] | None = None) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+    torch.set_float32_matmul_precision("high" if on else "highest")
+
+
+def cuda_fault(res: dict) -> bool:
+    """Whether a check's answer tells of a CUDA fault (a device-side assert in eager, as an
+    index out of range raises on a GPU, or in a kernel): the child's CUDA context is unusable
+    after it, so every later check would fail alike."""
+    text = (res.get("eager_rejected") or "") + ((res.get("verdict") or {}).get("detail") or "")
+    return any(s in text for s in ("CUDA error", "device-side assert", "AcceleratorError"))
+
+
+class Worker:
+    """A child process checking programs one at a time, on ``device`` (TF32 off unless
+    ``tf32``); started again after it dies, and after a CUDA fault (``cuda_fault``)."""
+
+    def __init__(
+        self,
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+        device: str = "cpu",
+        tf32: bool = False,
+    ) -> None:
         self.log = log
         self.env = env
+        self.device = device
+        self.tf32 = tf32
         self.proc: subprocess.Popen | None = None
         self.buf = b""
 
@@ -58,7 +84,7 @@ class Worker:
             self.start()
         assert self.proc is not None and self.proc.stdin is not None
         req = {"program": p.to_json(), "backward": backward, "front_end": front_end,
-               "timeout": timeout_s}  # fmt: skip
+               "timeout": timeout_s, "device": self.device, "tf32": self.tf32}  # fmt: skip
         t0 = time.perf_counter()
         try:
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
@@ -67,7 +93,10 @@ class Worker:
         except BrokenPipeError:
             line = None
         if line is not None:
-            return json.loads(line[len(PREFIX) :])
+            res = json.loads(line[len(PREFIX) :])
+            if cuda_fault(res):
+                self.close()
+            return res
         died = self.proc.poll()
         self.close()
         mode = "backward" if backward else "forward"
@@ -106,8 +135,10 @@ class Worker:
 
 def serve(req: dict[str, Any]) -> dict:
     p = Program.from_json(req["program"])
+    device = req.get("device", "cpu")
+    set_tf32(req.get("tf32", False))
     try:
-        (v,) = check_program(p, req["backward"], [req["front_end"]], req["timeout"])
+        (v,) = check_program(p, req["backward"], [req["front_end"]], req["timeout"], device=device)
     except EagerRejected as e:
         return {"eager_rejected": str(e)[:300], "verdict": None}
     return {"eager_rejected": None, "verdict": asdict(v)}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -349,20 +350,20 @@ class AttentionEmitter(Emitter):
         if i != self.select.node:
             return None
         if self.fold:
-            return repr(self.select.folded(self.fold))  # -inf: no pass, never rendered
+            return literal(self.select.folded(self.fold), "float32")  # -inf: no pass
         x = g[self.parts.x]
         c = float(self.select.const)
         import torch  # the constant rounded as eager rounds it on the way to x
 
         t = torch.tensor(c, dtype=getattr(torch, g[i].dtype)).to(getattr(torch, x.dtype))
-        return repr(float(t))
+        return literal(float(t), "float32")  # inf and nan as float("...") (no Python names)
 
     def _const_pass(self, lo: str, hi: str) -> None:
         """The skipped tiles, added where a row's max is still within reach of the constant."""
         if not self.limits:
             return
         cx = self._const_x()
-        if cx is not None and cx == "-inf":
+        if cx is not None and cx == literal(-math.inf, "float32"):
             self.line("# the skipped keys hold -inf: they add nothing")
             return
         self.lines.append("")

@@ -34,6 +34,7 @@ from autofuse.kernels.attention.bounds import (
 from autofuse.kernels.attention_bwd.analysis import recomputed_softmax
 from autofuse.kernels.common.base import GroupInfo
 from autofuse.kernels.common.memory import ancestors
+from autofuse.kernels.common.render import literal
 from autofuse.kernels.common.views import broadcast_index
 
 _UNDERFLOW = -200.0  # exp(x) is 0.0 in fp32 below this
@@ -59,7 +60,7 @@ class SkipPlan:
         """A scalar: some valid row of the tile's rows is within reach of the constant."""
         g = em.g
         m = em.value(self.amax, broadcast_index(g[self.amax].shape, em.info.domain, em.full))
-        c, m = repr(self.const), m.code
+        c, m = literal(self.const, "float32"), m.code  # -inf as float("-inf")
         cond = f'(({c} - {m}) > {_UNDERFLOW}) | ({m} == float("-inf")) | ({m} != {m})'
         em.line(f"{what} = tl.max(tl.max((({cond}) & xmask).to(tl.int32), 1), 0) > 0  # rows "
                 "the mask may hide entirely")  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.ir.op_helpers import Helper
-from autofuse.ir.ops import op_def
+from autofuse.ir.ops import literal_value, op_def
 from autofuse.kernels.common import load_hints, rowops
 from autofuse.kernels.common.base import FusionRefused, GroupInfo, describe
 from autofuse.kernels.common.indexed import indexed_value
@@ -31,6 +31,7 @@ from autofuse.kernels.common.render import (
     is_float,
     literal,
     minmax,
+    reduction_operand,
     render_op,
     row_reduce,
     tile_address,
@@ -114,6 +115,8 @@ class Emitter(ValueRewrites):
         self.lines.append("    " * self.depth + s)
 
     def tmp(self, expr: str, cls: int, dtype: str, comment: str = "") -> Val:
+        if literal_value(expr) is not None:  # a constant stays a literal, which its readers
+            return Val(expr, 0, dtype, True)  # type (a Python int is no int64 tensor)
         name = f"tmp{self.n_tmp}"
         self.n_tmp += 1
         self.line(f"{name} = {expr}" + (f"  # {comment}" if comment else ""))
@@ -151,8 +154,7 @@ class Emitter(ValueRewrites):
         return "xmask"
 
     def tile_axes(self, cls: int) -> tuple[str, ...]:
-        """The variables of the axes of a class-``cls`` tile (a masked access of class 0 takes
-        the rows: its mask is a block of them)."""
+        """The variables of a class-``cls`` tile's axes (a masked class-0 access: the rows)."""
         return ("xindex", "rindex") if cls == 2 and self.red else ("xindex",)
 
     def active_mask(self, cls: int) -> str | None:
@@ -217,14 +219,16 @@ class Emitter(ValueRewrites):
     def load(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]
         if numel(node.shape) == 0:  # an empty buffer has no address to read: no lane uses it
-            return Val("0", 0, compute_dtype(node.dtype), True)
+            return Val(literal(0, cd := compute_dtype(node.dtype)), 0, cd, True)  # 0.0: a float
         strides = buffer_strides(node)
         off = linearize(index, strides, node.shape)
         cls = self.cls_of(off)
         mask = self.active_mask(cls)
         cd = compute_dtype(node.dtype)
-        addr = tile_address(off, self.tile_axes(cls)) if mask else off.render()
-        ptr = f"{self.ptr[i]} + ({addr})"
+        axes = self.tile_axes(cls)
+        ptr = f"{self.ptr[i]} + ({tile_address(off, axes) if mask else off.render()})"
+        if mask:  # the address takes the tile's axes: what it loads is a block of them (an
+            cls = max(cls, self.cls_of(Expr.dim(axes[0], 1, 2, True)))  # address of none too)
         self.note_load(i)
         hint = load_hints.eviction(self, i)
         if mask is None:
@@ -295,9 +299,7 @@ class Emitter(ValueRewrites):
         node = self.g[r]
         src = self.value(node.inputs[0], self.full)
         acc = self.acc_dtype(r)
-        code = cast(src, acc)
-        if op_def(node.op).bool_input:  # any / all: the truth value, not an integer cast
-            code = f"({cast(src, 'bool')}).to(tl.int32)"
+        code = reduction_operand(src, acc, op_def(node.op).bool_input)
         return src, f"tl.where(xmask & rmask, {code}, {identity(node.op, acc)})"
 
     def _combine(self, op: str, acc: str, val: str, dtype: str) -> str:

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from autofuse.ir.graph import numel
 from autofuse.ir.indexing import Expr, Term
-from autofuse.kernels.common.render import Val, cast, compute_dtype
+from autofuse.kernels.common.render import Val, cast, compute_dtype, literal
 from autofuse.kernels.common.views import broadcast_index
 
 
@@ -47,8 +48,9 @@ def _cat(em: Any, i: int, index: tuple[Expr, ...]) -> Val:
             spans.append((j, lo, hi))
         lo = hi
     if not spans:  # every input empty along dim: so is the output, no element is read
-        return Val("0", 0, cd, True)
-    if not e.vars:  # the index along dim is known: read that input alone
+        return Val(literal(0, cd), 0, cd, True)
+    if not e.terms:  # the index along dim is known: read that input alone (an indirect index
+        # read once per program has no tile variable but is no constant)
         j, lo, _ = next(s for s in spans if s[1] <= e.const < s[2])
         return em.value(j, index[:d] + (e.shift(-lo),) + index[d + 1 :])
     code, ecls, size = f"({e.render()})", em.cls_of(e), node.shape[d]
@@ -82,8 +84,9 @@ def index_term(em: Any, src: int, d: int, idx: int, at: tuple[Expr, ...], wrap: 
     of = "" if what.endswith("writes") else f" of {g[src].name}"
     # the index tensor by its graph name (a candidate's subgraph renumbers its inputs)
     msg = f"index out of range in self: {what} dim {d} of size {n}{of} (index tensor {g[idx].name})"
-    em.line(f'tl.device_assert({ok}{f" | ~({mask})" if mask else ""}, "{msg}")')
-    em.checked = True
+    if numel(g[idx].shape) and numel(em.info.domain):  # else no lane reads: nothing to check
+        em.line(f'tl.device_assert({ok}{f" | ~({mask})" if mask else ""}, "{msg}")')
+        em.checked = True
     vars_ = frozenset() if t.cls == 0 else {1: {"xindex"}, 2: {"xindex", "rindex"}}[t.cls]
     if not em.red:
         vars_ = frozenset(vars_) & {"xindex"}

@@ -6,8 +6,6 @@ cast of operands, the op's own rendering, the reductions' identities and combine
 
 from __future__ import annotations
 
-import ast
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +16,13 @@ from autofuse.ir.ops import (
     TL_DTYPE,
     NoLowering,
     cast_rule,
+    category,
     is_float,
     literal,
+    literal_value,
     minmax,
     op_def,
+    wrapped,
 )
 from autofuse.kernels.common.base import FusionRefused
 
@@ -37,6 +38,7 @@ __all__ = [
     "is_float",
     "literal",
     "minmax",
+    "reduction_operand",
     "render_op",
     "row_reduce",
 ]
@@ -67,12 +69,26 @@ def cast(v: Val, dtype: str) -> str:
     if v.dtype == dtype:
         return v.code
     if v.literal:
-        if is_float(dtype):
-            return v.code if "." in v.code or "float" in v.code else f"{v.code}.0"
-        return v.code
+        if is_float(dtype):  # 2 -> 2.0, 1e+30 as it is (1e+30.0 is no Python literal)
+            value = literal_value(v.code)
+            return v.code if value is None else literal(float(value), dtype)
+        value = literal_value(v.code)  # an int in the dtype's range (wrapped, as torch)
+        return str(wrapped(value, dtype)) if type(value) is int else v.code
     if dtype == "bool":
         return f"({v.code} != 0)"
     return f"{v.code}.to({TL_DTYPE[dtype]})"
+
+
+def reduction_operand(src: Val, acc: str, truth: bool) -> str:
+    """``src`` as a reduction's operand in ``acc``: for any / all (``truth``) its truth value
+    as int32, not an integer cast; a literal (a constant reduced) as a typed block, since a
+    Python int is int32 in Triton and int64's identity -2**63 beside it is out of range."""
+    if truth:
+        b = cast(src, "bool")
+        code = str(int(b == "True")) if src.literal else f"({b}).to(tl.int32)"
+    else:
+        code = cast(src, acc)
+    return f"tl.full([XBLOCK, RBLOCK], {code}, {TL_DTYPE[acc]})" if src.literal else code
 
 
 LOG2E = 1.4426950408889634
@@ -88,13 +104,16 @@ def exp_minus(x: str, m: str) -> str:
 
 
 def _common_dtype(args: list[Val]) -> str:
-    """The dtype two operands are compared in: torch's promotion, a literal never widening."""
+    """The dtype two operands are compared in: torch's promotion of the tensors, which a
+    literal (a Python number, in the dtype capture gave it) widens only to a higher category:
+    a bool tensor against ``2`` compares as int64, an integer one against ``2.5`` as float."""
     tensors = [a.dtype for a in args if not a.literal] or [a.dtype for a in args]
     out = getattr(torch, tensors[0])
     for d in tensors[1:]:
         out = torch.promote_types(out, getattr(torch, d))
-    if any(a.literal and "." in a.code for a in args) and not out.is_floating_point:
-        out = torch.float32
+    for a in args:
+        if a.literal and category(a.dtype) > category(str(out).removeprefix("torch.")):
+            out = getattr(torch, a.dtype)
     return compute_dtype(str(out).removeprefix("torch."))
 
 
@@ -142,14 +161,6 @@ def render_op(op: str, node, args: list[Val], helpers: set[Helper]) -> str:
         raise FusionRefused(str(e)) from None
 
 
-_SPECIAL = {'float("inf")': math.inf, 'float("-inf")': -math.inf, 'float("nan")': math.nan}
-
-
-def _number(code: str) -> Any:
-    """The number a literal's code writes (``literal``'s forms)."""
-    return _SPECIAL[code] if code in _SPECIAL else ast.literal_eval(code)
-
-
 def _folded(node, args: list[Val]) -> str | None:
     """An op of constants, computed once by its eager semantics: its value in the node's
     dtype as a literal (``0.0 / 0.0`` in the kernel's source is a Python division, which
@@ -158,7 +169,7 @@ def _folded(node, args: list[Val]) -> str | None:
     if d.eager is None or d.indexed or d.scatter:
         return None
     try:
-        xs = [torch.tensor(_number(a.code), dtype=getattr(torch, a.dtype)) for a in args]
+        xs = [torch.tensor(literal_value(a.code), dtype=getattr(torch, a.dtype)) for a in args]
         value = d.eager(node, *xs).to(getattr(torch, node.dtype)).item()
     except (SyntaxError, TypeError, ValueError, RuntimeError):
         return None  # not a Python literal, or not one of its dtype

@@ -1,0 +1,39 @@
+"""A library call as data, and the protocol of the providers that offer them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from autofuse.ir.graph import Graph
+
+
+@dataclass(frozen=True)
+class LibraryCall:
+    """``provider.name(*args, **params)``: ``args`` are graph nodes (passed as their tensors),
+    ``params`` constants (primitives); the call computes ``out``, the value of the group
+    ``nodes`` (every member of the group, ``out`` among them)."""
+
+    provider: str
+    name: str
+    args: tuple[int, ...]
+    out: int
+    nodes: tuple[int, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.provider}.{self.name}"
+
+
+class Provider(Protocol):
+    """A library family: the groups it can run (as calls), and its functions by name."""
+
+    name: str
+
+    def offers(self, graph: Graph, group: frozenset[int]) -> tuple[LibraryCall, ...]: ...
+
+    def function(self, name: str) -> Callable[..., Any]: ...
+
+    def reason(self, graph: Graph, call: LibraryCall) -> str: ...
