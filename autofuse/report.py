@@ -31,6 +31,8 @@ class PlanSummary:
     intermediates: int  # buffers written and read back that the function does not return
     fallbacks: tuple[str, ...]
     convolutions: tuple[str, ...] = ()  # per convolution: how it runs (:func:`conv_notes`)
+    # which implementation runs each group and why (``Step.describe``), one per step
+    implementations: tuple[str, ...] = ()
 
     @property
     def launches(self) -> int:
@@ -64,7 +66,7 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
             reads = [j for j in step.reads(g) if g[j].op not in INLINE_OPS]
             writes = [step.out]
             kind, name = "library", f"{step.implementation}_{g[step.out].name or step.out}"
-            ops, cfg = tuple(g[i].op for i in step.nodes), step.reason
+            ops, cfg = tuple(g[i].op for i in step.nodes), step.implementation
         else:
             assert isinstance(step, EagerStep)
             reads = [j for j in g.compute_inputs(step.node) if g[j].op not in INLINE_OPS]
@@ -94,7 +96,8 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
         if g[s.node].kind == "opaque" and s.node not in notes
     )
     convs = tuple(f"{g[i].name}: {note}" for i, note in notes.items())
-    return PlanSummary(plan.label, tuple(rows), intermediates, fallbacks, convs)
+    why = tuple(step.describe(g) for step in plan.steps)
+    return PlanSummary(plan.label, tuple(rows), intermediates, fallbacks, convs, why)
 
 
 def conv_notes(plan: Plan) -> dict[int, str]:
@@ -148,6 +151,9 @@ def format_summary(s: PlanSummary) -> str:
         f"total: {s.launches} launches, {s.intermediates} intermediate buffers, "
         f"{s.memory_ops} memory ops, {_mb(s.bytes_total)} moved"
     )
+    if s.implementations:
+        lines.append("implementations:")
+        lines += [f"  {why}" for why in s.implementations]
     return "\n".join(lines)
 
 

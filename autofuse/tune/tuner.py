@@ -49,6 +49,7 @@ from autofuse.plan.runtime import Plan, build_plan, eager_group, execute
 from autofuse.settings import cache_home
 from autofuse.tune.climb import neighbours, option_switches, polish_plan  # noqa: F401
 from autofuse.tune.prune import ModelPrune
+from autofuse.tune.reasons import measured_reasons
 from autofuse.tune.study import OnTrial, default_measurer, group_param, isolated
 from autofuse.tune.study import study_name as _study_name
 
@@ -414,7 +415,9 @@ def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, s
     incumbent = keys.index((g.partition.key, g.configs)) if g is not None else None
     flat = _flat_examples(captured, example_inputs, run.flat)
     best_choice, best_plan, e2e = _pick(plans, flat, incumbent)
-    best_plan = dataclasses.replace(best_plan, label="tuned")
+    times = _kernel_times(best_plan, graph, run.memo)
+    best = dataclasses.replace(best_plan, label="tuned")
+    best_plan = measured_reasons(best, times, objective.eager_node_cost)
     output_code(best_plan)
     counts = study.counts
     result = TuneResult(
@@ -428,7 +431,7 @@ def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, s
         failed=counts.failed,
         pruned=counts.pruned,
         seconds=time.perf_counter() - run.started,
-        kernel_times=_kernel_times(best_plan, graph, run.memo),
+        kernel_times=times,
         study_name=study.name,
         end_to_end=e2e,
         library_value=_value_of(objective, library, done) if library is not None else None,
