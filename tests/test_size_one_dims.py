@@ -8,12 +8,16 @@ buffers of group_norm on (2, 8, 1, 1)."""
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import autofuse
+from autofuse.ir.indexing import Expr
+from autofuse.kernels.common.render import tile_address
+from tests.helpers import check_partitions
 
 FRONT_ENDS = ("optimize", "compile")
 
@@ -145,6 +149,10 @@ def _one_row_head_dim_one(x0, x2, x3):
     return (torch.softmax(s, dim=-1) @ x3,)
 
 
+def _bmm_per_batch_bias(a, b, c):
+    return (torch.relu(torch.bmm(a, b) + c),)
+
+
 CASES = {  # found by experiments.fuzz: size-1 and size-0 dims in matmul, attention and reductions
     "attention_of_ones": (_attention_ones, [(1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1)], True),
     "scores_broadcast_by_a_mask": (_broadcast_scores, [(1, 1, 4), (1, 1, 4), (1, 3, 1)], False),
@@ -157,6 +165,8 @@ CASES = {  # found by experiments.fuzz: size-1 and size-0 dims in matmul, attent
     "slice_of_an_empty_difference": (_slice_of_empty, [(0,), (1,)], True),
     "group_norm_of_an_empty_batch": (_group_norm_of_empty, [(0, 1), (1,), (1,)], True),
     "expand_of_a_channels_last_result": (_expand_channels_last, [(1, 2, 2, 1)], True),
+    # the epilogue reads one value per batch: an address with neither tile axis
+    "bmm_plus_a_per_batch_value": (_bmm_per_batch_bias, [(3, 5, 7), (3, 7, 6), (3, 1, 1)], True),
 }
 
 
@@ -181,3 +191,31 @@ def test_fuzzer_found_size_one_and_empty_forms(case, front):
         want = torch.autograd.grad(ref[0], args, gy, allow_unused=True)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_per_batch_value_in_every_partition_of_a_batched_gemm():
+    """A GEMM epilogue reading ``c[b, 0, 0]`` addressed it by ``pid_b`` alone: a scalar
+    pointer under the tile's block mask, which Triton refuses (the fused partition raised)."""
+    torch.manual_seed(0)
+    args = tuple(torch.randn(s) for s in ((3, 5, 7), (3, 7, 6), (3, 1, 1)))
+    check_partitions(_bmm_per_batch_bias, args)
+
+
+def test_an_address_that_lost_axes_takes_the_tile_shape():
+    row = Expr.dim("xindex", 1, 8, True)
+    assert tile_address(row.scale(4), ("xindex", "rindex")) == "4 * xindex + 0 * rindex"
+    assert tile_address(Expr.constant(3), ("xindex",)) == "3 + 0 * xindex"
+    assert tile_address(row, ("xindex",)) == "xindex"
+
+
+def test_one_rule_for_tile_addresses():
+    """No kernel module gives an address a tile's shape by a rule of its own."""
+    kernels = Path(autofuse.__file__).parent / "kernels"
+    own = [
+        f"{path.relative_to(kernels)}:{n}"
+        for path in kernels.rglob("*.py")
+        if path.name != "render.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "+ 0 * " in line or ("broadcast_to(" in line and "ptr" in line)
+    ]
+    assert not own, own

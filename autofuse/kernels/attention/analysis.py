@@ -5,20 +5,27 @@ masks) and the clones in front of Q / K / V; a refusal names what does not fit."
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.common.base import FusionRefused, GroupInfo, describe, next_pow2
+from autofuse.kernels.attention.facts import AttentionGroup, group_facts, read_through_copies
+from autofuse.kernels.common.base import (
+    FusionRefused,
+    describe,
+    next_pow2,
+    stored_nodes,
+)
 from autofuse.kernels.common.memory import ancestors
+from autofuse.kernels.common.render import compute_dtype
 from autofuse.kernels.reduction.kind import reduction_domain
 
 
 @dataclass(frozen=True)
-class AttentionParts:
+class AttentionParts(AttentionGroup):
     """The roles of a group's nodes: ``scores = mm1(q, k)``; ``x`` (the softmax input) is
     pointwise in the scores; ``amax``, ``total`` and ``probs`` are softmax's max, sum and
-    division; ``mm2(probs cast to p_dtype, v)`` is the output. ``copies``: clones of Q / K /
-    V (a grouped-query head repeat) read through as views."""
+    division; ``mm2(probs cast to p_dtype, v)`` is the output; ``d`` and ``dv`` the head dims
+    of Q / K and of V; ``fold`` the softmax scale folded into the exp2, where it can be."""
 
     mm1: int
     mm2: int
@@ -27,7 +34,9 @@ class AttentionParts:
     total: int
     probs: int
     p_dtype: str
-    copies: frozenset[int]
+    d: int  # Q / K head dim
+    dv: int  # V head dim
+    fold: ScaleFold | None = None
 
     def operand(self, graph: Graph, which: str) -> int:
         return {
@@ -80,7 +89,19 @@ def attention_parts(graph: Graph, members: frozenset[int]) -> AttentionParts:
     copies = _operand_copies(graph, members, mm1, mm2)
     _check_roles(graph, members, mm1, mm2, x, copies)
     p_dtype = graph[graph[mm2].inputs[0]].dtype
-    return AttentionParts(mm1, mm2, x, amax, total, probs, p_dtype, copies)
+    heads = scores[0] if len(scores) == 3 else 1
+    d, dv = graph[graph[mm1].inputs[0]].shape[-1], graph[mm2].shape[-1]
+    parts = AttentionParts(
+        heads, scores[-2], scores[-1], domain, copies, mm1, mm2, x, amax, total, probs, p_dtype,
+        d, dv,
+    )  # fmt: skip
+    fold = scale_fold(graph, parts, stored_nodes(graph, members), compute_dtype)
+    return replace(parts, fold=fold)
+
+
+def forward_facts(graph: Graph, members: frozenset[int]) -> AttentionParts:
+    """``attention_parts`` of the group, found once."""
+    return group_facts(graph, "attention", members, lambda: attention_parts(graph, members))
 
 
 def _probs(graph: Graph, members, exp: int, total: int, mm2: int) -> int:
@@ -121,12 +142,9 @@ def _read_through(graph: Graph, i: int) -> int | None:
 
 def _operand_copies(graph: Graph, members, mm1: int, mm2: int) -> frozenset[int]:
     """Clones in front of Q, K or V (an expand + reshape of shared heads): read through."""
-    out = set()
+    out: set[int] = set()
     for j in (*graph[mm1].inputs, graph[mm2].inputs[1]):
-        i = graph.base_of(j)
-        while i in members and graph[i].op == "copy":
-            out.add(i)
-            i = graph.base_of(graph[i].inputs[0])
+        i = read_through_copies(graph, members, j, out)
         if i in members:
             raise FusionRefused(
                 f"{describe(graph, i)} computes an operand of attention's matmuls: Q, K and V "
@@ -151,24 +169,9 @@ def _check_roles(graph: Graph, members, mm1: int, mm2: int, x: int, copies) -> N
             )
 
 
-@dataclass(frozen=True)
-class Dims:
-    heads: int  # programs along the batch: the matmuls' batch (batch x heads)
-    t: int  # query rows
-    tk: int  # keys
-    d: int  # Q / K head dim
-    dv: int  # V head dim
-
-
 def head_block(d: int) -> int:
     """A head dim's tile width: a power of two, at least 16 (tl.dot); masked past d."""
     return max(16, next_pow2(d))
-
-
-def attention_dims(graph: Graph, info: GroupInfo) -> Dims:
-    mm1, mm2 = (graph[m] for m in info.matmuls)
-    heads = mm1.shape[0] if len(mm1.shape) == 3 else 1
-    return Dims(heads, mm1.shape[-2], mm1.shape[-1], graph[mm1.inputs[0]].shape[-1], mm2.shape[-1])
 
 
 _FLT_MAX = 3.4028234663852886e38

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from autofuse.ir.graph import Graph
 from autofuse.ir.ops import op_def
+from autofuse.kernels.attention.emit import parts_of
 from autofuse.kernels.common.base import GroupInfo, Kernel
 from autofuse.kernels.common.cost import TileCost
 from autofuse.kernels.common.memory import nbytes
@@ -16,10 +17,9 @@ def attention_cost(g: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
     kw = dict(kernel.launch_kw)
     bm, bn, warps = kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"]
     bd, bdv, stages = kw["BLOCK_D"], kw["BLOCK_DV"], kw["num_stages"]
-    mm1, mm2 = (g[m] for m in info.matmuls)
-    q, k, v = mm1.inputs[0], mm1.inputs[1], mm2.inputs[1]
-    heads = mm1.shape[0] if len(mm1.shape) == 3 else 1
-    t, tk = mm1.shape[-2], mm1.shape[-1]
+    parts = parts_of(g, info)
+    q, k, v = (parts.operand(g, which) for which in ("q", "k", "v"))
+    heads, t, tk = parts.heads, parts.t, parts.tk
     item = 2 if g[q].dtype in ("bfloat16", "float16") else 4
     programs, steps = heads * -(-t // bm), -(-tk // bn) * kernel.meta.work
     tile_elems = programs * steps * bm * bn

@@ -10,19 +10,14 @@ from typing import ClassVar
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.attention import tma as attention_tma
-from autofuse.kernels.attention.analysis import (
-    AttentionParts,
-    attention_dims,
-    attention_parts,
-    head_block,
-    scale_fold,
-)
+from autofuse.kernels.attention.analysis import AttentionParts, forward_facts, head_block
 from autofuse.kernels.attention.bounds import (
     key_bound,
     live_columns,
     whole_columns,
     whole_range_lines,
 )
+from autofuse.kernels.attention.facts import tile_load
 from autofuse.kernels.common.base import (
     DESCRIPTOR_ALIGNMENT,
     FusionRefused,
@@ -42,12 +37,11 @@ from autofuse.kernels.common.render import (
     compute_dtype,
     kernel_header,
     literal,
-    tile_offset,
+    tile_address,
 )
 from autofuse.kernels.common.views import (
     broadcast_index,
     domain_index,
-    view_source_index,
 )
 
 
@@ -86,8 +80,7 @@ class AttentionEmitter(Emitter):
     def __init__(self, graph: Graph, info: GroupInfo, config, parts: AttentionParts) -> None:
         super().__init__(graph, info, config)
         self.parts = parts
-        self.dims = attention_dims(graph, info)
-        self.scalar_vars = frozenset({"bh"})
+        self.dims = parts  # rows, keys and head dims: the group's facts
         dom = info.domain
         self.full = (
             *domain_index(dom[:-2], "bh"),
@@ -100,7 +93,7 @@ class AttentionEmitter(Emitter):
         self.select, self.limits, self.exact = key_bound(graph, info, self.full)
         self.const_tile = False  # emitting a tile on which the select gives its constant
         self.pass_tile = False  # emitting a tile on which the select passes the scores
-        self.fold = scale_fold(graph, parts, info.stored, compute_dtype)
+        self.fold = parts.fold
         self.tma: dict[str, attention_tma.Operand] = {}  # K / V read by descriptors (emit)
 
     def _needs_int64(self) -> bool:  # the scores are never addressed: only loads and the output
@@ -190,30 +183,13 @@ class AttentionEmitter(Emitter):
             )
         return Val("qk", 2, "float32")
 
-    def operand_offset(self, j: int, index) -> tuple[int, Expr]:
-        """The loaded buffer behind matmul operand ``j`` (through views and read-through
-        copies) and the offset of ``index`` in it."""
-        g = self.g
-        while True:
-            if g[j].kind == "view":
-                index = view_source_index(g, j, index)
-                j = g[j].inputs[0]
-            elif j in self.parts.copies:
-                j = g[j].inputs[0]
-            else:
-                break
-        node = g[j]
-        strides = buffer_strides(node)
-        return j, linearize(index, strides, node.shape)
-
     def _operand_load(self, which: str, index, mask: str | None, var: str) -> None:
         if which in self.tma:
             return attention_tma.load(self, which, var)
         j = self.parts.operand(self.g, which)
-        base, off = self.operand_offset(j, index)
+        base, off = self.parts.operand_offset(self.g, j, index)
         self.note_load(base)
-        masked = f", {mask}, other=0.0" if mask else ""
-        self.line(f"{var} = tl.load({self.ptr[base]} + ({tile_offset(off, _TILE[which])}){masked})")
+        self.line(f"{var} = {tile_load(self.ptr[base], off, _TILE[which], mask)}")
 
     # -- kernel ------------------------------------------------------------------------------
     def emit(self) -> list[str]:
@@ -431,9 +407,10 @@ class AttentionEmitter(Emitter):
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
         off = linearize((*self.bh3, self.full[-2], dv), contiguous_strides(node.shape), node.shape)
         mask = "xmask" + ("" if d.dv == head_block(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
-        cols = tile_offset(off, ("offs_dv[None, :]",))  # a head dim of 1: no column term
-        ptr = _row_block(f"{self.out_ptr[mm2]} + ({cols})", off, "BLOCK_DV")
-        self.line(f"tl.store({ptr}, out.to({TL_DTYPE[node.dtype]}), {mask})")
+        addr = tile_address(off, ("xindex", "offs_dv[None, :]"))
+        self.line(
+            f"tl.store({self.out_ptr[mm2]} + ({addr}), out.to({TL_DTYPE[node.dtype]}), {mask})"
+        )
         self._store_stats()
 
     def _store_stats(self) -> None:
@@ -450,8 +427,8 @@ class AttentionEmitter(Emitter):
             shape = node.shape[:-1] if len(node.shape) == len(self.info.domain) else node.shape
             off = linearize(rows, contiguous_strides(shape), shape)
             val = f"{var}[:, None].to({TL_DTYPE[node.dtype]})"
-            ptr = _row_block(f"{self.out_ptr[i]} + ({off.render()})", off, "1")
-            self.line(f"tl.store({ptr}, {val}, xmask)")
+            addr = tile_address(off, ("xindex",))
+            self.line(f"tl.store({self.out_ptr[i]} + ({addr}), {val}, xmask)")
 
 
 # the row and column variables of each operand tile: Q [BLOCK_M, D], K^T [D, BLOCK_N], V [BLOCK_N, DV]
@@ -459,18 +436,10 @@ _TILE = {"q": ("xindex", "offs_d[None, :]"), "k": ("offs_d[:, None]", "rindex"),
          "v": ("offs_n[:, None]", "offs_dv[None, :]")}  # fmt: skip
 
 
-def _row_block(ptr: str, off: Expr, cols: str) -> str:
-    """``ptr`` as a ``[BLOCK_M, cols]`` block: a single query row (a decode step against a
-    cache) has no row term in its address, yet the program stores a whole row tile (rows past
-    the first masked off)."""
-    if any(v.startswith(("xindex", "offs_m")) for v in off.vars):
-        return ptr
-    return f"tl.broadcast_to({ptr}, (BLOCK_M, {cols}))"
-
-
 def parts_of(graph: Graph, info: GroupInfo) -> AttentionParts:
-    """The attention group's parts (its two matmuls, softmax, mask and epilogue)."""
-    return attention_parts(graph, frozenset(info.nodes))
+    """The attention group's parts (its two matmuls, softmax, mask and epilogue; its sizes),
+    found once."""
+    return forward_facts(graph, frozenset(info.nodes))
 
 
 def generate_attention(
@@ -480,7 +449,7 @@ def generate_attention(
     em = AttentionEmitter(graph, info, config, parts)
     body = em.emit()
     name = kernel_name(graph, info, "att", index)
-    d = attention_dims(graph, info)
+    d = parts
     bd, bdv = head_block(d.d), head_block(d.dv)
     params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored]
     consts = ["BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV"]

@@ -24,11 +24,7 @@ from dataclasses import replace
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels.attention import tma as attention_tma
-from autofuse.kernels.attention.analysis import (
-    attention_dims,
-    attention_parts,
-    head_block,
-)
+from autofuse.kernels.attention.analysis import forward_facts, head_block
 from autofuse.kernels.attention.chains import chain_groups
 from autofuse.kernels.attention.cost import attention_cost
 from autofuse.kernels.attention.emit import (
@@ -53,7 +49,7 @@ from autofuse.kernels.common.memory import ITEM
 
 
 def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
-    parts = attention_parts(graph, members)
+    parts = forward_facts(graph, members)
     stored = stored_nodes(graph, members)
     extra = [s for s in stored if s not in (parts.mm2, parts.amax, parts.total)]
     if extra or parts.mm2 not in stored:
@@ -72,9 +68,8 @@ def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
         loads=loaded_nodes(graph, members),
         matmuls=(parts.mm1, parts.mm2),
     )
-    dims = attention_dims(graph, info)
-    if max(dims.d, dims.dv) > 256:
-        raise FusionRefused(f"head dim {max(dims.d, dims.dv)} > 256: the tiles do not fit")
+    if max(parts.d, parts.dv) > 256:
+        raise FusionRefused(f"head dim {max(parts.d, parts.dv)} > 256: the tiles do not fit")
     AttentionEmitter(graph, info, AttentionConfig(16, 16), parts).emit()  # index checks
     return info
 
@@ -88,7 +83,7 @@ def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
     """BLOCK_M 64 / 128 (16 and 32 only for short sequences), BLOCK_N 32..128, 4 or 8 warps,
     2..4 stages: within shared memory (Q once, K and V per stage, the P and S tiles) and about
     128 fp32 registers per thread for the score tile and the accumulator."""
-    d = attention_dims(graph, info)
+    d = parts_of(graph, info)
     item = ITEM.get(graph[graph[info.matmuls[0]].inputs[0]].dtype, 2)
     bd, bdv = head_block(d.d), head_block(d.dv)
     cap_m, cap_n = max(16, next_pow2(d.t)), max(16, next_pow2(d.tk))
@@ -110,7 +105,7 @@ def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
                     smem = (bm * bd + st * bn * (bd + bdv)) * item + bm * bn * (item + 4)
                     if smem <= HOPPER_SMEM_BYTES:
                         out.append(AttentionConfig(bm, bn, w, st))
-    probe = AttentionEmitter(graph, info, AttentionConfig(16, 16), parts_of(graph, info))
+    probe = AttentionEmitter(graph, info, AttentionConfig(16, 16), d)
     if attention_tma.readable(probe):  # K and V tiles by descriptors, on whole key tiles
         # (not with 2 stages: Triton 3.6's ptxas crashes on every such config of the causal
         # d = 128 forward, error -11; experiments/kernel_resources.py)
@@ -121,7 +116,7 @@ def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
 def attention_default(graph: Graph, info: GroupInfo) -> AttentionConfig:
     """The usual flash-attention forward choice on Hopper: 128 x 64 tiles, 8 warps for head
     dim 128 (4 below), 3 stages; the nearest config that fits this group."""
-    d = attention_dims(graph, info)
+    d = parts_of(graph, info)
     want = (128, 64, 8 if max(d.d, d.dv) >= 128 else 4, 3)
     return nearest_config([c for c in attention_configs(graph, info) if not c.TMA], want)
 

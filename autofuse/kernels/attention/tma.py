@@ -69,7 +69,7 @@ def operand(em: Any, which: str) -> Operand | None:
     dim_e = Expr.dim(dim, 1, size, True)
     key_e = em.full[-1] if which == "k" else Expr.dim(key, 1, d.tk, True)
     index = (*em.bh3, dim_e, key_e) if which == "k" else (*em.bh3, key_e, dim_e)
-    base, off = em.operand_offset(em.parts.operand(em.g, which), index)
+    base, off = em.parts.operand_offset(em.g, em.parts.operand(em.g, which), index)
     split = split_offset(off, key, dim)
     rows = None if split is None else descriptor_rows(em.g[base], split[0], size)
     return None if rows is None else Operand(base, split[0], rows, split[1])

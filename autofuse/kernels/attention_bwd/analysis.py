@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
+from autofuse.kernels.attention.facts import AttentionGroup, group_facts, read_through_copies
 from autofuse.kernels.common.base import FusionRefused, describe
 from autofuse.kernels.common.views import domain_index, view_source_index
 
@@ -43,22 +44,17 @@ class GradMatmul:
 
 
 @dataclass(frozen=True)
-class BwdParts:
+class BwdParts(AttentionGroup):
+    """The roles of the group's matmuls, beside the facts both attention kinds share (the
+    domain: the tiles' shape with its batch dims as the pointwise ops see it)."""
+
     tiles: tuple[int, ...]  # matmuls whose product is a (T, Tk) tile of loaded operands
     grads: tuple[GradMatmul, ...]
-    copies: frozenset[int]  # clones in front of operands (grouped-query heads), read through
-    domain: tuple[int, ...]  # the tiles' shape with its batch dims as the pointwise ops see it
-    heads: int  # the matmuls' batch (batch x heads)
-    t: int
-    tk: int
 
 
-def _through_copies(graph: Graph, members, j: int, copies: set[int]) -> int:
-    i = graph.base_of(j)
-    while i in members and graph[i].op == "copy":
-        copies.add(i)
-        i = graph.base_of(graph[i].inputs[0])
-    return i
+def backward_facts(graph: Graph, members: frozenset[int]) -> BwdParts:
+    """``bwd_parts`` of the group, found once."""
+    return group_facts(graph, "attention_bwd", members, lambda: bwd_parts(graph, members))
 
 
 def bwd_parts(graph: Graph, members: frozenset[int]) -> BwdParts:
@@ -71,7 +67,7 @@ def bwd_parts(graph: Graph, members: frozenset[int]) -> BwdParts:
     copies: set[int] = set()
     tiles, grads_raw = [], []
     for m in mms:
-        ins = [_through_copies(graph, members, j, copies) for j in graph[m].inputs]
+        ins = [read_through_copies(graph, members, j, copies) for j in graph[m].inputs]
         inside = [k for k, i in enumerate(ins) if i in members]
         if not inside:
             tiles.append(m)
@@ -99,7 +95,7 @@ def bwd_parts(graph: Graph, members: frozenset[int]) -> BwdParts:
     domain = _domain(graph, members, shape, tiles)
     grads = tuple(_grad(graph, members, m, pos, domain, heads, t, tk) for m, pos in grads_raw)
     _check_members(graph, members, set(tiles), grads, copies, domain)
-    return BwdParts(tuple(tiles), grads, frozenset(copies), domain, heads, t, tk)
+    return BwdParts(heads, t, tk, domain, frozenset(copies), tuple(tiles), grads)
 
 
 def recomputed_softmax(graph: Graph, members, e: int) -> bool:

@@ -27,11 +27,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
+from autofuse.ir.graph import Graph, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.attention.analysis import head_block
+from autofuse.kernels.attention.facts import tile_load
 from autofuse.kernels.attention_bwd import tma as attention_bwd_tma
-from autofuse.kernels.attention_bwd.analysis import BwdParts, GradMatmul, bwd_parts, tile_index
+from autofuse.kernels.attention_bwd.analysis import (
+    BwdParts,
+    GradMatmul,
+    backward_facts,
+    tile_index,
+)
 from autofuse.kernels.attention_bwd.skip import SkipPlan, skip_plan
 from autofuse.kernels.common.base import (
     DESCRIPTOR_ALIGNMENT,
@@ -52,9 +58,9 @@ from autofuse.kernels.common.render import (
     cast,
     kernel_header,
     literal,
-    tile_offset,
+    tile_address,
 )
-from autofuse.kernels.common.views import broadcast_index, view_source_index
+from autofuse.kernels.common.views import broadcast_index
 
 KIND = "attention_bwd"  # the plugin's name (AttentionBwdKind, attention_bwd_space.py)
 
@@ -115,7 +121,7 @@ def _swap(code: str) -> str:
 
 
 def analyze_attention_bwd_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
-    parts = bwd_parts(graph, members)
+    parts = backward_facts(graph, members)
     stored = stored_nodes(graph, members)
     grads = {g.node for g in parts.grads}
     extra = [s for s in stored if s not in grads]
@@ -164,7 +170,6 @@ class BwdEmitter(Emitter):
         self.keys = Expr.dim("rindex", 1, p.tk, True)
         self.full = tile_index(p.domain, p.heads, len(p.domain), self.rows, self.keys)
         self.bh3 = (Expr.dim("bh", 1, p.heads, True),)
-        self.scalar_vars = frozenset({"bh"})
         self.role = ""  # "kv": the program holds keys; "q": it holds rows
         self.held: dict[int, str] = {}  # operand node -> the variable loaded before the loop
         self.skip: SkipPlan | None = skip_plan(graph, info, parts, self.full)
@@ -261,13 +266,13 @@ class BwdEmitter(Emitter):
     def operand(self, j: int, pair, mask: str | None, fixed: bool, tile=()) -> str:
         """Load matmul operand ``j`` at ``(bh, *pair)`` through its views (before the loop when
         the program holds it fixed); returns its variable. ``tile``: the names of the tile's
-        two axes (an axis of size 1 leaves its name out of the address: added as ``0 * name``
-        so the pointer takes the tile's shape and mask)."""
+        two axes, which its address takes even where an axis of size 1 left it
+        (``tile_address``)."""
         if fixed and j in self.held:
             return self.held[j]
         rank = len(self.g[j].shape)
         index = (*self.bh3, *pair) if rank == 3 else tuple(pair)
-        base, off = self.operand_offset(j, index)
+        base, off = self.parts.operand_offset(self.g, j, index)
         self.note_load(base)
         if not fixed:  # the same tile read again this step, or its transpose
             key = ("operand", base, off.render(), mask)
@@ -278,10 +283,8 @@ class BwdEmitter(Emitter):
                 return f"tl.trans({hit})"
         var = f"{'h' if fixed else 'o'}{self.n_tmp}"
         self.n_tmp += 1
-        masked = f", {mask}, other=0.0" if mask else ""
         desc = attention_bwd_tma.tile(self, base, off, pair, mask)
-        addr = tile_offset(off, tile)
-        code = f"{var} = {desc or f'tl.load({self.ptr[base]} + ({addr}){masked})'}"
+        code = f"{var} = {desc or tile_load(self.ptr[base], off, tile, mask)}"
         note = f"{self.g[base].name}{', TMA' if desc else ''}"
         if fixed:
             self.loops[-1].before(self, code + f"  # {note}, held")
@@ -290,22 +293,6 @@ class BwdEmitter(Emitter):
             self.line(code + f"  # {note}")
             self.scopes[-1].cache[key] = var
         return var
-
-    def operand_offset(self, j: int, index) -> tuple[int, Expr]:
-        """The loaded buffer behind operand ``j`` (through views and read-through copies) and
-        the offset of ``index`` in it."""
-        g = self.g
-        while True:
-            if g[j].kind == "view":
-                index = view_source_index(g, j, index)
-                j = g[j].inputs[0]
-            elif j in self.parts.copies:
-                j = g[j].inputs[0]
-            else:
-                break
-        node = g[j]
-        strides = buffer_strides(node)
-        return j, linearize(index, strides, node.shape)
 
     # -- kernel ------------------------------------------------------------------------------
     def emit(self) -> list[str]:
@@ -509,9 +496,8 @@ class BwdEmitter(Emitter):
             mask = self.mask(**{side: "[None, :]"}, head=(e, "[:, None]"))
             names = (f"{var}[None, :]", f"{h}[:, None]")
         index = (*self.bh3, *pair) if len(node.shape) == 3 else pair
-        # a single query row or a head dim of 1: no term of that axis in the address, the
-        # whole tile stored all the same
-        off = tile_offset(linearize(index, contiguous_strides(node.shape), node.shape), names)
+        # a single query row or a head dim of 1: the whole tile stored all the same
+        off = tile_address(linearize(index, contiguous_strides(node.shape), node.shape), names)
         masked = f", {mask}" if mask else ""
         out = f"{acc}.to({TL_DTYPE[node.dtype]})"
         self.line(f"tl.store({self.out_ptr[gm.node]} + ({off}), {out}{masked})")
@@ -520,7 +506,7 @@ class BwdEmitter(Emitter):
 def generate_attention_bwd(
     graph: Graph, info: GroupInfo, config: AttentionBwdConfig, index: int
 ) -> Kernel:
-    parts = bwd_parts(graph, frozenset(info.nodes))
+    parts = backward_facts(graph, frozenset(info.nodes))
     em = BwdEmitter(graph, info, config, parts)
     body = em.emit()
     name = kernel_name(graph, info, "attbwd", index)

@@ -17,13 +17,13 @@ from dataclasses import replace
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels.attention.analysis import head_block
+from autofuse.kernels.attention_bwd.analysis import backward_facts
 from autofuse.kernels.attention_bwd.emit import (
     KIND,
     AttentionBwdConfig,
     BwdEmitter,
     BwdParts,
     analyze_attention_bwd_group,
-    bwd_parts,
     generate_attention_bwd,
 )
 from autofuse.kernels.common.base import GroupInfo, Kernel, ProposesNone, nearest_config, next_pow2
@@ -41,7 +41,7 @@ def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdCon
     the Triton tutorial's backward does: 128 held, 32 a step); each also with ``flip``, under
     an exact index-expression mask with ``whole``, and with ``TMA`` where descriptors can
     read the tiles."""
-    parts = bwd_parts(graph, frozenset(info.nodes))
+    parts = backward_facts(graph, frozenset(info.nodes))
     skip = BwdEmitter(graph, info, AttentionBwdConfig(16, 16), parts).skip
     item = max(ITEM.get(graph[graph[m].inputs[0]].dtype, 2) for m in info.matmuls)
     heads = [head_block(gm.free_extent(graph)) for gm in parts.grads]
@@ -102,7 +102,7 @@ def attention_bwd_default(graph: Graph, info: GroupInfo) -> AttentionBwdConfig:
     d = 128 on the H200, results/h200/attn_bwd_sweep_a760a14.json): the nearest config that
     fits this group, with ``whole`` where the mask allows it (fewer ops a tile; ptxas for
     sm_90 spills 16 bytes there against 44 without, Triton 3.6)."""
-    parts = bwd_parts(graph, frozenset(info.nodes))
+    parts = backward_facts(graph, frozenset(info.nodes))
     big = max(gm.free_extent(graph) for gm in parts.grads) > 64
     want = (64, 64, 8, 3) if big else (64, 64, 4, 2)
     space = attention_bwd_configs(graph, info)

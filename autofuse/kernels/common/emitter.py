@@ -34,6 +34,7 @@ from autofuse.kernels.common.render import (
     reduction_operand,
     render_op,
     row_reduce,
+    tile_address,
 )
 from autofuse.kernels.common.rewrites import ValueRewrites
 from autofuse.kernels.common.sizes import runtime_sizes_on
@@ -152,12 +153,9 @@ class Emitter(ValueRewrites):
             return "xmask & rmask"
         return "xmask"
 
-    scalar_vars: frozenset[str] = frozenset()  # index variables that are one per program
-
-    def block_offset(self, off: Expr) -> str:
-        """``off`` rendered as a block (a pointer its mask and value fit): an address with no
-        tile variable (a single query row: the row term is gone) is broadcast over xindex."""
-        return off.render() if off.vars - self.scalar_vars else f"{off.render()} + 0 * xindex"
+    def tile_axes(self, cls: int) -> tuple[str, ...]:
+        """The variables of a class-``cls`` tile's axes (a masked class-0 access: the rows)."""
+        return ("xindex", "rindex") if cls == 2 and self.red else ("xindex",)
 
     def active_mask(self, cls: int) -> str | None:
         """The lanes of class ``cls`` whose value is used: in range, and selected by every
@@ -227,9 +225,10 @@ class Emitter(ValueRewrites):
         cls = self.cls_of(off)
         mask = self.active_mask(cls)
         cd = compute_dtype(node.dtype)
-        ptr = f"{self.ptr[i]} + ({self.block_offset(off) if mask else off.render()})"
-        if mask and not off.vars - self.scalar_vars:  # a scalar address under a mask is
-            cls = max(cls, self.cls_of(Expr.dim("xindex", 1, 2, True)))  # loaded as a block
+        axes = self.tile_axes(cls)
+        ptr = f"{self.ptr[i]} + ({tile_address(off, axes) if mask else off.render()})"
+        if mask:  # the address takes the tile's axes: what it loads is a block of them (an
+            cls = max(cls, self.cls_of(Expr.dim(axes[0], 1, 2, True)))  # address of none too)
         self.note_load(i)
         hint = load_hints.eviction(self, i)
         if mask is None:
@@ -346,7 +345,8 @@ class Emitter(ValueRewrites):
         if compute_dtype(node.dtype) != node.dtype or v.dtype != node.dtype:
             code = f"{code}.to({TL_DTYPE[node.dtype]})"
         mask = self.mask_for(cls) or "xmask"
-        self.line(f"tl.store({self.out_ptr[i]} + ({self.block_offset(off)}), {code}, {mask})")
+        addr = tile_address(off, self.tile_axes(cls))
+        self.line(f"tl.store({self.out_ptr[i]} + ({addr}), {code}, {mask})")
 
     def stored_index(self, i: int) -> tuple[tuple[Expr, ...], int]:
         """Where stored node ``i``'s element of each domain element goes, and its class: the

@@ -232,8 +232,13 @@ def kernel_header(em: Any, name: str, what: str, params: list[str]) -> list[str]
     ]
 
 
-def tile_offset(off: Any, tile: tuple[str, ...]) -> str:
-    """``off`` rendered as a whole tile's offsets: a dim of size 1 (one query row, one key, a
-    head dim of 1) leaves its variable out of the address, and a pointer without it would not
-    take the tile's mask; ``0 * var`` (folded by the compiler) gives it the tile's shape."""
+def tile_address(off: Any, tile: tuple[str, ...]) -> str:
+    """``off`` rendered as the address of a whole tile whose axes are the variables ``tile``.
+
+    The one rule for an address that lost an axis: an axis of size 1 (one query row, one key,
+    a head dim of 1, a one-element domain) or one the buffer is broadcast along has no term in
+    ``off``, so the pointer would lack that axis; ``+ 0 * var`` for each missing axis (folded by
+    the compiler) gives it the tile's full shape, so its mask and the values loaded or stored
+    through it broadcast as the tile (a scalar pointer refuses a block mask or value, and an
+    operand of ``tl.dot`` must have the tile's shape)."""
     return off.render() + "".join(f" + 0 * {v}" for v in tile if v not in off.vars)

@@ -29,7 +29,7 @@ from autofuse.kernels.common.base import (
 from autofuse.kernels.common.cost import TileCost
 from autofuse.kernels.common.emitter import Emitter, Scope
 from autofuse.kernels.common.memory import ITEM, ancestors, memory_offset
-from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype, tile_offset
+from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype, tile_address
 from autofuse.kernels.gemm.cost import gemm_cost
 from autofuse.kernels.gemm.template import (
     GemmConfig,
@@ -41,9 +41,10 @@ from autofuse.kernels.gemm.template import (
 from autofuse.kernels.gemm.tiles import default_configs, prune_configs
 from autofuse.settings import target
 
-_A_TILE = ("offs_m[:, None]", "offs_k[None, :]")  # the A operand tile's variables
-_B_TILE = ("offs_k[:, None]", "offs_n[None, :]")  # the B operand tile's variables
-_OUT_TILE = ("offs_m[:, None]", "offs_n[None, :]")  # the output tile's
+# the variables of each tile's axes: operand A, operand B, the output (``rm = offs_m[:, None]``)
+_A_TILE = ("offs_m[:, None]", "offs_k[None, :]")
+_B_TILE = ("offs_k[:, None]", "offs_n[None, :]")
+_OUT_TILE = ("rm", "rn")
 
 
 def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
@@ -103,25 +104,20 @@ class GemmEmitter(Emitter):
         super().__init__(graph, info, config)
         self.depth = 0  # hook lines carry no indentation: the template indents them
         self.int64 = False
-        self.mask = "mask"
-        self.tile = _OUT_TILE  # the variables of the tile ``mask`` covers
+        self.mask, self.tile = "mask", _OUT_TILE  # those of the tile being emitted
         batch, m, n, _ = gemm_dims(graph, info)
         b = (Expr.dim("pid_b", 1, batch, True),) if len(info.domain) == 3 else ()
         self.full = b + (Expr.dim("rm", 1, m, True), Expr.dim("rn", 1, n, True))
         self.batch_index = b
 
-    scalar_vars = frozenset({"pid_b"})  # the batch: one per program
-
     def cls_of(self, e: Expr) -> int:
         return 2 if e.vars else 0
 
-    def block_offset(self, off: Expr) -> str:
-        """A masked load's offset as a whole tile: one with only the batch (rows and columns
-        of size 1) is a scalar pointer, which Triton refuses beside a block mask."""
-        return off.render() if off.vars - self.scalar_vars else tile_offset(off, self.tile)
-
     def mask_for(self, cls: int) -> str | None:
         return self.mask if cls else None
+
+    def tile_axes(self, cls: int) -> tuple[str, ...]:
+        return self.tile
 
     def reduced(self, i: int, index):
         if index != self.full:
@@ -156,8 +152,7 @@ class GemmEmitter(Emitter):
             return self._descriptor_load(src, which, var)
         if base not in self.members and base in self.ptr:  # a plain (strided) load as it is
             off = self._offset(src, idx)
-            tile = _A_TILE if which == 0 else _B_TILE
-            ptr = f"{self.ptr[base]} + ({tile_offset(off, tile)})"
+            ptr = f"{self.ptr[base]} + ({tile_address(off, self.tile)})"
             if self._even(which):  # the tile never crosses an edge: no mask in the K loop
                 self.line(f"{var} = tl.load({ptr})")
             else:
@@ -207,7 +202,7 @@ class GemmEmitter(Emitter):
                 code = f"tl.full([BLOCK_M, BLOCK_N], {code}, tl.float32)"
             if compute_dtype(node.dtype) != node.dtype or v.dtype != node.dtype:
                 code = f"{code}.to({TL_DTYPE[node.dtype]})"
-            tile = tile_offset(off, _OUT_TILE)
+            tile = tile_address(off, self.tile)
             self.line(f"tl.store({self.out_ptr[s]} + ({tile}), {code}, mask)")
         return self.lines
 

@@ -37,7 +37,7 @@ from autofuse.kernels.common.indexed import (
     indexed_position,
 )
 from autofuse.kernels.common.loop_kernel import render_loop_kernel
-from autofuse.kernels.common.render import cast, compute_dtype
+from autofuse.kernels.common.render import cast, compute_dtype, tile_address
 from autofuse.kernels.common.views import broadcast_index
 from autofuse.kernels.pointwise.kind import PointwiseKind
 
@@ -97,9 +97,8 @@ class ScatterEmitter(Emitter):
         # ``block_mask & scalar_condition`` as int32, which its stores refuse as a mask
         mask = f"({' & '.join(m for m in (self.active_mask(2), ok) if m)}) != 0"
         # a block of pointers (as the value and the mask are) even where every lane's place is
-        # one index read once per program (a one-element domain): Triton refuses a block
-        # value stored through a scalar pointer
-        ptr = f"{self.out_ptr[s]} + ({off.render()}) + 0 * xindex"
+        # one index read once per program (a one-element domain)
+        ptr = f"{self.out_ptr[s]} + ({tile_address(off, self.tile_axes(2))})"
         if node.attr("accumulate"):
             self.line(f"tl.atomic_add({ptr}, {code}, {mask})")
         else:
