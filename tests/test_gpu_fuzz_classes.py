@@ -116,6 +116,40 @@ def test_computation_device_ignores_cpu_scalars():
 
 
 # ---------------------------------------------------------------------------------------------
+# a bool pad (a cat with a constant block) read through index_select: the cat's one remaining
+# branch is the pad's False, a literal cast to bool twice, and "False" is no "0": it became
+# True (silently wrong on a GPU and in the interpreter alike)
+# ---------------------------------------------------------------------------------------------
+
+
+def _bool_pad_select(x, i):  # x (1,): the pad drops the element and appends a False
+    return torch.index_select(F.pad(x.unsqueeze(1).unsqueeze(0), [-1, 1]), 2, i)
+
+
+def _bool_pad_select_2d(x, i):  # x (1, 1, 2, 2) float
+    return torch.index_select(F.pad((x > 0) | False, [3, -2, -2, 3]), 2, i)
+
+
+BOOL_PAD = {
+    "drop_and_pad": (
+        _bool_pad_select,
+        lambda: (torch.tensor([True]), torch.tensor([0])),
+    ),
+    "negative_and_positive_pads": (
+        _bool_pad_select_2d,
+        lambda: (torch.ones(1, 1, 2, 2), torch.tensor([0])),
+    ),
+}
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+@pytest.mark.parametrize("name", sorted(BOOL_PAD))
+def test_bool_pad_constant_branch(name, front):
+    fn, make = BOOL_PAD[name]
+    _check(fn, make, front)
+
+
+# ---------------------------------------------------------------------------------------------
 # kernels the interpreter runs but a GPU cannot build, compiled here for sm_90 (gpu_compile.py):
 # - a device assert on a condition that folds to a Python bool: ``~True`` is the integer -2,
 #   and Triton rejects an assert on an integer ("error encountered during parsing") — indices
