@@ -6,10 +6,13 @@ import signal
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import autofuse
 from autofuse.frontend import dynamo as af_dynamo
 from autofuse.frontend import graph as af_graph
+
+from .gpu_compile import compile_for_gpu, recording_launches
 
 FRONT_ENDS = ("optimize", "compile")
 
@@ -110,6 +113,133 @@ def test_computation_device_ignores_cpu_scalars():
     assert af_graph.computation_device([scalar]) == torch.device("cpu")
     assert af_graph.place(scalar, torch.device("meta")).device.type == "meta"
     assert af_graph.place(torch.ones(2), torch.device("meta")).device.type == "cpu"
+
+
+# ---------------------------------------------------------------------------------------------
+# a bool pad (a cat with a constant block) read through index_select: the cat's one remaining
+# branch is the pad's False, a literal cast to bool twice, and "False" is no "0": it became
+# True (silently wrong on a GPU and in the interpreter alike)
+# ---------------------------------------------------------------------------------------------
+
+
+def _bool_pad_select(x, i):  # x (1,): the pad drops the element and appends a False
+    return torch.index_select(F.pad(x.unsqueeze(1).unsqueeze(0), [-1, 1]), 2, i)
+
+
+def _bool_pad_select_2d(x, i):  # x (1, 1, 2, 2) float
+    return torch.index_select(F.pad((x > 0) | False, [3, -2, -2, 3]), 2, i)
+
+
+BOOL_PAD = {
+    "drop_and_pad": (
+        _bool_pad_select,
+        lambda: (torch.tensor([True]), torch.tensor([0])),
+    ),
+    "negative_and_positive_pads": (
+        _bool_pad_select_2d,
+        lambda: (torch.ones(1, 1, 2, 2), torch.tensor([0])),
+    ),
+}
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+@pytest.mark.parametrize("name", sorted(BOOL_PAD))
+def test_bool_pad_constant_branch(name, front):
+    fn, make = BOOL_PAD[name]
+    _check(fn, make, front)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels the interpreter runs but a GPU cannot build, compiled here for sm_90 (gpu_compile.py):
+# - a device assert on a condition that folds to a Python bool: ``~True`` is the integer -2,
+#   and Triton rejects an assert on an integer ("error encountered during parsing") — indices
+#   read from a constant (the aranges of flip / kthvalue on a size-1 dim);
+# - a kernel over an empty domain (a (0, 1, 2) tensor reduced): its blocks fold to scalar
+#   addresses that a GPU build rejects; no program runs, so it is neither built nor launched
+# ---------------------------------------------------------------------------------------------
+
+
+def _flip_kthvalue(x):  # an int32 (1, 1) tensor through constant-index gathers
+    return torch.flip(torch.flip(x, [0, 1]).kthvalue(1, -1, keepdim=True).values, [-1])
+
+
+def _flip_max(x):
+    return torch.flip(torch.flip(x, [0, 1]).max(1, keepdim=False).values, [0])
+
+
+def _empty_amax(x):  # x (0, 2): a row reduction with no row
+    return x - torch.amax(x, dim=1, keepdim=True), x.roll(1, 0)
+
+
+def _empty_min_copysign(x):  # x (0, 1, 2)
+    v = torch.copysign(x, 2)
+    return v, v.expand((-1, 2, -1)).min(2, keepdim=False).values
+
+
+def _empty_matvec(x, w):  # x (1, 0, 1, 8) bf16, w (8,)
+    return x @ w
+
+
+def _empty_triu_count(x):  # x (1, 0, 2)
+    v = torch.triu(x, diagonal=0)
+    return (v <= v).long().sum(-1).unsqueeze(2), v.squeeze()
+
+
+def _pad_chunk_expand(x):  # x (1, 1, 1): an empty expand of a padded chunk
+    v = F.pad(x, [0, 1, 2, 2, 0, -1])
+    v = torch.chunk(v, 3, 1)[-1]
+    return v.expand((0, 2, 2)), v
+
+
+GPU_BUILD = {
+    "flip_kthvalue_int32": (_flip_kthvalue, lambda g: (torch.randint(-4, 5, (1, 1)).int(),)),
+    "flip_max": (_flip_max, lambda g: (torch.randn(1, 1, requires_grad=g),)),
+    "empty_amax": (_empty_amax, lambda g: (torch.randn(0, 2, requires_grad=g),)),
+    "empty_min_copysign": (_empty_min_copysign, lambda g: (torch.randn(0, 1, 2, requires_grad=g),)),
+    "empty_matvec": (
+        _empty_matvec,
+        lambda g: (
+            torch.randn(1, 0, 1, 8, dtype=torch.bfloat16, requires_grad=g),
+            torch.randn(8, dtype=torch.bfloat16, requires_grad=g),
+        ),
+    ),
+    "empty_triu_count": (_empty_triu_count, lambda g: (torch.randn(1, 0, 2, requires_grad=g),)),
+    "pad_chunk_expand": (_pad_chunk_expand, lambda g: (torch.randn(1, 1, 1, requires_grad=g),)),
+}
+
+
+def _same_all(out, ref) -> None:
+    out = out if isinstance(out, (tuple, list)) else (out,)
+    ref = ref if isinstance(ref, (tuple, list)) else (ref,)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", sorted(GPU_BUILD))
+def test_kernels_build_for_gpu(name, monkeypatch):
+    """Every kernel the program launches, through both front ends, forward and backward,
+    compiles for sm_90 (plain and bounds-guarded), and the values agree with eager."""
+    fn, make = GPU_BUILD[name]
+    with recording_launches() as jobs:
+        for front in FRONT_ENDS:
+            for grad in (False, True):
+                args = make(grad)
+                if grad and not any(a.requires_grad for a in args):
+                    continue
+                ref_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+                out, ref = _front(fn, args, front)(*args), fn(*ref_args)
+                _same_all(out, ref)
+                if grad:
+                    outs = [o for o in (out if isinstance(out, tuple) else (out,))]
+                    refs = [r for r in (ref if isinstance(ref, tuple) else (ref,))]
+                    leaves = [a for a in args if a.requires_grad]
+                    ref_leaves = [a for a in ref_args if a.requires_grad]
+                    loss = sum(o.float().sum() for o in outs if o.requires_grad)
+                    ref_loss = sum(r.float().sum() for r in refs if r.requires_grad)
+                    got = torch.autograd.grad(loss, leaves, allow_unused=True)
+                    want = torch.autograd.grad(ref_loss, ref_leaves, allow_unused=True)
+                    _same_all(got, want)
+    assert compile_for_gpu(jobs) == []
 
 
 # ---------------------------------------------------------------------------------------------

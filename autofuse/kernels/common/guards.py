@@ -82,9 +82,16 @@ def _guard(access: tuple, params: set[str], kernel: str, line: int) -> tuple[str
     o = f"({ast.unparse(off)})"
     ok = f"(({o} >= 0) & ({o} < {name}{SUFFIX}))"
     if mask is not None:
-        ok = f"({ok} | ~({ast.unparse(mask)}))"
+        ok = f"({ok} | {inactive(ast.unparse(mask))})"
     msg = f"autofuse bounds: kernel {kernel} line {line}: tl.{what} outside argument {name}"
     return name, ast.parse(f"tl.device_assert({ok}, {msg!r})").body[0]
+
+
+def inactive(mask: str) -> str:
+    """The lanes ``mask`` leaves out, as a condition that stays boolean where ``mask`` folds to
+    a Python bool (a mask of constant indices): ``~True`` is the integer -2, and a GPU build
+    rejects an assert on an integer (the interpreter took it)."""
+    return f"(({mask}) == 0)"
 
 
 def _reassigned(fn: ast.FunctionDef) -> set[str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from autofuse.ir.graph import numel
 from autofuse.ir.indexing import Expr, Term
+from autofuse.kernels.common.guards import inactive
 from autofuse.kernels.common.render import Val, cast, compute_dtype, literal
 from autofuse.kernels.common.views import broadcast_index
 
@@ -85,7 +86,7 @@ def index_term(em: Any, src: int, d: int, idx: int, at: tuple[Expr, ...], wrap: 
     # the index tensor by its graph name (a candidate's subgraph renumbers its inputs)
     msg = f"index out of range in self: {what} dim {d} of size {n}{of} (index tensor {g[idx].name})"
     if numel(g[idx].shape) and numel(em.info.domain):  # else no lane reads: nothing to check
-        em.line(f'tl.device_assert({ok}{f" | ~({mask})" if mask else ""}, "{msg}")')
+        em.line(f'tl.device_assert({ok}{f" | {inactive(mask)}" if mask else ""}, "{msg}")')
         em.checked = True
     vars_ = frozenset() if t.cls == 0 else {1: {"xindex"}, 2: {"xindex", "rindex"}}[t.cls]
     if not em.red:

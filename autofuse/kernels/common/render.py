@@ -65,7 +65,8 @@ class Val:
 def cast(v: Val, dtype: str) -> str:
     """``v``'s code converted to ``dtype`` (literals are written in the target's family)."""
     if v.literal and dtype == "bool":  # a Python bool is tl.int1: `int1 & 1` widens to int32
-        return "False" if v.code in ("0", "0.0", "-0.0") else "True"
+        value = literal_value(v.code)  # a literal cast twice is "False" already: still false
+        return "False" if value is not None and value == 0 else "True"
     if v.dtype == dtype:
         return v.code
     if v.literal:
