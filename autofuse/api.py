@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 
+from autofuse.capture import CaptureError, TraceUnsupported
 from autofuse.capture.state import buffers_kept
 from autofuse.capture.trace import capture, check_callable, check_real
+from autofuse.interpreter import InterpreterNote, interpreting
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.graph_choice import (
     GraphChoice,
@@ -31,6 +33,8 @@ from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.runtime import build_plan
 from autofuse.report import Explanation, summarize
 from autofuse.runner import OptimizedFunction, describe_refusals
+from autofuse.tune.entry import record_call, tune_and_cache
+from autofuse.tune.untuned import untuned_plan
 
 __all__ = ["OptimizedFunction", "explain", "optimize"]
 
@@ -85,7 +89,6 @@ def optimize(
 
 
 def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: Any) -> Any:
-    from autofuse.capture import CaptureError, TraceUnsupported
     from autofuse.frontend.optimized import BackendFunction, attach
     from autofuse.frontend.options import OPTIMIZE, check_options
 
@@ -120,8 +123,6 @@ def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: 
     if options.get("trials") or options.get("time_budget"):
         opt = _tuned(fn, captured, example_inputs, space, **options)
     else:
-        from autofuse.tune.untuned import untuned_plan
-
         ins = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
         on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in ins)
         plan, choice = untuned_plan(graph, "greedy", on_cuda, lambda: ins, space)
@@ -143,8 +144,6 @@ def note_interpreter_size(fn: Any, example_inputs: Any) -> None:
     :class:`InterpreterNote`) where the inputs are large enough for a call to take seconds,
     rather than leave a silent wait."""
     from torch.utils._pytree import tree_leaves
-
-    from autofuse.interpreter import InterpreterNote, interpreting
 
     state = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
     tensors = [t for t in [*tree_leaves(tuple(example_inputs)), *state] if torch.is_tensor(t)]
@@ -185,8 +184,6 @@ def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> No
 
 def _tuned(fn, captured, example_inputs, space, **options: Any) -> OptimizedFunction:
     """Tune (or load the plan an earlier tuning run cached) and cache the winner."""
-    from autofuse.tune.entry import record_call, tune_and_cache
-
     flat = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
     plan, result = tune_and_cache(captured, example_inputs, space, example_flat=flat, **options)
     record_call(fn, captured, example_inputs, options.get("cache_dir"))

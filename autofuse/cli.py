@@ -9,6 +9,15 @@ import os
 import sys
 from typing import Any
 
+import autofuse
+from autofuse.cache.commands import cache_command
+from autofuse.files import FolderNotWritable
+from autofuse.interpreter import note_given
+from autofuse.tune import overnight, runreport
+from autofuse.tune.overnight import add_parser, whole
+from autofuse.tune.roofline import autofuse_commit
+from autofuse.tune.runfiles import UsageError
+
 DESCRIPTION = (
     "autofuse: profiler-driven fusion tuning for PyTorch. Commands: demo (two small examples "
     "explained and optimized), tune SPEC (tune a list of workloads, resumably), report RUN_DIR "
@@ -21,8 +30,6 @@ def _ensure_backend() -> str:
     """Use the GPU when there is one, else Triton's interpreter on CPU tensors."""
     import torch
 
-    from autofuse.interpreter import note_given
-
     if torch.cuda.is_available():
         return "cuda"
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -34,8 +41,6 @@ def demo(args: argparse.Namespace) -> int:
     device = _ensure_backend()
     os.environ.setdefault("AUTOFUSE_LOGS", "output_code")
     import torch
-
-    import autofuse
 
     def pointwise_example(x, w, b):
         tmp = x * w
@@ -64,8 +69,6 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def cache_cmd(args: argparse.Namespace) -> int:
-    from autofuse.cache.commands import cache_command
-
     return cache_command(args)
 
 
@@ -73,14 +76,10 @@ def tune(args: argparse.Namespace) -> int:
     if _ensure_backend() == "cpu" and not args.run_dir:
         print("autofuse tune: no GPU: kernels run in Triton's interpreter, times are modeled "
               "by the cost model", file=sys.stderr, flush=True)  # fmt: skip
-    from autofuse.tune import overnight
-
     return overnight.main(args)
 
 
 def report(args: argparse.Namespace) -> int:
-    from autofuse.tune import runreport
-
     return runreport.main(args)
 
 
@@ -94,15 +93,10 @@ class _Version(argparse.Action):
 
 def version_text() -> str:
     """``autofuse <version> (commit <sha>)``: the commit of autofuse's own folder."""
-    import autofuse
-    from autofuse.tune.roofline import autofuse_commit
-
     return f"autofuse {autofuse.__version__} (commit {autofuse_commit()})"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autofuse.tune.overnight import add_parser, whole
-
     p = argparse.ArgumentParser(prog="autofuse", description=DESCRIPTION)
     p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -131,8 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("dir", help="a run folder written by autofuse tune")
     r.set_defaults(func=report)
     args = p.parse_args(argv)
-    from autofuse.files import FolderNotWritable
-    from autofuse.tune.runfiles import UsageError
 
     try:
         return args.func(args)

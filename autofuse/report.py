@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autofuse.ir.conv_fold import bias_add_of, is_convolution
 from autofuse.kernels import INLINE_OPS, config_label, kind_of
 from autofuse.kernels.common.memory import nbytes
 from autofuse.plan import EagerStep, KernelStep, LibraryStep, Plan
@@ -29,6 +30,9 @@ class PlanSummary:
     rows: tuple[StepRow, ...]
     intermediates: int  # buffers written and read back that the function does not return
     fallbacks: tuple[str, ...]
+    convolutions: tuple[str, ...] = ()  # per convolution: how it runs (:func:`conv_notes`)
+    # which implementation runs each group and why (``Step.describe``), one per step
+    implementations: tuple[str, ...] = ()
 
     @property
     def launches(self) -> int:
@@ -47,6 +51,7 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
     g = plan.graph
     times = times or {}
     rows = []
+    notes = conv_notes(plan)
     outputs = {g.base_of(o) for o in g.outputs}
     written: set[int] = set()
     for step in plan.steps:
@@ -61,13 +66,13 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
             reads = [j for j in step.reads(g) if g[j].op not in INLINE_OPS]
             writes = [step.out]
             kind, name = "library", f"{step.implementation}_{g[step.out].name or step.out}"
-            ops, cfg = tuple(g[i].op for i in step.nodes), step.reason
+            ops, cfg = tuple(g[i].op for i in step.nodes), step.implementation
         else:
             assert isinstance(step, EagerStep)
             reads = [j for j in g.compute_inputs(step.node) if g[j].op not in INLINE_OPS]
             writes = [step.node]
             kind, name = "eager", f"eager_{g[step.node].attr('target', g[step.node].op)}"
-            ops, cfg = (g[step.node].op,), step.reason
+            ops, cfg = (g[step.node].op,), notes.get(step.node, step.reason)
         written.update(writes)
         t = times.get(name)
         rows.append(
@@ -86,9 +91,45 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
         )
     intermediates = len([w for w in written if w not in outputs and g[w].op != "getitem"])
     fallbacks = tuple(
-        f"{g[s.node].name}: {s.reason}" for s in plan.fallbacks if g[s.node].kind == "opaque"
+        f"{g[s.node].name}: {s.reason}"
+        for s in plan.fallbacks
+        if g[s.node].kind == "opaque" and s.node not in notes
     )
-    return PlanSummary(plan.label, tuple(rows), intermediates, fallbacks)
+    convs = tuple(f"{g[i].name}: {note}" for i, note in notes.items())
+    why = tuple(step.describe(g) for step in plan.steps)
+    return PlanSummary(plan.label, tuple(rows), intermediates, fallbacks, convs, why)
+
+
+def conv_notes(plan: Plan) -> dict[int, str]:
+    """For each convolution the plan runs as a library call: what was done with it (its bias
+    peeled into a named kernel or kept in the call, an inference BatchNorm folded into its
+    weight by a named kernel)."""
+    g = plan.graph
+    owner = {n: s.kernel.name for s in plan.steps if isinstance(s, KernelStep) for n in s.nodes}
+    notes = {}
+    for step in plan.fallbacks:
+        node = g[step.node]
+        if not is_convolution(node):
+            continue
+        parts = ["library call (cuDNN on GPU)"]
+        add = bias_add_of(g, step.node)
+        if len(node.inputs) >= 3:
+            parts.append("bias in the call")
+        elif add is not None:
+            parts.append(f"bias peeled into kernel {owner.get(add, 'eager')}")
+        else:
+            parts.append("no bias")
+        layout, times = node.attr("layout"), node.attr("layout_us")
+        if layout and times:
+            parts.append(f"{layout} (measured {times[0]:g} us contiguous, {times[1]:g} us "
+                         "channels-last)")  # fmt: skip
+        elif layout:
+            parts.append(f"{layout} (AUTOFUSE_CONV_LAYOUT)")
+        if node.attr("folded") == "batchnorm":
+            weight = g.base_of(node.inputs[1])
+            parts.append(f"BatchNorm folded into its weight (kernel {owner.get(weight, 'eager')})")
+        notes[step.node] = "; ".join(parts)
+    return notes
 
 
 def _mb(b: int) -> str:
@@ -110,6 +151,9 @@ def format_summary(s: PlanSummary) -> str:
         f"total: {s.launches} launches, {s.intermediates} intermediate buffers, "
         f"{s.memory_ops} memory ops, {_mb(s.bytes_total)} moved"
     )
+    if s.implementations:
+        lines.append("implementations:")
+        lines += [f"  {why}" for why in s.implementations]
     return "\n".join(lines)
 
 
@@ -147,6 +191,9 @@ class Explanation:
             f"memory ops: {u.memory_ops} -> {f.memory_ops}",
             f"bytes moved: {_mb(u.bytes_total)} -> {_mb(f.bytes_total)}",
         ]
+        if f.convolutions:
+            parts.append("convolutions:")
+            parts += [f"  - {c}" for c in f.convolutions]
         if f.fallbacks:
             parts.append("runs in eager (fallback): " + "; ".join(f.fallbacks))
         if self.refusals:

@@ -11,6 +11,7 @@ import torch.utils._pytree as pytree
 
 from autofuse.capture import Captured
 from autofuse.capture.state import ModuleState
+from autofuse.frontend import routing
 from autofuse.partition import Partition
 from autofuse.plan import InputError, Plan, execute
 from autofuse.plan.graphs import GraphReplay
@@ -165,9 +166,7 @@ class OptimizedFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.py_guard is not None and (why := self.py_guard.changed()) is not None:
-            from autofuse.frontend.routing import call_routed
-
-            return call_routed(self, f"{why} was rebound since the capture", args, kwargs)
+            return routing.call_routed(self, f"{why} was rebound since the capture", args, kwargs)
         if self._writes_inputs and shares_memory(args, kwargs):
             return self._aliased(args, kwargs)
         # the common call: plain tensors with exactly the captured shapes, dtypes and strides
@@ -184,15 +183,13 @@ class OptimizedFunction:
                     outs = run_plan(self.plan, ts, guard.device if fast else None)
                 return self._wrap(outs)
         if kwargs or self._training is not None or torch.is_grad_enabled():
-            from autofuse.frontend.routing import call_routed, route, run_changed
-
             changed = None if self.module_state is None else self.module_state.changed()
             if changed is not None:
-                return run_changed(self, changed, args, kwargs)
+                return routing.run_changed(self, changed, args, kwargs)
 
-            why = route(self, args, kwargs)
+            why = routing.route(self, args, kwargs)
             if why is not None:
-                return call_routed(self, why, args, kwargs)
+                return routing.call_routed(self, why, args, kwargs)
         flat = self.flat_inputs(args)
         with torch.no_grad():
             outs = execute(self.plan, flat)

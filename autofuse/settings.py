@@ -30,6 +30,10 @@ them again, for tests and for programs that change the environment on purpose):
   convolution runs without it and the bias add joins the generated epilogue kernel, its
   gradient a generated sum; ``capture/convolution.py``) or ``library`` (inside the library call,
   as eager does); an unknown value warns and means ``kernel``.
+- ``AUTOFUSE_CONV_LAYOUT``: each convolution's memory format: ``measure`` (default: timed once
+  in each on a CUDA device, eager's layout on a CPU; ``ir/conv_layout.py``), ``eager``,
+  ``contiguous`` or ``channels_last`` (forced, any device); an unknown value warns and means
+  ``measure``.
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
   ``+autofuse``, ``all``); an unknown topic is ignored with one ``SettingsWarning`` naming the
   valid ones.
@@ -45,6 +49,8 @@ import os
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
+
+from autofuse.interpreter import interpreting
 
 LOG_TOPICS = frozenset({"output_code", "search", "cache", "+autofuse", "all"})
 
@@ -105,6 +111,7 @@ class Settings:
     split_min_rnumel: int = 4096
     check_bounds: bool = False
     conv_bias: str = "kernel"  # "kernel" (peeled into the epilogue) or "library"
+    conv_layout: str = "measure"  # "measure", "eager", "contiguous", "channels_last"
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -129,27 +136,30 @@ def settings() -> Settings:
         split_reductions=_split_mode(),
         split_min_rnumel=int(os.environ.get("AUTOFUSE_SPLIT_MIN_RNUMEL", "4096")),
         check_bounds=_flag("AUTOFUSE_CHECK_BOUNDS", False),
-        conv_bias=_conv_bias(),
+        conv_bias=_choice("AUTOFUSE_CONV_BIAS", CONV_BIAS),
+        conv_layout=_choice("AUTOFUSE_CONV_LAYOUT", CONV_LAYOUT),
         signing_key=_signing_key(),
     )
 
 
 CONV_BIAS = ("kernel", "library")
+CONV_LAYOUT = ("measure", "eager", "contiguous", "channels_last")
 
 
-def _conv_bias() -> str:
-    """``AUTOFUSE_CONV_BIAS``: ``kernel`` or ``library``; anything else warns and is ``kernel``."""
-    value = os.environ.get("AUTOFUSE_CONV_BIAS", "kernel").strip().lower() or "kernel"
-    if value in CONV_BIAS:
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """Variable ``name``: one of ``choices``; unset or anything else is the first (with a
+    warning naming the valid ones)."""
+    value = os.environ.get(name, "").strip().lower() or choices[0]
+    if value in choices:
         return value
     import warnings
 
     warnings.warn(
-        f"autofuse: AUTOFUSE_CONV_BIAS={value!r} is not one of {list(CONV_BIAS)}; using 'kernel'",
+        f"autofuse: {name}={value!r} is not one of {list(choices)}; using {choices[0]!r}",
         SettingsWarning,
         stacklevel=4,
     )
-    return "kernel"
+    return choices[0]
 
 
 def _signing_key() -> bytes | None:
@@ -198,8 +208,6 @@ def target(device_index: int | None = None) -> Target:
     """The CUDA device ``device_index`` (default: the current one), or ``HOPPER``'s description
     where kernels run in Triton's interpreter or there is no GPU."""
     import torch
-
-    from autofuse.interpreter import interpreting
 
     if interpreting() or not torch.cuda.is_available():
         return HOPPER

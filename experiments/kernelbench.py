@@ -3,6 +3,7 @@ own shapes on a GPU.
 
     python -m experiments.kernelbench [DIR] --level N [--problems 1-20,33] [--mode cpu|gpu]
         [--dtype fp32|bf16] [--out DIR] [--timeout S] [--trials T] [--budget S] [--resume]
+        [--variants eager,default,max-autotune,greedy,greedy-library-bias,tuned]
 
 DIR is a KernelBench folder (``KernelBench/level<N>/<n>_<name>.py``; default
 ``$KERNELBENCH_DIR``, else ``../shared/kernelbench`` beside the project where it exists). Every problem is loaded by path
@@ -18,7 +19,11 @@ the measured ceilings) and ``summary.md``.
 - ``--mode gpu`` (``kernelbench_gpu``): the shipped shapes in ``--dtype``; eager, both
   torch.compile modes, autofuse greedy and tuned (``--trials``, ``--budget`` seconds per
   problem) in interleaved rounds; KernelBench's correctness rule (``--tol``, 1e-2); the roofline
-  floor. ``python -m autofuse report <run>`` reads the folder.
+  floor. ``--variants`` picks the variants (eager always): ``greedy-library-bias`` adds the
+  greedy plan with each convolution's bias in the library call beside the peeled one,
+  ``--variants greedy,greedy-library-bias,default`` skips max-autotune and tuning. The records
+  hold the cuDNN version and the precision (TF32) flags, the same in every arm.
+  ``python -m autofuse report <run>`` reads the folder.
 
 The per-level summary: fraction correct and fully fused (no eager step besides library
 convolutions, matmuls, RNNs and SDPA); on a GPU ``fast_1`` (correct and faster than eager), the
@@ -61,6 +66,7 @@ def worker_cmd(a: argparse.Namespace, folder: Path) -> list[str]:
             "--trials", str(a.trials), "--budget", str(a.budget), "--rounds", str(a.rounds),
             "--correct-trials", str(a.correct_trials), "--tol", str(a.tol),
             *(["--problems", a.problems] if a.problems else []),
+            *(["--variants", a.variants] if a.variants else []),
             *(["--train"] if a.train else [])]  # fmt: skip
 
 
@@ -109,10 +115,11 @@ def run_one(a: argparse.Namespace, problem: Problem, folder: Path) -> dict:
 
             rec.update(check_problem(problem, train=True if a.train else None))
         else:
-            from experiments.kernelbench_gpu import GpuOptions, time_problem
+            from experiments.kernelbench_gpu import GpuOptions, parse_variants, time_problem
 
             opts = GpuOptions(trials=a.trials, budget_s=a.budget, rounds=a.rounds, dtype=a.dtype,
-                              correct_trials=a.correct_trials, tol=a.tol)  # fmt: skip
+                              correct_trials=a.correct_trials, tol=a.tol,
+                              variants=parse_variants(a.variants))  # fmt: skip
             ceil = (read_json(folder / "run.json") or {}).get("ceilings") or {}
             rec.update(time_problem(problem, opts, ceil))
             rec["status"] = "ok" if rec["tuned_correct"] else "wrong"
@@ -194,6 +201,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="gpu: interleaved timing rounds")
     p.add_argument("--correct-trials", type=int, default=3, help="gpu: input draws checked")
     p.add_argument("--tol", type=float, default=1e-2, help="gpu: atol = rtol (KernelBench)")
+    p.add_argument("--variants", default="",
+                   help="gpu: comma-separated, of eager, default, max-autotune, greedy, "
+                   "greedy-library-bias, tuned (default: all but greedy-library-bias)")  # fmt: skip
     p.add_argument("--train", action="store_true", help="cpu: a training step (level 3 always)")
     p.add_argument("--resume", action="store_true", help="skip problems with a record")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -206,6 +216,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.timeout = 300.0 if a.mode == "cpu" else 900.0
     if a.mode == "cpu" and a.dtype != "fp32":
         p.error("--dtype applies to --mode gpu (the CPU check runs float32)")
+    if a.variants:
+        from experiments.kernelbench_gpu import parse_variants
+
+        if a.mode == "cpu":
+            p.error("--variants applies to --mode gpu")
+        try:
+            parse_variants(a.variants)
+        except ValueError as e:
+            p.error(f"--variants: {e}")
     return a
 
 

@@ -2,11 +2,18 @@
 
 Eager, ``torch.compile`` default and ``mode="max-autotune-no-cudagraphs"``, the autofuse greedy
 plan (``optimize(model, inputs)``) and the tuned one (``optimize(..., trials=T,
-time_budget=S)``) are built first, then judged by KernelBench's rule (``allclose`` with
+time_budget=S)``), and where asked (``GpuOptions.variants``, ``--variants``) the greedy plan with
+each convolution's bias kept in the library call (``AUTOFUSE_CONV_BIAS=library`` while it is
+built, judged and timed: the other arm of the peeled bias) are built first, then judged by KernelBench's rule (``allclose`` with
 atol = rtol = ``tol`` against eager on ``correct_trials`` input draws, the first the timing
 inputs), then timed together in interleaved rounds (the order reversed every other round, min
 of rounds; each time ``do_bench`` with its L2 flush, under ``no_grad`` as the benchmark times).
-The record is an ``autofuse report`` workload record (``times_us``, ``floor_us``, ``kernels``).
+The record is an ``autofuse report`` workload record (``times_us``, ``floor_us``, ``kernels``);
+the verdicts (``fast_1``, ``speedup_vs_best_compile``, ...) are the tuned plan's, or the greedy
+one's where tuning is not asked (``headline`` says which). It holds the cuDNN version and the
+precision flags (TF32 for cuBLAS and cuDNN, the float32 matmul precision): read before the first
+variant is built and checked after every build, check and timing; a variant that changed them
+is named in ``precision_changed`` and the flags are put back, so every arm runs under the same.
 
 The floor: the problem's minimum bytes (inputs, parameters and buffers read once, outputs
 written once) at the measured copy bandwidth, or its FLOPs (``torch.utils.flop_counter``) at the
@@ -18,8 +25,10 @@ Timer, compiler and optimizer are arguments so the path runs on a CPU with fakes
 from __future__ import annotations
 
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +43,30 @@ from experiments.kernelbench_problems import (
 
 MODES = ("default", "max-autotune-no-cudagraphs")
 COMPILE = tuple(f"torch.compile {m}" for m in MODES)
-VARIANTS = ("eager", *COMPILE, "autofuse greedy", "autofuse tuned")
+LIBRARY_BIAS = "autofuse greedy, conv bias in library"
+VARIANTS = ("eager", *COMPILE, "autofuse greedy", LIBRARY_BIAS, "autofuse tuned")
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != LIBRARY_BIAS)
+SHORT_NAMES = dict(zip(("eager", "default", "max-autotune", "greedy", "greedy-library-bias",
+                        "tuned"), VARIANTS))  # fmt: skip
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def parse_variants(text: str) -> tuple[str, ...]:
+    """``--variants`` (short names, comma-separated; empty: the default set) -> variant names in
+    the runner's order, eager always among them (every check and speedup is against it)."""
+    if not text.strip():
+        return DEFAULT_VARIANTS
+    names = {t.strip() for t in text.split(",") if t.strip()}
+    unknown = sorted(names - set(SHORT_NAMES))
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; known: {', '.join(SHORT_NAMES)}")
+    wanted = {SHORT_NAMES[n] for n in names} | {"eager"}
+    return tuple(v for v in VARIANTS if v in wanted)
+
+
+def headline(variants: tuple[str, ...]) -> str:
+    """The autofuse variant the verdicts judge: tuned where asked, else greedy."""
+    return "autofuse tuned" if "autofuse tuned" in variants else "autofuse greedy"
 
 
 @dataclass(frozen=True)
@@ -48,6 +79,71 @@ class GpuOptions:
     tol: float = 1e-2
     cache_dir: str | None = None
     stage: str = "shipped"  # the problem's own shapes; a reduced stage for tests
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
+
+
+def precision_flags() -> dict:
+    """The settings that decide fp32 convolution and matmul precision on a GPU."""
+    import torch
+
+    return {
+        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "cudnn.deterministic": torch.backends.cudnn.deterministic,
+    }
+
+
+def library_versions() -> dict:
+    """cuDNN's and CUDA's versions (None without them), beside ``stamp()``'s torch and triton."""
+    import torch
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"cudnn": cudnn, "cuda": torch.version.cuda}
+
+
+class PrecisionGuard:
+    """The precision flags as they were at the start; :meth:`check` after each step of a
+    variant records a variant that changed them and puts them back."""
+
+    def __init__(self) -> None:
+        self.start = precision_flags()
+        self.changed: dict[str, dict] = {}
+
+    def check(self, label: str) -> None:
+        now = precision_flags()
+        if now == self.start:
+            return
+        self.changed.setdefault(label, now)
+        import torch
+
+        torch.set_float32_matmul_precision(self.start["float32_matmul_precision"])
+        torch.backends.cuda.matmul.allow_tf32 = self.start["cuda.matmul.allow_tf32"]
+        for key in ("allow_tf32", "benchmark", "deterministic"):
+            setattr(torch.backends.cudnn, key, self.start[f"cudnn.{key}"])
+
+
+@contextmanager
+def arm(label: str) -> Iterator[None]:
+    """The settings a variant runs under: ``AUTOFUSE_CONV_BIAS=library`` for the library-bias
+    arm (read again on entry and on exit), nothing for the others."""
+    if label != LIBRARY_BIAS:
+        yield
+        return
+    from autofuse.settings import reload_settings
+
+    before = os.environ.get("AUTOFUSE_CONV_BIAS")
+    os.environ["AUTOFUSE_CONV_BIAS"] = "library"
+    reload_settings()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("AUTOFUSE_CONV_BIAS", None)
+        else:
+            os.environ["AUTOFUSE_CONV_BIAS"] = before
+        reload_settings()
 
 
 def default_timer(label: str, fn: Callable, args: list) -> float:
@@ -69,7 +165,8 @@ def default_optimize(model: Any, inputs: list, **options: Any) -> Any:
     return autofuse.optimize(model, inputs, **options)
 
 
-def build(model, inputs, opts: GpuOptions, compile_fn, optimize_fn) -> tuple[list, dict, dict]:
+def build(model, inputs, opts: GpuOptions, compile_fn, optimize_fn,
+          guard: PrecisionGuard | None = None) -> tuple[list, dict, dict]:  # fmt: skip
     """(name, callable) per variant that built, the errors of those that did not, seconds."""
     import torch
 
@@ -82,21 +179,27 @@ def build(model, inputs, opts: GpuOptions, compile_fn, optimize_fn) -> tuple[lis
         tuned_opts["cache_dir"] = opts.cache_dir
     makers = [(label, lambda m=mode: compile_fn(model, m)) for label, mode in zip(COMPILE, MODES)]
     makers += [("autofuse greedy", lambda: optimize_fn(model, inputs)),
+               (LIBRARY_BIAS, lambda: optimize_fn(model, inputs)),
                ("autofuse tuned", lambda: optimize_fn(model, inputs, **tuned_opts))]  # fmt: skip
     for label, make in makers:
+        if label not in opts.variants:
+            continue
         t0 = time.perf_counter()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), arm(label):
                 fn = make()
                 fn(*inputs)  # compiles (torch.compile is lazy)
             order.append((label, fn))
         except Exception as e:  # noqa: BLE001 - recorded; the other variants still run
             errors[label] = first_line(e)
         build_s[label] = time.perf_counter() - t0
+        if guard is not None:
+            guard.check(label)
     return order, errors, build_s
 
 
-def judge(order, module, inputs, opts: GpuOptions, dtype, device) -> dict:
+def judge(order, module, inputs, opts: GpuOptions, dtype, device,
+          guard: PrecisionGuard | None = None) -> dict:  # fmt: skip
     """KernelBench's rule per variant: every draw's outputs allclose to eager's."""
     import torch
 
@@ -108,9 +211,12 @@ def judge(order, module, inputs, opts: GpuOptions, dtype, device) -> dict:
             ref = eager(*xs)
             for name, fn in order[1:]:
                 try:
-                    c = compare(fn(*xs), ref, opts.tol)
+                    with arm(name):
+                        c = compare(fn(*xs), ref, opts.tol)
                 except Exception as e:  # noqa: BLE001 - a variant that fails a draw is wrong
                     c = {"correct": False, "why": first_line(e)}
+                if guard is not None:
+                    guard.check(name)
                 rec = out[name]
                 rec["correct"] = rec["correct"] and c["correct"]
                 rec["max_abs_err"] = max(rec["max_abs_err"], c.get("max_abs_err", math.inf))
@@ -119,7 +225,8 @@ def judge(order, module, inputs, opts: GpuOptions, dtype, device) -> dict:
     return out
 
 
-def interleaved(order, inputs, rounds: int, timer) -> dict[str, list[float]]:
+def interleaved(order, inputs, rounds: int, timer,
+                guard: PrecisionGuard | None = None) -> dict[str, list[float]]:  # fmt: skip
     """Every variant timed once per round; odd rounds in reverse order (none always hottest)."""
     import torch
 
@@ -127,7 +234,10 @@ def interleaved(order, inputs, rounds: int, timer) -> dict[str, list[float]]:
     with torch.no_grad():
         for r in range(rounds):
             for name, fn in order if r % 2 == 0 else order[::-1]:
-                times[name].append(timer(name, fn, inputs))
+                with arm(name):
+                    times[name].append(timer(name, fn, inputs))
+                if guard is not None:
+                    guard.check(name)
     return times
 
 
@@ -165,16 +275,20 @@ def time_problem(problem: Problem, opts: GpuOptions, ceil: dict, device: str = "
     no_dropout(model)  # random masks cannot match eager's
     with torch.no_grad():
         outputs = flat(model(*inputs))
-    order, errors, build_s = build(model, inputs, opts, compile_fn, optimize_fn)
-    checks = judge(order, module, inputs, opts, dtype, device)
-    rounds = interleaved(order, inputs, opts.rounds, timer)
+    guard = PrecisionGuard()
+    order, errors, build_s = build(model, inputs, opts, compile_fn, optimize_fn, guard)
+    checks = judge(order, module, inputs, opts, dtype, device, guard)
+    rounds = interleaved(order, inputs, opts.rounds, timer, guard)
     times = {name: {"us": min(ts) * 1e6, "source": "measured"} for name, ts in rounds.items()}
-    for name in VARIANTS:
+    for name in opts.variants:
         if name not in times:
             times[name] = {"us": None, "source": f"failed: {errors.get(name, 'not built')}"}
     rec: dict[str, Any] = {"workload": problem.key, "complete": True, "mode": "gpu",
                            "level": problem.level, "number": problem.number,
                            "problem": problem.name, "dtype": opts.dtype, **stamp(),
+                           **library_versions(), "precision": guard.start,
+                           "precision_changed": guard.changed, "variants": list(opts.variants),
+                           "headline": headline(opts.variants),
                            "shapes_changed": changed, "times_us": times,
                            "tuned_source": "measured", "errors": errors, "build_s": build_s,
                            "correct": {k: v["correct"] for k, v in checks.items()},
@@ -183,12 +297,11 @@ def time_problem(problem: Problem, opts: GpuOptions, ceil: dict, device: str = "
                                                      for k, v in rounds.items()}}  # fmt: skip
     rec.update(floor_of(model, inputs, outputs, ceil))
     rec["ceilings"] = ceil
-    tuned = dict(order).get("autofuse tuned")
-    rec.update(plan_fields(tuned))
+    rec.update(plan_fields(dict(order).get(rec["headline"])))
     rec["tuning_s"] = build_s.get("autofuse tuned")
     rec.update(verdicts(rec))
-    tuned_us = times["autofuse tuned"]["us"]
-    rec["fraction_of_floor"] = rec["floor_us"] / tuned_us if tuned_us else None
+    best_us = times[rec["headline"]]["us"]
+    rec["fraction_of_floor"] = rec["floor_us"] / best_us if best_us else None
     return rec
 
 
@@ -211,14 +324,20 @@ def plan_fields(tuned: Any) -> dict:
 
 
 def verdicts(rec: dict) -> dict:
-    """fast_1 (tuned correct and faster than eager), the better compile mode, the speedups."""
+    """fast_1 (the headline autofuse variant correct and faster than eager; ``tuned_*`` keys
+    name it whether tuned or greedy), the better compile mode, the speedups, and the peeled
+    bias against the bias in the library call (greedy both) where both arms ran."""
     t = {k: v["us"] for k, v in rec["times_us"].items()}
     ok = rec["correct"]
     compiles = [(t[c], c) for c in COMPILE if t.get(c) and ok.get(c, False)]
     best_us, best = min(compiles) if compiles else (None, None)
-    tuned = t.get("autofuse tuned")
-    tuned_ok = bool(ok.get("autofuse tuned")) and tuned is not None
+    name = rec.get("headline", "autofuse tuned")
+    tuned = t.get(name)
+    tuned_ok = bool(ok.get(name)) and tuned is not None
+    peeled, library = t.get("autofuse greedy"), t.get(LIBRARY_BIAS)
+    both = peeled and library and ok.get("autofuse greedy") and ok.get(LIBRARY_BIAS)
     return {
+        "peeled_bias_speedup": library / peeled if both else None,
         "best_compile": best,
         "tuned_correct": tuned_ok,
         "fast_1": tuned_ok and t.get("eager") is not None and tuned < t["eager"],

@@ -163,3 +163,43 @@ def test_training_mode_keeps_batch_statistics(kind):
         assert_close(a.float(), b.float(), torch.float32, name)
     for (name, a), b in zip(net.named_parameters(), ref.parameters()):
         assert_close(a.grad, b.grad, torch.float32, f"grad {name}")
+
+
+def test_explain_and_reports_say_what_was_done_with_each_convolution(monkeypatch):
+    """explain lists each convolution with its bias (peeled into a named kernel, or in the
+    call) and its folded BatchNorm (the kernel that scales the weight); the plan reports of
+    both front ends carry the same note on the convolution's row."""
+    from autofuse.frontend import dynamo
+    from autofuse.report import summarize
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+        torch.nn.Conv2d(4, 4, 3, bias=False), torch.nn.Conv2d(4, 2, 1), torch.nn.Sigmoid(),
+    ).eval()  # fmt: skip
+    x = torch.randn(1, 3, 7, 7)
+    explanation = autofuse.explain(net, (x,))
+    first, second, third = explanation.fused.convolutions
+    kernels = {k.name for k in explanation.fused_plan.kernels}
+    peeled, folded = first.split("; ")[1:]
+    assert peeled.removeprefix("bias peeled into kernel ") in kernels
+    assert folded.startswith("BatchNorm folded into its weight (kernel autofuse_")
+    assert folded.removeprefix("BatchNorm folded into its weight (kernel ")[:-1] in kernels
+    assert second.endswith("library call (cuDNN on GPU); no bias")
+    assert "bias peeled into kernel autofuse_" in third
+    assert "convolutions:\n  - convolution: library call" in str(explanation)
+    assert str(explanation).count("BatchNorm folded") == 3  # the plan's row, the list
+    with torch.no_grad():
+        assert "BatchNorm folded into its weight" in autofuse.optimize(net, (x,)).report()
+        before = len(dynamo.compiled_graphs())
+        torch.compile(net, backend="autofuse")(x)
+    (compiled,) = dynamo.compiled_graphs()[before:]
+    assert summarize(compiled.plan).convolutions[0].endswith(folded)
+    monkeypatch.setenv("AUTOFUSE_CONV_BIAS", "library")
+    reload_settings()
+    try:
+        notes = autofuse.explain(net, (x,)).fused.convolutions
+    finally:
+        monkeypatch.delenv("AUTOFUSE_CONV_BIAS")
+        reload_settings()
+    assert [n.split("; ")[1] for n in notes] == ["bias in the call", "no bias", "bias in the call"]

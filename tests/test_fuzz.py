@@ -421,6 +421,53 @@ def test_a_backward_eager_rejects_keeps_the_forward_checks(tmp_path, monkeypatch
     assert s["graphs_checked"] == 1 and s["backward_eager_rejected_graphs"] == 1
 
 
+class _FakeChild:
+    """A stand-in for the checking process: answers every request with ``answer``."""
+
+    def __init__(self, answer: dict) -> None:
+        self.answer = answer
+        self.stdin = self
+        self.killed = False
+
+    def write(self, _data: bytes) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def poll(self):
+        return -9 if self.killed else None
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def wait(self) -> int:
+        return -9
+
+
+@pytest.mark.parametrize(
+    "answer, restarted",
+    [
+        ({"eager_rejected": "AcceleratorError: CUDA error: device-side assert triggered",
+          "verdict": None}, True),
+        ({"eager_rejected": None, "verdict": {"detail": "RuntimeError: CUDA error: an illegal "
+                                              "memory access was encountered"}}, True),
+        ({"eager_rejected": "IndexError: index 3 is out of bounds", "verdict": None}, False),
+    ],
+)  # fmt: skip
+def test_the_checking_process_is_restarted_after_a_cuda_fault(answer, restarted, monkeypatch):
+    """A device-side assert (eager's index out of range on a GPU, a shrunk candidate's say)
+    leaves the child's CUDA context unusable: the next check gets a fresh child."""
+    w = worker.Worker(device="cuda")
+    child = _FakeChild(answer)
+    w.proc = child
+    monkeypatch.setattr(w, "_read_line", lambda _deadline: worker.PREFIX + json.dumps(answer))
+    p = Program((InputSpec("x0", (1,), "float32"),),
+                (OpNode("v0", "unary", "torch.exp({0})", ("x0",)),), ("v0",))  # fmt: skip
+    assert w.check(p, False, "compile", 10.0) == answer
+    assert (w.proc is None) is restarted and child.killed is restarted
+
+
 @pytest.mark.gpu
 def test_gpu_mode_checks_with_real_kernels(tmp_path):
     """A few graphs on the GPU, both front ends, forward and backward, two shards at once:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,3 +269,106 @@ def test_unpacked_shapes_are_reduced_each_by_its_name(tmp_path):
     module, changed = load_module(toy_problem(tmp_path, text), BY_STAGE["small"])
     assert (module.depth, module.height, module.width) == (6, 12, 12)
     assert changed["height"] == ["32", "12"]
+
+
+CONV = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, c_in, c_out):
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)) * 2.0
+
+batch_size = 2
+c_in, c_out = 3, 4
+
+def get_inputs():
+    return [torch.randn(batch_size, c_in, 6, 6)]
+
+def get_init_inputs():
+    return [c_in, c_out]
+"""
+
+
+def test_gpu_variants_time_the_library_bias_arm_beside_the_peeled_one(tmp_path):
+    """--variants greedy,greedy-library-bias,default: no max-autotune, no tuning; the second
+    greedy plan is built, checked and timed with the bias in the library call; the verdicts
+    are the greedy plan's; both arms under the same precision flags, which the record holds."""
+    from autofuse.settings import settings
+    from experiments.kernelbench_gpu import LIBRARY_BIAS, parse_variants
+
+    p = toy_problem(tmp_path, CONV, "2_Conv2d_ReLU.py")
+    built, during = [], []
+
+    def optimize_recording(model, inputs, **options):
+        assert not options  # no tuning asked
+        fast = autofuse.optimize(model, inputs)
+        built.append((settings().conv_bias, fast))
+        return lambda *xs: (during.append(settings().conv_bias), fast(*xs))[1]
+
+    times = {**TIMES, LIBRARY_BIAS: 9e-6}
+    timer = FakeTimer(times)
+    opts = GpuOptions(rounds=2, stage="small", correct_trials=1,
+                      variants=parse_variants("greedy,greedy-library-bias,default"))  # fmt: skip
+    rec = time_problem(p, opts, {"copy_bytes_per_s": 1e12, "bf16_mm_flops_per_s": 1e15},
+                       device="cpu", timer=timer, compile_fn=fake_compile,
+                       optimize_fn=optimize_recording)  # fmt: skip
+    order = ["eager", COMPILE[0], "autofuse greedy", LIBRARY_BIAS]
+    assert timer.calls == order + order[::-1] and set(rec["times_us"]) == set(order)
+    assert [b for b, _ in built] == ["kernel", "library"] and settings().conv_bias == "kernel"
+    assert set(during) == {"kernel", "library"}  # each arm judged and timed in its setting
+    conv_inputs = [len(n.inputs) for _, f in built for n in f.plan.graph.nodes
+                   if n.attr("target") == "aten.convolution.default"]  # fmt: skip
+    assert conv_inputs == [2, 3]  # peeled; in the library call
+    assert rec["headline"] == "autofuse greedy" and rec["tuned_correct"] and rec["fast_1"]
+    assert rec["speedup_vs_best_compile"] == pytest.approx(8 / 7)
+    assert rec["peeled_bias_speedup"] == pytest.approx(9 / 7) and all(rec["correct"].values())
+    assert rec["precision"]["cudnn.allow_tf32"] == torch.backends.cudnn.allow_tf32
+    assert {"cudnn", "cuda", "torch", "triton"} <= set(rec) and rec["precision_changed"] == {}
+    json.dumps(rec)
+
+
+def test_a_variant_that_changes_precision_is_named_and_undone(tmp_path):
+    from experiments.kernelbench_gpu import parse_variants
+
+    p = toy_problem(tmp_path)
+    before = torch.backends.cudnn.allow_tf32
+
+    def tf32_flipping_compile(model, mode):
+        torch.backends.cudnn.allow_tf32 = not before
+        return lambda *xs: model(*xs)
+
+    try:
+        rec = time_problem(p, GpuOptions(rounds=1, stage="small", correct_trials=1,
+                                         variants=parse_variants("default,greedy")),
+                           {"copy_bytes_per_s": 1e12, "bf16_mm_flops_per_s": 1e15},
+                           device="cpu", timer=FakeTimer(TIMES),
+                           compile_fn=tf32_flipping_compile, optimize_fn=greedy_only)  # fmt: skip
+    finally:
+        after = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = before
+    assert after == before and rec["precision"]["cudnn.allow_tf32"] == before
+    assert rec["precision_changed"][COMPILE[0]]["cudnn.allow_tf32"] == (not before)
+
+
+def test_variants_option_parses_short_names():
+    from experiments.kernelbench import parse_args
+    from experiments.kernelbench_gpu import DEFAULT_VARIANTS, LIBRARY_BIAS, parse_variants
+
+    assert parse_variants("") == DEFAULT_VARIANTS and LIBRARY_BIAS not in DEFAULT_VARIANTS
+    assert parse_variants("tuned,greedy") == ("eager", "autofuse greedy", "autofuse tuned")
+    with pytest.raises(ValueError, match="unknown variant"):
+        parse_variants("greedy,fastest")
+    from experiments.kernelbench import worker_cmd
+
+    a = parse_args([".", "--level", "2", "--mode", "gpu", "--variants", "greedy"])
+    cmd = worker_cmd(a, Path("run"))
+    assert cmd[cmd.index("--variants") + 1] == "greedy"  # the worker times the same variants
+    with pytest.raises(SystemExit):
+        parse_args([".", "--level", "2", "--mode", "gpu", "--variants", "nope"])
+    with pytest.raises(SystemExit):
+        parse_args([".", "--level", "2", "--variants", "greedy"])  # cpu mode

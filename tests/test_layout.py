@@ -259,6 +259,41 @@ def test_no_package_import_loops():
     assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
 
+# autofuse imports inside functions: only those that keep Optuna (the tuner, the study), Dynamo
+# (the backend, frontend/optimized and frontend/options) or Triton (a measurement worker before
+# its environment is set) out of a process that does not need them. This number may only go
+# down.
+MAX_DEFERRED_IMPORTS = 9
+
+
+def _deferred_imports() -> list[tuple[str, int]]:
+    """(file, line) of each ``import autofuse...`` / ``from autofuse... import`` in a function."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Import):
+                    names = [a.name for a in n.names]
+                elif isinstance(n, ast.ImportFrom) and not n.level:
+                    names = [n.module or ""]
+                else:
+                    continue
+                if any(m.split(".")[0] == "autofuse" for m in names):
+                    found.add((str(path.relative_to(ROOT)), n.lineno))
+    return sorted(found)
+
+
+def test_few_imports_are_deferred():
+    """A module imports what it needs at the top, where a reader finds its dependencies."""
+    deferred = _deferred_imports()
+    assert len(deferred) <= MAX_DEFERRED_IMPORTS, (
+        f"{len(deferred)} autofuse imports inside functions (at most {MAX_DEFERRED_IMPORTS}): "
+        f"{deferred}"
+    )
+
+
 def test_the_partitioner_imports_no_plan_runtime():
     """Legality (which nodes fuse, which cannot lower) comes from the kernel layer: the
     partitioner builds groups without importing the plan runtime."""

@@ -28,7 +28,7 @@ def three_kinds(a, b, bias):
     return torch.sigmoid(s) * 2.0, torch.bmm(y[None], y.t()[None])  # a kernel; a lone bmm
 
 
-def _args():
+def linear_args():
     g = torch.Generator().manual_seed(0)
     return (
         torch.randn(6, 8, generator=g),
@@ -37,12 +37,18 @@ def _args():
     )
 
 
+def mm_add_nodes(graph):
+    """The graph's (first) mm and the add that reads it."""
+    mm = next(i for i, n in enumerate(graph.nodes) if n.op == "mm")
+    add = next(i for i, n in enumerate(graph.nodes) if n.op == "add" and mm in n.inputs)
+    return mm, add
+
+
 def _plan(args):
     """The greedy partition with the mm and its bias add chosen as one ``addmm`` call."""
     graph = capture(three_kinds, args).graph
     space = Partitioner(graph)
-    mm = next(i for i, n in enumerate(graph.nodes) if n.op == "mm")
-    add = next(i for i, n in enumerate(graph.nodes) if n.op == "add" and mm in n.inputs)
+    mm, add = mm_add_nodes(graph)
     groups = [g - {mm, add} for g in space.greedy().groups]
     groups = [g for g in groups if g] + [frozenset({mm, add})]
     (call,) = library_calls(graph, frozenset({mm, add}))
@@ -56,7 +62,7 @@ def _check(outs, args):
 
 
 def test_a_plan_holds_kernel_library_and_eager_steps_and_matches_eager():
-    args = _args()
+    args = linear_args()
     plan = _plan(args)
     kinds = {type(s) for s in plan.steps}
     assert kinds == {KernelStep, LibraryStep, EagerStep}, plan.steps
@@ -70,7 +76,7 @@ def test_every_step_runs_alone_on_a_calls_state():
     """``step.run`` (the protocol's slow path) gives what the program gives."""
     from autofuse.plan.runtime import _Run  # noqa: PLC2701 - the call's state, as a test
 
-    args = _args()
+    args = linear_args()
     plan = _plan(args)
     run = _Run(plan, torch.device("cpu"), dict(zip(plan.graph.inputs, args)))
     for step in plan.steps:
@@ -79,7 +85,7 @@ def test_every_step_runs_alone_on_a_calls_state():
 
 
 def test_steps_describe_their_implementation():
-    args = _args()
+    args = linear_args()
     plan = _plan(args)
     g = plan.graph
     text = {t.__name__: [s.describe(g) for s in plan.steps if type(s) is t]
@@ -121,7 +127,7 @@ def test_addmm_is_not_offered_where_the_product_is_read_elsewhere():
         p = a @ b
         return p + bias, p * 2.0
 
-    graph = capture(f, _args()).graph
+    graph = capture(f, linear_args()).graph
     (mm,) = [i for i, n in enumerate(graph.nodes) if n.op == "mm"]
     add = next(i for i, n in enumerate(graph.nodes) if n.op == "add")
     assert library_calls(graph, frozenset({mm, add})) == ()
@@ -131,7 +137,7 @@ def test_addmm_is_not_offered_where_the_product_is_read_elsewhere():
 def test_library_steps_round_trip_through_the_cache_in_a_fresh_process(tmp_path):
     """All three step kinds saved, then loaded and run in a new process that never imports
     Optuna (a library step is provider + function + arguments: no code is stored)."""
-    args = _args()
+    args = linear_args()
     plan = _plan(args)
     cache.save_plan(tmp_path, "three-kinds", plan, {"function": "three_kinds"})
     doc = (tmp_path / "plans" / "three-kinds" / "plan.json").read_text()
@@ -176,7 +182,7 @@ def test_an_entry_naming_an_unknown_call_is_corrupt(tmp_path, field, value, prob
 
     from autofuse.cache.disk import plan_text
 
-    args = _args()
+    args = linear_args()
     plan = _plan(args)
     entry = cache.save_plan(tmp_path, "k", plan, {})
     doc = json.loads((entry / "plan.json").read_text())
@@ -190,7 +196,7 @@ def test_an_entry_naming_an_unknown_call_is_corrupt(tmp_path, field, value, prob
 def test_a_bucket_keeps_its_library_calls():
     from autofuse.plan.buckets import BucketPlans
 
-    args = _args()
+    args = linear_args()
     plan = _plan(args)
     buckets = BucketPlans()
     buckets.remember(("b",), plan)

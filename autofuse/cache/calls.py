@@ -54,6 +54,7 @@ from autofuse.cache.keys import (
     triton_version,
 )
 from autofuse.cache.trust import CALL_LIMIT, read_bounded, sign, signature_problem
+from autofuse.capture import Captured
 from autofuse.files import write_atomic
 from autofuse.version import __version__
 
@@ -416,8 +417,6 @@ def read_call(cache_dir: str | os.PathLike, ck: str | None) -> dict | None:
 
 def captured_from(record: dict, graph: Any) -> Any:
     """The ``Captured`` program of an index record, over the entry's graph."""
-    from autofuse.capture import Captured
-
     return Captured(
         graph=graph,
         in_spec=pytree.treespec_loads(record["in_spec"]),

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from autofuse.ir.graph import Graph, Node
-from autofuse.kernels import GroupInfo, Kernel, KernelMeta, LibraryCall, check_call
+from autofuse.kernels import GroupInfo, Kernel, KernelMeta, LibraryCall, check_call, config_classes
 from autofuse.plan import LibraryStep
 
 # ---------------------------------------------------------------------------------------------
@@ -95,12 +95,6 @@ def decode_graph(d: dict) -> Graph:
     return graph
 
 
-def _config_classes() -> dict[str, type]:
-    from autofuse.kernels import config_classes
-
-    return config_classes()
-
-
 def _encode_dataclass(obj: Any, what: str) -> dict:
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         raise TypeError(f"cannot cache {what}: {type(obj).__name__} is not a dataclass")
@@ -109,13 +103,13 @@ def _encode_dataclass(obj: Any, what: str) -> dict:
 
 def _encode_config(config: Any) -> dict:
     cls = type(config).__name__
-    if _config_classes().get(cls) is not type(config):
+    if config_classes().get(cls) is not type(config):
         raise TypeError(f"cannot cache a launch config of type {type(config).__qualname__}")
     return {"class": cls, "fields": _encode_dataclass(config, cls)}
 
 
 def _decode_config(d: dict) -> Any:
-    cls = _config_classes().get(d["class"])
+    cls = config_classes().get(d["class"])
     if cls is None:
         raise ValueError(f"unknown launch config class {d['class']!r}")
     return cls(**{k: _dec(v) for k, v in d["fields"].items()})

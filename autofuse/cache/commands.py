@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from autofuse.cache.binaries import BIN_DIR
+from autofuse.cache.bundle import BundleError, export_bundle, import_bundle
 from autofuse.cache.calls import CALLS_DIR
 from autofuse.cache.disk import entry_files, list_entries, plans_dir, read_entry
 from autofuse.cache.keys import PLAN_FILE, valid_key
 from autofuse.plan import KernelStep, LibraryStep
 from autofuse.settings import cache_home, settings
+from autofuse.tune.results import workload_records
 
 _KERNEL_FILE = re.compile(r"^[A-Za-z0-9_]+_[0-9a-f]{20}(\.py|[A-Za-z0-9_]*\.tmp)$")
 _CALL_FILE = re.compile(r"^[0-9a-f]{32}\.json$|^\.?[0-9a-f]{32}.*\.tmp$")
@@ -217,8 +219,6 @@ def cache_clear(root: Any, key: str | None) -> int:
 def run_keys(root: Any, folder: str) -> tuple[list[str], dict[str, str]]:
     """The cache keys of a run folder's winners (and their call keys), each checked to be in
     the cache; raises :class:`UnknownKey` naming what is missing."""
-    from autofuse.tune.results import workload_records
-
     recs = workload_records(Path(folder))
     if not recs:
         raise UnknownKey(f"no complete workload results in {folder} (an autofuse tune run folder)")
@@ -238,8 +238,6 @@ def run_keys(root: Any, folder: str) -> tuple[list[str], dict[str, str]]:
 
 
 def cache_export(root: Any, args: argparse.Namespace) -> int:
-    from autofuse.cache.bundle import export_bundle
-
     chosen = sum(map(bool, (args.target, args.all, args.run)))
     if not args.out or chosen != 1:
         raise SystemExit("autofuse cache export: give one of KEY, --all or --run DIR, "
@@ -255,8 +253,6 @@ def cache_export(root: Any, args: argparse.Namespace) -> int:
 
 
 def cache_command(args: argparse.Namespace) -> int:
-    from autofuse.cache.bundle import BundleError, import_bundle
-
     root = args.cache_dir
     try:
         if args.action == "list":

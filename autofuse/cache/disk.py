@@ -308,7 +308,9 @@ def save_plan(
     for step in plan.steps:
         if isinstance(step, KernelStep):
             kernel, file = next(kernels)
-            steps.append({"kind": "kernel", "kernel": encode_kernel(kernel, file)})
+            steps.append(
+                {"kind": "kernel", "kernel": encode_kernel(kernel, file), "reason": step.reason}
+            )
         elif isinstance(step, LibraryStep):
             steps.append(encode_library_step(step))
         elif isinstance(step, EagerStep):
@@ -489,7 +491,8 @@ def decode_plan(entry: Path, payload: dict) -> Plan:
                     CacheWarning,
                     stacklevel=2,
                 )
-            steps.append(KernelStep(decode_kernel(k, data.decode("utf-8")), store=store))
+            kernel = decode_kernel(k, data.decode("utf-8"))
+            steps.append(KernelStep(kernel, store=store, reason=str(s.get("reason", ""))))
         return Plan(graph, tuple(steps), str(payload.get("label", "plan")))
     except CorruptEntry:
         raise

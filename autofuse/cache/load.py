@@ -19,6 +19,9 @@ from autofuse.cache.keys import (
     CacheMissWarning,
     key_for,
 )
+from autofuse.capture import trace
+from autofuse.capture.state import buffers_kept
+from autofuse.runner import OptimizedFunction
 from autofuse.settings import cache_home
 
 # ---------------------------------------------------------------------------------------------
@@ -53,7 +56,6 @@ def _load_by_call(cache_dir: Any, ck: str | None, fn: Any, cuda_graph: bool) -> 
     record = read_call(cache_dir, ck)
     if record is None:
         return None
-    from autofuse.runner import OptimizedFunction
 
     key = record["plan_key"]
     plan, meta, _ = read_entry(cache_dir, key)
@@ -122,13 +124,10 @@ def load(
 
 def _capture(fn: Any, example_inputs: Sequence[Any]) -> tuple[Any, str | None]:
     """(captured, None), or (None, why) where ``fn`` cannot be captured as one plan."""
-    from autofuse.capture.state import buffers_kept
-    from autofuse.capture.trace import TraceUnsupported, capture
-
     try:
         with buffers_kept(fn):  # capturing a module in train mode moves no statistics
-            return capture(fn, example_inputs), None
-    except TraceUnsupported as e:
+            return trace.capture(fn, example_inputs), None
+    except trace.TraceUnsupported as e:
         return None, f"{_fn_name(fn)} cannot be captured as one plan ({e})"
 
 
@@ -137,8 +136,6 @@ def _load_by_key(
 ) -> tuple[Any, str | None]:
     """(the entry ``key`` of ``captured``'s graph ready to run, None), or (None, its problem:
     None for a plain miss)."""
-    from autofuse.runner import OptimizedFunction
-
     plan, meta, problem = read_entry(cache_dir, key)
     if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)
         plan, problem = None, f"{entry_dir(cache_dir, key) / PLAN_FILE}: holds another graph"

@@ -14,8 +14,10 @@ per-channel scale and shift (which ``ir/conv_fold.py`` folds into the convolutio
   ``shift = bias - running_mean * scale`` in float32 (as eager's CPU kernel computes it), the
   result cast back to ``x``'s dtype.
 
-``AUTOFUSE_CONV_BIAS=library`` (``settings().conv_bias``) keeps the bias in the library call,
-forward and backward; BatchNorm's form does not depend on it.
+A 16-bit convolution is rounded to its dtype before the bias is added (eager rounds the sum
+once): where the bias nearly cancels the convolution the sum differs from eager's by up to half
+an ulp of the convolution's output, as Inductor's does. ``AUTOFUSE_CONV_BIAS=library``
+(``settings().conv_bias``) keeps the bias in the library call, forward and backward; BatchNorm's form does not depend on it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from autofuse.ir.graph import FLOAT_DTYPES
-from autofuse.ir.ops import aten_table
+from autofuse.ir.ops import aten_table, category, op_def
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -41,8 +41,26 @@ class Call:
         return self.b.env[self.args[k]]
 
     def operand(self, a: Any, suffix: str) -> int:
-        """A tensor argument's node, or a constant node for a Python number."""
-        return self.b.operand(a, scalar_dtype(a, self.out_dtype), self.name + suffix)
+        """A tensor argument's node, or a constant node for a Python number: the number in the
+        dtype eager converts it to (``number_dtype``), with the value that conversion gives
+        (``u8 < 300`` compares with 44, ``f16 == 0.1`` with 0.0999755859375)."""
+        if isinstance(a, torch.fx.Node):
+            return self.b.env[a]
+        dtype = number_dtype(a, self.operand_dtypes(), self.out_dtype)
+        return self.b.const(converted(a, dtype, self.rounds_numbers()), dtype, self.name + suffix)
+
+    def rounds_numbers(self) -> bool:
+        """Eager rounds a float number to a 16-bit operand's dtype before comparing with it or
+        selecting it (on every device); arithmetic (mul, div: every device; add, sub: CUDA)
+        computes with the number as it is, in float32."""
+        op = BINARY_ATEN.get(self.packet)
+        return self.packet == "where" or (op is not None and op_def(op).operands == "common")
+
+    def operand_dtypes(self) -> list[str]:
+        """The dtypes of the tensors among the operands (not ``where``'s condition)."""
+        values = self.args[1:] if self.packet == "where" else self.args
+        nodes = [self.b.env[a] for a in values if isinstance(a, torch.fx.Node)]
+        return [self.b.nodes[i].dtype for i in nodes if isinstance(i, int)]
 
     def like(self, op: str, inputs, **attrs) -> int:
         return self.b.like(op, tuple(inputs), self.val, self.name, **attrs)
@@ -55,6 +73,41 @@ def scalar_dtype(value: Any, out_dtype: str) -> str:
     if isinstance(value, float) or out_dtype in FLOAT_DTYPES:
         return out_dtype if out_dtype in FLOAT_DTYPES else "float32"
     return out_dtype if out_dtype != "bool" else "int64"
+
+
+def number_dtype(value: Any, tensors: list[str], out_dtype: str) -> str:
+    """The dtype eager converts Python number ``value`` to as an operand beside tensors of
+    ``tensors``: their promotion, which a number widens only to a higher category (a bool
+    tensor against ``2`` compares as int64, an int8 one against ``300`` as int8); an op whose
+    float result comes from integer operands (true division) converts it to that float."""
+    if not tensors:
+        return scalar_dtype(value, out_dtype)
+    common = getattr(torch, tensors[0])
+    for d in tensors[1:]:
+        common = torch.promote_types(common, getattr(torch, d))
+    dtype = dtype_name(common)
+    mine = scalar_dtype(value, "bool")  # bool, int64 or float32
+    if category(mine) > category(dtype):
+        dtype = "int64" if category(mine) == 1 else dtype_name(torch.get_default_dtype())
+    return out_dtype if category(out_dtype) == 2 and category(dtype) < 2 else dtype
+
+
+def converted(value: Any, dtype: str, round_half: bool = True) -> Any:
+    """``value`` as eager converts it to ``dtype`` where that changes it: an integer wrapped
+    into a narrower integer dtype, a number rounded to a 16-bit float if ``round_half``
+    (float32 rounding is the kernel constant's own)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    wraps = category(dtype) == 1 and isinstance(value, int)
+    if not wraps and not (round_half and dtype in _HALF):
+        return value
+    try:
+        return torch.tensor(value).to(getattr(torch, dtype)).item()
+    except (OverflowError, RuntimeError):  # beyond int64: eager rejects it too
+        return value
+
+
+_HALF = ("float16", "bfloat16")
 
 
 Rule = Callable[[Call], Any]
@@ -141,7 +194,8 @@ def _full(c: Call) -> Any:
     if not isinstance(value, numbers.Number):
         return None
     shape = () if scalar else tuple(c.val.shape)
-    v = float(value) if c.out_dtype in FLOAT_DTYPES else value
+    v = converted(value, c.out_dtype)  # the value eager stores (a wrapped integer)
+    v = float(v) if c.out_dtype in FLOAT_DTYPES else v
     return c.b.shaped("const", (), shape, c.out_dtype, c.name, value=v)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from autofuse.capture.rules import converted
 from autofuse.ir.graph import FLOAT_DTYPES
 
 INDEX_DTYPES = ("int64", "int32")
@@ -116,7 +117,8 @@ def _full_like(b, packet, overload, args, kwargs, val, out_dtype, name):
     value = {"zeros_like": 0, "ones_like": 1}.get(packet, args[1] if len(args) > 1 else None)
     if not isinstance(value, numbers.Number):
         return None
-    v = float(value) if out_dtype in FLOAT_DTYPES else value
+    v = converted(value, out_dtype)  # as eager stores it: wrapped, rounded
+    v = float(v) if out_dtype in FLOAT_DTYPES else v
     v = bool(v) if out_dtype == "bool" else v
     return b.shaped("const", (), tuple(val.shape), out_dtype, name, value=v)
 

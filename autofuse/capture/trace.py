@@ -22,6 +22,7 @@ from autofuse.capture.decompositions import decomposition_table
 from autofuse.capture.rules import Call, convert, dtype_name
 from autofuse.capture.structural import convert_multi, convert_structural, mutates
 from autofuse.ir.conv_fold import fold_batchnorm
+from autofuse.ir.conv_layout import choose_layouts
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
 from autofuse.ir.ops import TL_DTYPE
 from autofuse.ir.split import split_for_pipeline
@@ -144,8 +145,7 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         with torch.no_grad():
             gm = make_fx(flat_fn, decomposition_table=decomposition_table())(*flat_inputs)
             if mutates(gm):  # in-place ops (add_, x[:, 0].mul_()): trace their functional form
-                fn_ = torch.func.functionalize(flat_fn, remove="mutations")
-                gm = make_fx(fn_, decomposition_table=decomposition_table())(*flat_inputs)
+                gm = _functional(gm, flat_inputs)
     except CaptureError:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with context
@@ -155,7 +155,9 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
     graph = dedupe(fx_to_ir(gm))
     # long reductions with few outputs in two stages (a no-op unless the settings split them);
     # the stages' views and casts of one input are shared
-    graph = dedupe(split_for_pipeline(graph, any(t.is_cuda for t in tensors)))
+    cuda = any(t.is_cuda for t in tensors)
+    graph = dedupe(split_for_pipeline(graph, cuda))
+    graph = choose_layouts(graph, cuda)  # each convolution's memory format (ir/conv_layout.py)
     return Captured(
         graph=graph,
         in_spec=in_spec,
@@ -165,6 +167,17 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         param_names=names,
         source_name=_fn_name(fn),
     )
+
+
+def _functional(gm: torch.fx.GraphModule, flat_inputs: list) -> torch.fx.GraphModule:
+    """The functional form of traced graph ``gm`` (in-place ops replaced by out-of-place ones,
+    writes to inputs copied back at the end). The graph is functionalized, not the function:
+    its trace ran the function as eager does, so a call that returns its input itself
+    (``v.type_as(v)``, ``.float()`` of a float tensor: an alias, which functionalizing the
+    function's own calls turns into a copy) left one value, and an in-place op through it
+    writes that value."""
+    fn_ = torch.func.functionalize(gm, remove="mutations")
+    return make_fx(fn_, decomposition_table=decomposition_table())(*flat_inputs)
 
 
 def _raise_eager_error(flat_fn: Callable[..., Any], flat_inputs: list[torch.Tensor]) -> None:

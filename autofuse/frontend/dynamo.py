@@ -52,6 +52,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
+from autofuse.capture import Captured, decomposition_table
 from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
@@ -62,8 +63,10 @@ from autofuse.plan.buckets import BucketPlans, bucket_key
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.runtime import input_guard, run_plan
+from autofuse.tune.entry import tune_and_cache
+from autofuse.tune.untuned import untuned_plan
 
-from .graph import Prepared, SymbolicShapes, is_symbolic, prepare, to_ir
+from .graph import Prepared, SymbolicShapes, is_symbolic, place, prepare, to_ir
 from .options import BACKEND, check_options, note_backend_tuning, wants_tuning
 from .specialize import SpecializedGraph, dynamic_dims, needs_specializing
 
@@ -79,8 +82,6 @@ __all__ = [
 
 @functools.lru_cache(maxsize=1)
 def _decompositions() -> dict:
-    from autofuse.capture import decomposition_table
-
     return {
         op: fn
         for op, fn in decomposition_table().items()
@@ -162,6 +163,8 @@ class CompiledGraph:
                     f"got {args[k]!r}"
                 )
         ins = [args[k] for k in p.tensor_args]
+        for k in p.moved:  # a 0-d CPU tensor beside tensors of another device, as eager takes
+            ins[k] = place(ins[k], p.device)
         ins += p.constants
         guard = input_guard(self.plan)
         exact = guard.exact(ins)  # the C-level check: every layout is the plan's
@@ -213,8 +216,6 @@ def compiled_graphs() -> list[CompiledGraph]:
 def _untuned_plan(graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
     """Without a search (``tune/untuned.py``): inputs of the graph's shapes are made only if
     two plans are timed."""
-    from autofuse.tune.untuned import untuned_plan
-
     on_cuda = _device_of(metas).startswith("cuda")
     return untuned_plan(graph, f"greedy {kind}", on_cuda, lambda: [_realize(m) for m in metas])
 
@@ -361,9 +362,6 @@ class AutofuseBackend:
         return plan, tuning, choice
 
     def _tuned(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any]:
-        from autofuse.capture import Captured
-        from autofuse.tune.entry import tune_and_cache
-
         n = len(graph.inputs)
         captured = Captured(
             graph=graph,

@@ -5,6 +5,9 @@ not take as it is, and what becomes of it here:
 
 - lifted constants (``get_attr`` nodes, e.g. ``_tensor_constant0``): extra graph inputs, their
   tensors appended to every call;
+- 0-d tensors on another device than the computation's (a lifted constant such as the
+  ``-2.5`` of ``t[t > 0] = -2.5`` is a 0-d CPU tensor; eager takes a 0-d CPU tensor beside
+  CUDA tensors): placed on the computation's device, constants once, inputs on every call;
 - non-tensor placeholders (an int, a float, a ``SymInt`` already bound to a concrete value):
   specialized, each use replaced by the value of the example;
 - outputs that are not tensors (``None`` gradients of integer inputs, ints): kept apart and
@@ -32,6 +35,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from autofuse.capture import fx_to_ir
 from autofuse.ir import Graph, dedupe
+from autofuse.ir.conv_layout import choose_layouts
 from autofuse.ir.split import split_for_pipeline
 
 
@@ -69,6 +73,8 @@ class Prepared:
     outputs: tuple[tuple[str, Any], ...]  # per result: ("node", k) -> k-th IR output, ("value", v)
     out_meta: tuple[Any, ...]  # per IR output: the traced fake tensor (shape, strides)
     specialized: dict[int, Any] = field(default_factory=dict)  # argument position -> value
+    device: torch.device = torch.device("cpu")  # where the computation runs
+    moved: tuple[int, ...] = ()  # positions of 0-d graph inputs each call places on ``device``
 
 
 def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Prepared:
@@ -77,12 +83,51 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Prepared
     gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     tensor_args, specialized = _specialize_inputs(gm.graph, example_inputs)
     constants = _lift_constants(gm)
+    device = computation_device([example_inputs[k] for k in tensor_args] + constants)
+    constants = [place(c, device) for c in constants]
+    moved = _place_scalar_inputs(gm.graph, device, len(tensor_args))
     _fold_symbolic_scalars(gm.graph)
     outputs, metas = _tensor_outputs(gm.graph)
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
-    return Prepared(gm, tuple(tensor_args), constants, tuple(outputs), tuple(metas), specialized)
+    return Prepared(
+        gm, tuple(tensor_args), constants, tuple(outputs), tuple(metas), specialized, device, moved
+    )
+
+
+def computation_device(tensors: Sequence[Any]) -> torch.device:
+    """The device a graph's computation runs on: that of its first tensor that is not a 0-d
+    CPU tensor (eager computes a 0-d CPU tensor with tensors of any device); CPU when all are."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and not (t.dim() == 0 and t.device.type == "cpu"):
+            return t.device
+    return torch.device("cpu")
+
+
+def place(t: Any, device: torch.device) -> Any:
+    """``t`` on ``device`` when it is a 0-d tensor elsewhere; anything else as it is (a tensor
+    of more dims on another device fails in eager already, and is left to the input check)."""
+    if isinstance(t, torch.Tensor) and t.dim() == 0 and t.device != device:
+        return t.to(device)
+    return t
+
+
+def _place_scalar_inputs(
+    graph: torch.fx.Graph, device: torch.device, n_args: int
+) -> tuple[int, ...]:
+    """The positions of the 0-d graph inputs not on ``device``, their traced values moved to it
+    (the constants, after the first ``n_args`` inputs, are moved by the caller; the argument
+    positions are those the caller places on every call)."""
+    moved = []
+    for k, node in enumerate(graph.find_nodes(op="placeholder")):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dim() != 0 or val.device == device:
+            continue
+        node.meta["val"] = val.to(device)
+        if k < n_args:
+            moved.append(k)
+    return tuple(moved)
 
 
 def _specialize_inputs(
@@ -194,5 +239,6 @@ def _fold_symbolic_scalars(graph: torch.fx.Graph) -> None:
 
 def to_ir(prepared: Prepared, cuda: bool = False) -> Graph:
     """The prepared graph in the IR, its long reductions split (``ir/split.py``) where the
-    settings split them (by default: ``cuda`` inputs)."""
-    return dedupe(split_for_pipeline(dedupe(fx_to_ir(prepared.gm)), cuda))
+    settings split them (by default: ``cuda`` inputs), each convolution's memory format
+    recorded by the settings' rule (``ir/conv_layout.py``)."""
+    return choose_layouts(dedupe(split_for_pipeline(dedupe(fx_to_ir(prepared.gm)), cuda)), cuda)

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from autofuse.report import format_summary, summarize
+
 from .dynamo import AutofuseBackend, CompiledGraph
 from .pyguard import python_guard, side_effects
 from .routing import AutogradUnsupported, needs_grad, route  # noqa: F401 - re-exported
@@ -116,8 +118,6 @@ class BackendFunction:
         return tuned[-1] if tuned else None
 
     def report(self) -> str:
-        from autofuse.report import format_summary, summarize
-
         parts = []
         for r in self.records:
             times = r.tuning.kernel_times if r.tuning is not None else None

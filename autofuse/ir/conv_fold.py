@@ -29,7 +29,7 @@ import torch
 
 from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs, numel
 
-__all__ = ["CONVOLUTION", "Fold", "find_folds", "fold_batchnorm"]
+__all__ = ["CONVOLUTION", "Fold", "bias_add_of", "find_folds", "fold_batchnorm", "is_convolution"]
 
 CONVOLUTION = "aten.convolution.default"
 
@@ -72,8 +72,23 @@ def _other(graph: Graph, i: int, known: int) -> int | None:
     return ins[1] if ins[0] == known else ins[0]
 
 
-def _is_conv(node: Node) -> bool:
+def is_convolution(node: Node) -> bool:
+    """An ``aten.convolution`` the plan runs as a library call."""
     return node.op == "opaque" and node.attr("target") == CONVOLUTION and not node.attr("multi")
+
+
+def bias_add_of(graph: Graph, conv: int) -> int | None:
+    """The add of a per-channel bias vector that is the only reader of convolution ``conv``'s
+    output (its peeled or folded bias), if there is one."""
+    node = graph[conv]
+    add = _only_user(graph, conv, frozenset(graph.outputs))
+    if add is None or graph[add].op != "add" or len(node.shape) < 3:
+        return None
+    other = _other(graph, add, conv)
+    if other is None or graph[add].shape != node.shape:
+        return None
+    vector = _channel_vector(graph, other, len(node.shape), node.shape[1])
+    return add if vector is not None else None
 
 
 def _has_rsqrt(graph: Graph, i: int, depth: int = 4) -> bool:
@@ -102,18 +117,18 @@ def _match(graph: Graph, y: int, outputs: frozenset[int]) -> Fold | None:
             scale = _channel_vector(graph, sv, ndim, c)
             if shift is None or scale is None or not _has_rsqrt(graph, scale):
                 continue
-            fold = _conv_of(graph, x, p, outputs, ndim, c)
+            fold = _conv_of(graph, x, p, outputs, c)
             if fold is not None:
                 return replace(fold, mul=p, add=y, scale=scale, shift=shift)
     return None
 
 
-def _conv_of(graph: Graph, x: int, p: int, outputs, ndim: int, c: int) -> Fold | None:
+def _conv_of(graph: Graph, x: int, p: int, outputs, c: int) -> Fold | None:
     """The convolution ``x`` is (or whose peeled bias add ``x`` is), read only on the way to
     the mul ``p``."""
     if _only_user(graph, x, outputs) != p or graph[x].shape != graph[p].shape:
         return None
-    if _is_conv(graph[x]):
+    if is_convolution(graph[x]):
         if not _encoded_ok(graph, graph[x], c):
             return None
         bias = graph[x].inputs[2] if graph[x].attr("args")[2][2] is not None else None
@@ -121,12 +136,10 @@ def _conv_of(graph: Graph, x: int, p: int, outputs, ndim: int, c: int) -> Fold |
     if graph[x].op != "add":
         return None
     for conv in graph[x].inputs:
-        other = _other(graph, x, conv)
-        if other is None or not _is_conv(graph[conv]) or not _encoded_ok(graph, graph[conv], c):
+        if not is_convolution(graph[conv]) or bias_add_of(graph, conv) != x:
             continue
-        bias = _channel_vector(graph, other, ndim, c)
-        alone = _only_user(graph, conv, outputs) == x and graph[conv].shape == graph[x].shape
-        if bias is not None and alone and graph[conv].attr("args")[2][2] is None:
+        if _encoded_ok(graph, graph[conv], c) and graph[conv].attr("args")[2][2] is None:
+            bias = graph.base_of(_other(graph, x, conv))
             return Fold(conv, bias, x, p, p, -1, -1)
     return None
 

@@ -64,11 +64,14 @@ def bind_node(node: Node) -> Callable[..., Any]:
         end, dtype = start + step * n, _dtype(node.dtype)
         return lambda device: torch.arange(start, end, step, dtype=dtype, device=device)
     if op == "opaque":
-        fn = library_call(node.attr("target"))
+        fn = library_call(node.attr("target"), node.attr("layout"))
         pos, kwargs = node.attr("args"), node.attr("kwargs")
         call = lambda device, *args: fn(  # noqa: E731
             *_decode(pos, args, device), **{k: _decode(v, args, device) for k, v in kwargs}
         )
+        if node.attr("layout") == "channels_last":  # its result in eager's strides
+            shape, strides = tuple(node.shape), tuple(node.strides)
+            return lambda device, *args: conform(call(device, *args), shape, strides)
         layouts = node.attr("layouts")  # an op that reads memory: its inputs in eager's layout
         if layouts is None:
             return call
@@ -131,26 +134,39 @@ def _decode(a: Any, tensors: Sequence[Any], device: Any) -> Any:
 _CHANNELS_LAST = ("aten.convolution.default", "aten.convolution_backward.default")
 
 
-def library_call(target: str) -> Any:
-    """The callable an opaque op runs: its ATen overload, or for a convolution on CUDA in 16
-    bits, the same overload on channels_last operands (:func:`channels_last_call`)."""
+def library_call(target: str, layout: str | None = None) -> Any:
+    """The callable an opaque op runs: its ATen overload; for a convolution with a ``layout``
+    recorded (``ir/conv_layout.py``), on operands in that format (``channels_last``: every 4-D
+    and 5-D tensor channels-last, on any device; ``contiguous``: as they come); else for a
+    convolution on CUDA in 16 bits, on channels_last operands (:func:`channels_last_call`)."""
     fn = resolve_target(target)
+    if layout == "channels_last":
+        return channels_last_call(fn, only_cuda=False, every_float=True)
+    if layout == "contiguous":
+        return fn
     return channels_last_call(fn) if target in _CHANNELS_LAST else fn
 
 
-def channels_last_call(fn: Any, only_cuda: bool = True) -> Any:
-    """``fn`` with its 4-D 16-bit tensor arguments made channels_last (when on CUDA, unless
-    ``only_cuda`` is False) and then its 4-D tensor results made contiguous (the layout eager
-    gives on contiguous operands); a call that converts nothing is ``fn``'s own."""
+_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def channels_last_call(fn: Any, only_cuda: bool = True, every_float: bool = False) -> Any:
+    """``fn`` with its 4-D 16-bit tensor arguments (with ``every_float``: its 4-D and 5-D
+    floating ones) made channels-last (when on CUDA, unless ``only_cuda`` is False) and then
+    its 4-D and 5-D tensor results made contiguous (the layout eager gives on contiguous
+    operands); a call that converts nothing is ``fn``'s own."""
 
     def nhwc(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.dim() == 4 and x.dtype in _HALF:
-            if x.is_cuda or not only_cuda:
-                return x.contiguous(memory_format=torch.channels_last)
+        if not isinstance(x, torch.Tensor) or (not x.is_cuda and only_cuda):
+            return x
+        if every_float and x.dim() in _FORMATS and x.is_floating_point():
+            return x.contiguous(memory_format=_FORMATS[x.dim()])
+        if x.dim() == 4 and x.dtype in _HALF:
+            return x.contiguous(memory_format=torch.channels_last)
         return x
 
     def back(y: Any) -> Any:
-        if isinstance(y, torch.Tensor) and y.dim() == 4:
+        if isinstance(y, torch.Tensor) and y.dim() in _FORMATS:
             return y.contiguous()
         return y
 

@@ -102,8 +102,13 @@ class Expr:
         high = [(t, k) for t, k in self.terms if k % d == 0]
         low = Expr(tuple((t, k) for t, k in self.terms if k % d != 0), self.const)
         lmax = low.max_value()
-        if lmax is not None and 0 <= lmax < d and (low.terms or low.const >= 0):
+        if lmax is not None and 0 <= lmax < d and low.const >= 0:
             return _normalize(tuple((t, k // d) for t, k in high), 0)
+        if lmax is not None and low.terms and low.const < 0:
+            # a negative constant (a padded or shifted index: negative on the lanes the pad's
+            # mask leaves out): c == c % d + d * (c // d), and the rest is non-negative
+            rest = self.shift(-self.const + self.const % d)._floordiv(d)
+            return None if rest is None else rest.shift(self.const // d)
         if lmax is not None and low.const % d == 0 and not low.terms:
             return _normalize(tuple((t, k // d) for t, k in high), low.const // d)
         if high and low.max_value() is not None and low.terms and low.const >= 0:

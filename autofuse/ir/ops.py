@@ -84,6 +84,12 @@ def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
 
 
+def category(dtype: str) -> int:
+    """Torch's type-promotion category of ``dtype``: 0 bool, 1 integer, 2 floating (a Python
+    number or a 0-d tensor widens a promotion only to a higher category)."""
+    return 0 if dtype == "bool" else 2 if is_float(dtype) else 1
+
+
 def literal(value: Any, dtype: str) -> str:
     """A Python literal of ``value`` for Triton source, in ``dtype``'s family."""
     if isinstance(value, bool) or dtype == "bool":

@@ -48,6 +48,8 @@ from autofuse.ir.graph import Graph, Node, numel
 from autofuse.ir.split_chunks import SplitDecision, chunk_layout
 from autofuse.ir.split_chunks import new_node as _node
 from autofuse.ir.split_variance import VarianceStats, annotate, find_variances, prune
+from autofuse.logs import log
+from autofuse.settings import settings, target
 
 __all__ = [
     "SPLITTABLE",
@@ -215,8 +217,6 @@ def split_reductions(graph: Graph, policy: SplitPolicy | None = None) -> Graph:
 def pipeline_policy(cuda: bool) -> SplitPolicy | None:
     """The policy the pipeline splits with after capture (None: no split), from the settings
     (``AUTOFUSE_SPLIT_REDUCTIONS``: by default on for CUDA inputs) and the target's SMs."""
-    from autofuse.settings import settings, target
-
     s = settings()
     if s.split_reductions == "off" or (s.split_reductions == "auto" and not cuda):
         return None
@@ -228,7 +228,6 @@ def split_for_pipeline(graph: Graph, cuda: bool) -> Graph:
     policy = pipeline_policy(cuda)
     if policy is None:
         return graph
-    from autofuse.logs import log
 
     for i, dec in plan_splits(graph, policy).items():
         log.debug("split reductions: %s %%%d (%s): %s", graph[i].op, i, graph[i].name, dec.reason)

@@ -2,9 +2,9 @@
 ``ir/split.py``).
 
 A variance is captured as two reductions over the same ``x``: ``m = mean(x)`` (the moment mean
-of ``capture/decompositions.py``: ``where(|s| == inf, s * 2^k / n, clamp(s * 2^k / n))`` with
-``s = sum(x * 2^-k)``, or a plain ``mean``), then ``s2 = sum((x - m)^2)`` (``mul(d, d)`` or
-``pow_scalar(d, 2)``). Split as two independent reductions, the second needs the *global* mean,
+of ``capture/decompositions.py``: ``where(|s| == inf, m', clamp(m'))``, ``m' = (h0 + s / n) *
+2^k``, ``s = sum(x * 2^-k - h0)``, ``h0`` the row's first element times 2^-k; or a plain
+``mean``), then ``s2 = sum((x - m)^2)`` (``mul(d, d)`` or ``pow_scalar(d, 2)``). Split as two independent reductions, the second needs the *global* mean,
 so each stage reads all of ``x``: on an H200, ``column_stats`` of a bf16 (65536, 1024) matrix
 took two passes over x (58 + 49 us) where one read is 31.6 us. This step splits the pair as
 chunk statistics combined by the parallel-variance formula (Chan et al.)::
@@ -85,27 +85,34 @@ def _widened(graph: Graph, i: int) -> int:
 
 
 def _moment_sum(graph: Graph, i: int) -> int | None:
-    """The ``sum(x * 2^-k)`` of the moment mean ``where(|s| == inf, m, clamp(m))``, ``m = s *
-    2^k / n``, that node ``i`` is (None if it is not one)."""
+    """The ``s = sum(x * 2^-k - h0)`` of the moment mean ``where(|s| == inf, m, clamp(m))``,
+    ``m = (h0 + s / n) * 2^k``, that node ``i`` is (None if it is not one). ``h0`` is a value
+    per row (``x0 * 2^-k``, the row's first element scaled): ``m`` is the mean of ``x`` for any
+    such ``h0``, so only its shape is checked."""
     w = graph[i]
     if w.op != "where":
         return None
     c, a, b = (graph[j] for j in w.inputs)
     if c.op != "eq" or a.op != "mul" or b.op != "clamp" or b.inputs[0] != w.inputs[1]:
         return None
-    s = a.inputs[0]
-    absn = graph[c.inputs[0]]
-    if absn.op != "abs" or absn.inputs[0] != s or _const(graph, c.inputs[1]) != math.inf:
+    absn, shifted, c2 = graph[c.inputs[0]], graph[a.inputs[0]], _const(graph, a.inputs[1])
+    if absn.op != "abs" or _const(graph, c.inputs[1]) != math.inf or shifted.op != "add":
         return None
-    sn, c2 = graph[s], _const(graph, a.inputs[1])
-    if sn.op != "sum" or c2 is None or graph[sn.inputs[0]].op != "mul":
+    h0, q = shifted.inputs
+    s = absn.inputs[0]
+    if graph[q].op != "div" or graph[q].inputs[0] != s or graph[s].op != "sum":
         return None
-    t = graph[sn.inputs[0]]
-    c1 = _const(graph, t.inputs[1])
-    n = numel(t.shape[d] for d in _dims(sn, len(t.shape)))
-    if c1 is None or graph[t.inputs[0]].shape != t.shape:
+    d = graph[graph[s].inputs[0]]
+    if d.op != "sub" or d.inputs[1] != h0 or graph[d.inputs[0]].op != "mul":
         return None
-    return s if math.isclose(c1 * c2 * n, 1.0, rel_tol=1e-6) else None
+    t = graph[d.inputs[0]]
+    c1, n_c = _const(graph, t.inputs[1]), _const(graph, graph[q].inputs[1])
+    n = numel(t.shape[j] for j in _dims(graph[s], len(t.shape)))
+    if c1 is None or c2 is None or graph[t.inputs[0]].shape != t.shape or n_c != n:
+        return None
+    if graph[h0].shape != graph[s].shape:  # a value per row (kept dims), as the sum
+        return None
+    return s if math.isclose(c1 * c2, 1.0, rel_tol=1e-6) else None
 
 
 def _mean_of(graph: Graph, i: int) -> tuple[int, tuple[int, ...]] | None:
@@ -117,7 +124,7 @@ def _mean_of(graph: Graph, i: int) -> tuple[int, tuple[int, ...]] | None:
     s = _moment_sum(graph, i)
     if s is None:
         return None
-    x = graph[graph[s].inputs[0]].inputs[0]
+    x = graph[graph[graph[s].inputs[0]].inputs[0]].inputs[0]
     return x, _dims(graph[s], len(graph[x].shape))
 
 
@@ -244,15 +251,27 @@ class VarianceStats:
         return self.add(_node("const", (), (), self.group.dtype, name, value=value))
 
     def _moment(self, x: int, shape, dims, n: int, name: str) -> int:
-        """The moment mean of ``x`` (shaped ``shape``) over ``dims`` (kept), as captured."""
+        """The moment mean of ``x`` (shaped ``shape``) over ``dims`` (kept), as captured: the
+        row's first element plus the mean of the differences, exact on a constant row."""
         dt, add = self.group.dtype, self.add
         keep = tuple(1 if j in dims else s for j, s in enumerate(shape))
         k = math.ceil(math.log2(n)) + 1
-        t = add(_node("mul", (x, self._c(2.0**-k, f"{name}.c1")), shape, dt, f"{name}.scaled"))
-        s = add(_node("sum", (t,), keep, dt, f"{name}.sum", dims=tuple(dims), keepdim=True))
-        m = add(_node("mul", (s, self._c(2.0**k / n, f"{name}.c2")), keep, dt, f"{name}.mul"))
-        a = add(_node("abs", (s,), keep, dt, f"{name}.abs"))
+        x0, cut = x, list(shape)
+        for d in dims:
+            cut[d] = 1
+            x0 = add(_node("slice", (x0,), cut, dt, f"{name}.first", dim=d, start=0, step=1))
         inf = add(_node("const", (), (), "float32", f"{name}.inf", value=math.inf))
+        a0 = add(_node("abs", (x0,), keep, dt, f"{name}.abs0"))
+        big = add(_node("eq", (a0, inf), keep, "bool", f"{name}.inf0"))
+        x0 = add(_node("where", (big, self._c(0.0, f"{name}.zero"), x0), keep, dt, f"{name}.x0"))
+        h0 = add(_node("mul", (x0, self._c(2.0**-k, f"{name}.c0")), keep, dt, f"{name}.h0"))
+        t = add(_node("mul", (x, self._c(2.0**-k, f"{name}.c1")), shape, dt, f"{name}.scaled"))
+        t = add(_node("sub", (t, h0), shape, dt, f"{name}.shifted"))
+        s = add(_node("sum", (t,), keep, dt, f"{name}.sum", dims=tuple(dims), keepdim=True))
+        q = add(_node("div", (s, self._c(float(n), f"{name}.n")), keep, dt, f"{name}.div"))
+        m = add(_node("add", (h0, q), keep, dt, f"{name}.add"))
+        m = add(_node("mul", (m, self._c(2.0**k, f"{name}.c2")), keep, dt, f"{name}.mul"))
+        a = add(_node("abs", (s,), keep, dt, f"{name}.abs"))
         e = add(_node("eq", (a, inf), keep, "bool", f"{name}.eq"))
         fi = torch.finfo(getattr(torch, dt))
         c = add(_node("clamp", (m,), keep, dt, f"{name}.clamp", lo=fi.min, hi=fi.max))

@@ -12,6 +12,7 @@ finds the plugin by the kind named in the group's ``GroupInfo``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from autofuse.ir.graph import Graph
@@ -48,6 +49,10 @@ from autofuse.kernels.reduction.scan import ScanKind
 from autofuse.kernels.scatter.kind import ScatterKind
 
 __all__ = [
+    "EAGER",
+    "KernelChoice",
+    "Offer",
+    "offers",
     "LibraryCall",
     "bind_call",
     "call_reason",
@@ -135,8 +140,11 @@ def unlowerable(graph: Graph, i: int) -> str | None:
     return None
 
 
-def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
-    """Check that ``group`` can be one kernel; raise FusionRefused naming the reason if not."""
+def analyze_group(
+    graph: Graph, group: frozenset[int] | set[int], kind: str | None = None
+) -> GroupInfo:
+    """Check that ``group`` can be one kernel (of ``kind``; None: of the first kind that claims
+    it); raise FusionRefused naming the reason if not."""
     members = frozenset(group)
     for m in sorted(members):
         if graph[m].kind not in _LOWERED:
@@ -144,10 +152,56 @@ def analyze_group(graph: Graph, group: frozenset[int] | set[int]) -> GroupInfo:
             raise FusionRefused(
                 f"{describe(graph, m)} is an unsupported op ({target}) and runs in eager"
             )
+    for k in KINDS:
+        if (kind is None or k.name == kind) and k.claims(graph, members):
+            return k.analyze(graph, members)
+    whose = f"the kind {kind}" if kind is not None else "no kernel kind"
+    raise FusionRefused(f"{whose} takes the group {sorted(members)}")
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """A generated kernel of the kind named, under ``config`` (None: its default config);
+    several kinds may claim one group."""
+
+    kind: str
+    config: Any = None
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One implementation of a group: ``family`` kernel / library / eager, ``choice`` what a
+    plan is built from (a :class:`KernelChoice`, a :class:`LibraryCall` or :data:`EAGER`)."""
+
+    family: str
+    label: str
+    choice: Any
+
+
+EAGER = "eager"  # a group's choice: its ops run in eager, one step each
+
+
+def offers(graph: Graph, group: frozenset[int]) -> tuple[Offer, ...]:
+    """Every implementation of ``group``: each kind that claims it and accepts it, under each
+    config of its space (its default first); each library call a provider offers; and eager
+    (every op has eager semantics). "All claimers offer": a plan chooses among them."""
+    members = frozenset(group)
+    out: list[Offer] = []
     for kind in KINDS:
-        if kind.claims(graph, members):
-            return kind.analyze(graph, members)
-    raise FusionRefused(f"no kernel kind takes the group {sorted(members)}")
+        if not kind.claims(graph, members):
+            continue
+        try:
+            info = kind.analyze(graph, members)
+        except FusionRefused:
+            continue
+        default = kind.default_config(graph, info)
+        space = kind.config_space(graph, info)
+        for cfg in [default, *(c for c in space if c != default)]:
+            label = f"{kind.name} kernel [{config_label(cfg)}]"
+            out.append(Offer("kernel", label, KernelChoice(kind.name, cfg)))
+    out += [Offer("library", c.label, c) for c in library_calls(graph, members)]
+    out.append(Offer("eager", EAGER, EAGER))
+    return tuple(out)
 
 
 def proposed_groups(

@@ -3,6 +3,7 @@ key) and measurements (a time or a failure with its reason)."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -10,7 +11,7 @@ from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 from autofuse.ir.graph import Graph, Node, buffer_strides, make_attrs
-from autofuse.kernels import INLINE_OPS, GroupInfo
+from autofuse.kernels import INLINE_OPS, GroupInfo, Kernel, generate
 
 # ---------------------------------------------------------------------------------------------
 # Candidates and their structural key
@@ -88,6 +89,23 @@ def eager_subgraph(graph: Graph, i: int) -> Graph:
     return _extract(graph, (i,), loads, (i,))[0]
 
 
+def jit_functions(source: str) -> list[str]:
+    """Names of the ``@triton.jit`` functions that ``source`` defines, in order."""
+    out = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and any(
+            ast.unparse(d).split("(")[0] in ("triton.jit", "jit") for d in node.decorator_list
+        ):
+            out.append(node.name)
+    return out
+
+
+# rendered kernels by candidate key, least recently used first: a group's config priced by the
+# pruner and then measured in a trial is rendered once
+BUILT_KEPT = 256
+_BUILT: dict[str, tuple[Graph, GroupInfo, Kernel]] = {}
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One kernel to measure: a group of ``graph`` (``info`` from ``codegen.analyze_group``)
@@ -113,6 +131,27 @@ class Candidate:
         if self.source_override is not None:
             h.update(b"|override:" + self.source_override.encode())
         return h.hexdigest()[:24]
+
+    @cached_property
+    def built(self) -> tuple[Graph, GroupInfo, Kernel]:
+        """The candidate's kernel on its standalone subgraph (``source_override`` applied),
+        rendered once per structural key in this process: pricing it before the trial, then
+        verifying, timing it and checking it on the example inputs all reuse this one."""
+        built = _BUILT.pop(self.key, None) or self._render()
+        _BUILT[self.key] = built  # the most recent last
+        while len(_BUILT) > BUILT_KEPT:
+            del _BUILT[next(iter(_BUILT))]
+        return built
+
+    def _render(self) -> tuple[Graph, GroupInfo, Kernel]:
+        sub, info = self.standalone_parts
+        kernel = generate(sub, info, self.config)
+        if self.source_override is not None:
+            names = jit_functions(self.source_override)
+            if not names:
+                raise ValueError("source_override defines no @triton.jit function")
+            kernel = replace(kernel, source=self.source_override, name=names[-1])
+        return sub, info, kernel
 
     def standalone(self) -> Candidate:
         """The same candidate on its extracted subgraph (small to pickle, same key)."""

@@ -10,11 +10,13 @@ from typing import Any
 
 from autofuse import logs
 from autofuse.ir.graph import Graph
+from autofuse.measure import worker
 from autofuse.measure.candidate import (
     Candidate,
     Measurement,
     eager_subgraph,
 )
+from autofuse.measure.cost_model import CostModel
 
 # ---------------------------------------------------------------------------------------------
 # Isolation in a worker process
@@ -47,9 +49,7 @@ class Isolated:
     """
 
     def __init__(self, inner_spec: Any, timeout_s: float = 60, start_timeout_s: float = 300):
-        from autofuse.measure import worker as _worker
-
-        _worker.check_spec(inner_spec)
+        worker.check_spec(inner_spec)
         self.spec = inner_spec
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
@@ -74,11 +74,9 @@ class Isolated:
         if self._starts:
             self.restarts += 1
         self._starts += 1
-        from autofuse.measure import worker as _worker
-
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=_worker.main, args=(child, self.spec, _child_env()), daemon=True)
+        proc = ctx.Process(target=worker.main, args=(child, self.spec, _child_env()), daemon=True)
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent
@@ -200,7 +198,5 @@ class Isolated:
         result, why = self._run("eager", eager_subgraph(graph, i))
         if why is not None or not isinstance(result, float):
             logs.log.warning("eager op %%%d not timed in the worker (%s): modeled", i, why)
-            from autofuse.measure.cost_model import CostModel
-
             return CostModel().eager_time(graph, i)
         return result

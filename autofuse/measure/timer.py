@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from autofuse import logs
+from autofuse.ir.eager import run_graph
 from autofuse.ir.graph import Graph
 from autofuse.kernels import GroupInfo
 from autofuse.measure.candidate import (
@@ -21,13 +22,16 @@ from autofuse.measure.candidate import (
     describe_error,
     eager_subgraph,
 )
+from autofuse.measure.cost_model import CostModel
 from autofuse.measure.verify import (
     build_kernel,
     poisoned_outputs,
     random_inputs,
     verify_candidate,
 )
+from autofuse.plan.runtime import execute, kernel_args, launcher_for
 from autofuse.report import nbytes
+from autofuse.settings import target
 
 # ---------------------------------------------------------------------------------------------
 # Timing on the GPU
@@ -102,16 +106,12 @@ def time_plan(
     plan: Any, inputs: Sequence[torch.Tensor], warmup_ms: float = 25, rep_ms: float = 100
 ) -> float:
     """End-to-end seconds of ``runtime.execute(plan, inputs)`` (median), as time_callable."""
-    from autofuse.plan.runtime import execute
-
     inputs = list(inputs)
     return time_callable(lambda: execute(plan, inputs), (), warmup_ms, rep_ms)
 
 
 def l2_cache_bytes(device: Any = None) -> int:
     """The target's L2 size (inputs under ~2x of it are rotated between timed runs)."""
-    from autofuse.settings import target
-
     index = device.index if isinstance(device, torch.device) else device
     return target(index).l2_bytes
 
@@ -142,7 +142,6 @@ class GPUTimer:
             why = verify_candidate(candidate, device, self.seed)
             if why:
                 return Measurement.failed(why, "measured")
-        from autofuse.plan.runtime import kernel_args, launcher_for
 
         try:
             sub, info, kernel = build_kernel(candidate)
@@ -186,13 +185,9 @@ class GPUTimer:
             return self.eager_time_of(eager_subgraph(graph, i))
         except Exception as e:  # noqa: BLE001
             logs.log.warning("eager op %%%d could not be timed (%s): modeled", i, describe_error(e))
-            from autofuse.measure.cost_model import CostModel
-
             return CostModel().eager_time(graph, i)
 
     def eager_time_of(self, sub: Graph) -> float:
-        from autofuse.ir.eager import run_graph
-
         device = torch.device(self.device)
         ins = random_inputs(sub, device, self.seed)
         ins = [x if x.is_floating_point() else torch.zeros_like(x) for x in ins]

@@ -15,40 +15,22 @@ from autofuse.interpreter import interpreting
 from autofuse.ir.eager import conform, eval_node, run_graph
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, buffer_strides
 from autofuse.ir.ops import OPS, op_def
-from autofuse.kernels import GroupInfo, Kernel, generate
+from autofuse.kernels import GroupInfo, Kernel
 from autofuse.measure.candidate import (
     Candidate,
     describe_error,
 )
+from autofuse.plan.runtime import allocate_outputs, launch
 
 # ---------------------------------------------------------------------------------------------
 # Kernels, inputs, reference, comparison
 # ---------------------------------------------------------------------------------------------
 
 
-def jit_functions(source: str) -> list[str]:
-    """Names of the ``@triton.jit`` functions that ``source`` defines, in order."""
-    import ast
-
-    out = []
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and any(
-            ast.unparse(d).split("(")[0] in ("triton.jit", "jit") for d in node.decorator_list
-        ):
-            out.append(node.name)
-    return out
-
-
 def build_kernel(candidate: Candidate) -> tuple[Graph, GroupInfo, Kernel]:
-    """Generate the candidate's kernel on its standalone subgraph (or apply the override)."""
-    sub, info = candidate.standalone_parts
-    kernel = generate(sub, info, candidate.config)
-    if candidate.source_override is not None:
-        names = jit_functions(candidate.source_override)
-        if not names:
-            raise ValueError("source_override defines no @triton.jit function")
-        kernel = replace(kernel, source=candidate.source_override, name=names[-1])
-    return sub, info, kernel
+    """The candidate's kernel on its standalone subgraph (or the override), rendered once per
+    candidate (:attr:`Candidate.built`)."""
+    return candidate.built
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -120,8 +102,6 @@ def poisoned_outputs(
     """Output buffers filled with values a correct kernel overwrites: NaN for floats, an
     extreme value for ints, True for bools (False with ``inverted``: a second run with the other
     poison catches unwritten bool elements)."""
-    from autofuse.plan.runtime import allocate_outputs
-
     outs = allocate_outputs(graph, info, torch.device(device))
     for s, t in zip(info.stored, outs):
         if op_def(graph[s].op).scatter:
@@ -275,7 +255,6 @@ def verify_candidate(
     device = torch.device(device)
     if device.type == "cpu" and not interpreting():
         return "cannot verify on CPU: set TRITON_INTERPRET=1 before triton is imported"
-    from autofuse.plan.runtime import launch
 
     try:
         sub, info, kernel = build_kernel(candidate)

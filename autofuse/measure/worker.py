@@ -7,8 +7,8 @@ Candidate; value: a Measurement) or ``"eager"`` (payload: a standalone graph of 
 value: seconds). ``("stop",)`` ends it. After a CUDA error the worker exits (code 3): the
 process's CUDA context is unusable.
 
-This module imports nothing heavy at the top, so the environment (``TRITON_INTERPRET``,
-``AUTOFUSE_*``) is in place before torch and triton are imported in the child.
+This module imports no Triton at the top (``main`` does, first thing in the child), so the
+environment (``TRITON_INTERPRET``, ``AUTOFUSE_*``) is in place before Triton is imported there.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ from __future__ import annotations
 import importlib
 import os
 from typing import Any
+
+from autofuse.measure.candidate import Measurement, describe_error, is_fatal
+from autofuse.measure.cost_model import CostModel
+from autofuse.measure.timer import GPUTimer
 
 FATAL_EXIT = 3
 _NAMED = ("cost_model", "gpu")
@@ -44,12 +48,8 @@ def build(spec: Any) -> Any:
         return spec
     name, kwargs = spec
     if name == "cost_model":
-        from autofuse.measure.cost_model import CostModel
-
         return CostModel(**kwargs)
     if name == "gpu":
-        from autofuse.measure.timer import GPUTimer
-
         return GPUTimer(**kwargs)
     mod, _, attr = name.partition(":")
     return getattr(importlib.import_module(mod), attr)(**kwargs)
@@ -71,8 +71,6 @@ def main(conn: Any, spec: Any, env: dict[str, str]) -> None:
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    from autofuse.measure.candidate import Measurement, describe_error, is_fatal
-    from autofuse.measure.cost_model import CostModel
 
     source = getattr(measurer, "source", "measured")
     conn.send(("ready", os.getpid()))

@@ -1,9 +1,10 @@
 """Building a plan: a partition of the graph and one implementation per group, as steps in an
 order that runs.
 
-A group's choice is a launch config of the kind that claims it (a generated kernel; None: the
-kind's default config), a :class:`LibraryCall` (the group runs as that call) or :data:`EAGER`
-(its ops run in eager). The rule for a group without a choice of call or eager: a lone matmul
+A group's choice is one of its offers (``kernels.offers``): a :class:`KernelChoice` (a kind's
+kernel under a config), a :class:`LibraryCall` (the group runs as that call) or :data:`EAGER`
+(its ops run in eager); or a launch config of the first kind that claims it (None: its default
+config). The rule for a group without a choice of call or eager: a lone matmul
 is the library's call (cuBLAS; a config given for it is not used), any other group the kind's
 kernel at the config given or its default one.
 """
@@ -15,7 +16,9 @@ from typing import Any
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels import (
+    EAGER,
     INLINE_OPS,
+    KernelChoice,
     LibraryCall,
     analyze_group,
     call_reason,
@@ -27,8 +30,6 @@ from autofuse.kernels import (
 )
 from autofuse.plan.code_log import output_code
 from autofuse.plan.steps import EagerStep, KernelStep, LibraryStep, Plan, Step
-
-EAGER = "eager"  # a group's choice: its ops run in eager
 
 
 def eager_reason(graph: Graph, i: int) -> str:
@@ -55,6 +56,10 @@ def eager_group(graph: Graph, group: frozenset[int]) -> bool:
     return library_group(graph, group) is not None
 
 
+RULE_LIBRARY = "rule: a lone matmul runs as its library call"
+RULE_KERNEL = "rule: the first kind that claims the group, at its default config"
+
+
 def build_plan(
     graph: Graph,
     groups: Sequence[frozenset[int]],
@@ -62,28 +67,17 @@ def build_plan(
     label: str = "plan",
 ) -> Plan:
     """Order the groups (and the eager ops) topologically and make one step per group by its
-    choice in ``configs`` (see the module docstring; None throughout: the rule)."""
+    choice in ``configs`` (see the module docstring; None throughout: the rule). Each step
+    says why it is that implementation (the rule, or that it was chosen)."""
     choices = list(configs) if configs is not None else [None] * len(groups)
     covered = set().union(*groups) if groups else set()
     missing = [i for i in graph.compute_nodes() if fusible(graph, i) and i not in covered]
     refused = {i: unlowerable(graph, i) for i in missing}
     if any(r is None for r in refused.values()):
         raise ValueError(f"partition leaves nodes {missing} in no group")
-    units: list[tuple[str, Any]] = []
-    for group, choice in zip(groups, choices):
-        call = choice if isinstance(choice, LibraryCall) else None
-        if call is not None and call not in library_calls(graph, frozenset(group)):
-            raise ValueError(f"no library offers {call.label} for the group {sorted(group)}")
-        if call is None and not isinstance(choice, str):  # a config: a lone matmul's ignored
-            call = library_group(graph, group)
-        if call is not None:
-            units.append(("library", call))
-        elif isinstance(choice, str) and choice == EAGER:
-            units += [("eager", i) for i in sorted(group)]
-        else:
-            units.append(("kernel", (analyze_group(graph, frozenset(group)), choice)))
+    units = [u for group, choice in zip(groups, choices) for u in _units(graph, group, choice)]
     units += [
-        ("eager", i)
+        ("eager", (i, refused.get(i) or eager_reason(graph, i)))
         for i in graph.compute_nodes()
         if (not fusible(graph, i) and graph[i].op not in INLINE_OPS) or i in refused
     ]
@@ -91,23 +85,44 @@ def build_plan(
     for u in _topo_units(graph, units):
         kind, v = units[u]
         if kind == "kernel":
-            info, cfg = v
-            cfg = cfg or default_config(info, graph)
-            steps.append(KernelStep(generate(graph, info, cfg, index=len(steps))))
+            info, cfg, why = v
+            kernel = generate(graph, info, cfg or default_config(info, graph), index=len(steps))
+            steps.append(KernelStep(kernel, reason=why))
         elif kind == "library":
-            steps.append(LibraryStep(v, call_reason(graph, v)))
+            call, why = v
+            steps.append(LibraryStep(call, f"{call_reason(graph, call)}; {why}"))
         else:
-            steps.append(EagerStep(v, refused.get(v) or eager_reason(graph, v)))
+            steps.append(EagerStep(*v))
     plan = Plan(graph, tuple(steps), label)
     output_code(plan)
     return plan
+
+
+def _units(graph: Graph, group: frozenset[int], choice: Any) -> list[tuple[str, Any]]:
+    """The step(s) ``group`` becomes under ``choice``: ("kernel", (info, config, why)),
+    ("library", (call, why)) or one ("eager", (node, why)) per op."""
+    group = frozenset(group)
+    if isinstance(choice, LibraryCall):
+        if choice not in library_calls(graph, group):
+            raise ValueError(f"no library offers {choice.label} for the group {sorted(group)}")
+        return [("library", (choice, "chosen among the group's implementations"))]
+    if isinstance(choice, str) and choice == EAGER:
+        return [("eager", (i, "chosen among the group's implementations")) for i in sorted(group)]
+    if isinstance(choice, KernelChoice):
+        info = analyze_group(graph, group, choice.kind)
+        return [("kernel", (info, choice.config, "chosen among the group's implementations"))]
+    call = library_group(graph, group)  # a config given for a lone matmul is not used
+    if call is not None:
+        return [("library", (call, RULE_LIBRARY))]
+    why = RULE_KERNEL if choice is None else "the config chosen for it"
+    return [("kernel", (analyze_group(graph, group), choice, why))]
 
 
 def _unit_nodes(unit: tuple[str, Any]) -> tuple[int, ...]:
     kind, v = unit
     if kind == "kernel":
         return v[0].nodes
-    return v.nodes if kind == "library" else (v,)
+    return v[0].nodes if kind == "library" else (v[0],)
 
 
 def _topo_units(graph: Graph, units: list[tuple[str, Any]]) -> list[int]:
@@ -135,4 +150,12 @@ def _topo_units(graph: Graph, units: list[tuple[str, Any]]) -> list[int]:
     return done
 
 
-__all__ = ["EAGER", "build_plan", "eager_group", "eager_reason", "library_group"]
+__all__ = [
+    "EAGER",
+    "RULE_KERNEL",
+    "RULE_LIBRARY",
+    "build_plan",
+    "eager_group",
+    "eager_reason",
+    "library_group",
+]

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from autofuse.interpreter import interpreting
+from autofuse.plan.runtime import execute
 
 
 class CudaGraphNote(UserWarning):
@@ -61,8 +62,6 @@ class _Captured:
     def __init__(
         self, plan: Any, inputs: Sequence[torch.Tensor], warmup: int, copied: Sequence[int] = ()
     ) -> None:
-        from autofuse.plan.runtime import execute
-
         self.plan = plan
         self.inputs = list(inputs)
         self.ptrs = [x.data_ptr() for x in inputs]

@@ -13,7 +13,7 @@ the reports treat all three alike.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
@@ -193,6 +193,15 @@ class Plan:
         )
 
 
+def annotated(plan: Plan, why: Callable[[Step], str | None]) -> Plan:
+    """``plan`` with each step's reason replaced by ``why(step)`` (None: kept as it is)."""
+    steps = []
+    for step in plan.steps:
+        reason = why(step)
+        steps.append(step if reason is None else replace(step, reason=reason))
+    return replace(plan, steps=tuple(steps))
+
+
 def step_loads(graph: Graph, step: StepProtocol) -> tuple[int, ...]:
     """The buffers ``step`` reads from memory (constants computed inline aside)."""
     return tuple(j for j in step.reads(graph) if graph[j].op not in INLINE_OPS)
@@ -212,6 +221,7 @@ __all__ = [
     "Plan",
     "Step",
     "StepProtocol",
+    "annotated",
     "step_kind",
     "step_loads",
 ]

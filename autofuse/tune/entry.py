@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autofuse import logs
+from autofuse.cache.calls import call_key, write_call
 from autofuse.cache.disk import load_metadata, load_plan, save_plan
 from autofuse.cache.keys import DeviceInfo, inputs_device, key_for, key_parts
 from autofuse.capture import Captured
@@ -118,8 +119,6 @@ def cached_result(plan: Plan, meta: dict) -> Any:
 def record_call(fn: Any, captured: Captured, example_inputs: Sequence[Any], cache_dir: Any) -> str:
     """Index the cached plan by this call, so ``autofuse.load`` reaches it with no capture;
     returns the call key ("" where the call has none: load captures then)."""
-    from autofuse.cache.calls import call_key, write_call
-
     ck = call_key(fn, example_inputs)
     write_call(cache_home(cache_dir), ck, key_for(captured, example_inputs), captured)
     return ck or ""

@@ -52,6 +52,7 @@ from typing import Any
 from autofuse.files import ensure_writable
 from autofuse.settings import cache_home
 from autofuse.tune import results
+from autofuse.tune.roofline import device_name, stamp
 from autofuse.tune.runfiles import (
     RUN_FILE,
     STORAGE_FILE,
@@ -76,8 +77,6 @@ def _visible_gpus() -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     """The ``autofuse tune`` command (see the module docstring)."""
-    from autofuse.tune.roofline import device_name, stamp
-
     workloads = load_spec(args.spec)
     names = [w.name for w in workloads]
     if args.workloads:

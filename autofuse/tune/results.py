@@ -18,6 +18,14 @@ import types
 from pathlib import Path
 from typing import Any
 
+from autofuse.capture import capture
+from autofuse.partition import Partitioner
+from autofuse.plan import build_plan
+from autofuse.report import summarize
+from autofuse.runner import OptimizedFunction
+from autofuse.settings import cache_home
+from autofuse.tune.entry import cache_result, record_call
+from autofuse.tune.roofline import ceilings, floor_s, min_bytes, modeled_ceilings, seconds, stamp
 from autofuse.tune.runfiles import RUN_FILE, Workload, read_json, write_json
 
 MODES = ("default", "max-autotune-no-cudagraphs")
@@ -83,8 +91,6 @@ def _ceilings(folder: Path) -> dict:
     """The run's ceilings (measured once per run on a GPU, kept in run.json for resumes)."""
     import torch
 
-    from autofuse.tune.roofline import ceilings, modeled_ceilings
-
     doc = read_json(folder / RUN_FILE) or {}
     if "ceilings" not in doc:
         doc["ceilings"] = ceilings() if torch.cuda.is_available() else modeled_ceilings()
@@ -128,9 +134,6 @@ def tune_workload(w: Workload, args, storage: str | None, ceil: dict | None, lea
     """Tune ``w`` (its study shared by every worker); the leader returns its record."""
     import torch
 
-    from autofuse.capture import capture
-    from autofuse.partition import Partitioner
-    from autofuse.runner import OptimizedFunction
     from autofuse.tune.tuner import run_search, start_search, tune
 
     cuda = torch.cuda.is_available()
@@ -163,9 +166,6 @@ def tune_workload(w: Workload, args, storage: str | None, ceil: dict | None, lea
 def _cache(args, w: Workload, target, captured, inputs, result, storage) -> dict:
     """Store the winner in the cache home as ``optimize(trials=...)`` does (plan, kernel
     sources; the call index, so ``autofuse.load`` finds it with no capture)."""
-    from autofuse.settings import cache_home
-    from autofuse.tune.entry import cache_result, record_call
-
     home = cache_home(getattr(args, "cache_dir", None))
     key = cache_result(captured, inputs, result, home, storage)
     call = record_call(target, captured, inputs, home)
@@ -176,10 +176,6 @@ def _record(w, captured, space, target, inputs, flat, result, tuned, tuning_s, c
     import torch
 
     import search
-    from autofuse.plan import build_plan
-    from autofuse.report import summarize
-    from autofuse.runner import OptimizedFunction
-    from autofuse.tune.roofline import floor_s, min_bytes, stamp
 
     with torch.no_grad():
         outputs = flat_outputs(target(*inputs))
@@ -234,8 +230,6 @@ GRAPHED = "autofuse tuned, CUDA graph"
 def _graphed(tuned: Any) -> Any:
     """The tuned plan's callable replaying it as one CUDA graph (``plan/graphs.py``), or None
     where its calls are not plain tensor calls (a module's, nested inputs)."""
-    from autofuse.runner import OptimizedFunction
-
     if not tuned.plain_call:
         return None
     return OptimizedFunction(tuned.captured, tuned.plan, None, tuned.tuning, cuda_graph=True)
@@ -249,8 +243,6 @@ def _measure_gpu(w, target, inputs, greedy, tuned, n_rounds: int = 3):
     """Eager, both torch.compile modes, the greedy and the tuned plan, timed in interleaved
     rounds after every compile (min of rounds); compile times and errors vs eager."""
     import torch
-
-    from autofuse.tune.roofline import seconds
 
     ref = target(*inputs)
     extra: dict[str, Any] = {"compile_s": {}, "max_rel_err_vs_eager": {}, "errors": {}}

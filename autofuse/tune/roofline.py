@@ -14,6 +14,9 @@ import subprocess
 import time
 from typing import Any
 
+from autofuse.measure import CostModel
+from autofuse.version import __version__
+
 
 def min_bytes(inputs: Any, outputs: Any) -> int:
     """Each input read once, each output written once."""
@@ -50,8 +53,6 @@ def ceilings() -> dict:
 
 def modeled_ceilings() -> dict:
     """The cost model's bandwidth and tensor-core rate (no GPU: every figure is modeled)."""
-    from autofuse.measure import CostModel
-
     m = CostModel()
     return {"copy_bytes_per_s": m.bandwidth, "bf16_mm_flops_per_s": m.mma_rate,
             "source": "modeled"}  # fmt: skip
@@ -98,8 +99,6 @@ def stamp() -> dict:
     """Provenance: commit (``AUTOFUSE_COMMIT`` or git), GPU, torch, triton, autofuse, date."""
     import torch
     import triton
-
-    from autofuse.version import __version__
 
     return {
         "commit": autofuse_commit(),

@@ -15,8 +15,11 @@ import io
 from pathlib import Path
 from typing import Any
 
+from autofuse.tune import svg
 from autofuse.tune.results import summary_row, workload_records
+from autofuse.tune.roofline import autofuse_commit
 from autofuse.tune.runfiles import RUN_FILE, read_json
+from autofuse.version import __version__
 
 _BAR = 40  # characters of the longest text bar
 
@@ -153,9 +156,6 @@ COLUMNS = [("workload", "workload"), ("eager_us", "eager µs"),
 def _provenance(run: dict) -> str:
     """The run's provenance (device, autofuse commit and version, torch, triton, date) and the
     autofuse that wrote the report."""
-    from autofuse.tune.roofline import autofuse_commit
-    from autofuse.version import __version__
-
     st = run.get("stamp", {})
     text = ", ".join(f"{k} {st[k]}" for k in ("gpu", "commit", "torch", "triton", "autofuse",
                                                "date") if k in st)  # fmt: skip
@@ -262,8 +262,6 @@ def _html(run, recs, rows, hists, charts: dict[str, bytes] | None) -> str:
 def _svg_charts(rows: list[dict], hists: dict[str, list]) -> list[str]:
     """The charts as inline SVG (no matplotlib): speedups, the roofline where measured, each
     study's best time by trial."""
-    from autofuse.tune import svg
-
     keys = [("speedup_vs_eager", "vs eager"), ("speedup_vs_best_compile", "vs best torch.compile"),
             ("speedup_vs_greedy", "vs greedy plan")]  # fmt: skip
     keys = [(k, label) for k, label in keys if any(r[k] for r in rows)]

@@ -15,6 +15,7 @@ from typing import Any
 
 import search
 from autofuse import logs
+from autofuse.measure import CostModel, GPUTimer, Isolated
 
 STUDY_VERSION = "v2"  # bumped when parameter names change: an old study is never mixed in
 _MAX_PARAM = 160  # Optuna stores parameter names in 512 characters; keep them readable
@@ -39,8 +40,6 @@ def default_measurer(verify: bool = True, isolate: bool | float = False) -> Any:
     ``isolate`` (True, or a time-out in seconds) either runs in a worker process."""
     import torch
 
-    from autofuse.measure import CostModel, GPUTimer
-
     gpu = torch.cuda.is_available()
     if isolate:
         return isolated(("gpu" if gpu else "cost_model", {"verify": verify}), isolate)
@@ -51,8 +50,6 @@ def isolated(inner: Any, isolate: bool | float) -> Any:
     """``inner`` (a measurer object or spec) run in a worker process: a measurement that hangs
     past the time-out (``isolate`` seconds; True: 60 s) is killed and scores as failed. A
     measurer that cannot be sent to a worker (not picklable) raises ``TypeError`` here."""
-    from autofuse.measure import Isolated
-
     if isinstance(inner, Isolated):
         return inner
     timeout = 60.0 if isolate is True else float(isolate)

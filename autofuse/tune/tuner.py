@@ -24,6 +24,7 @@ import torch
 import search
 from autofuse import logs
 from autofuse.capture.trace import Captured
+from autofuse.interpreter import interpreting
 from autofuse.kernels import (
     INLINE_OPS,
     GroupInfo,
@@ -31,6 +32,7 @@ from autofuse.kernels import (
     config_label,
     config_space,
     default_config,
+    fusible,
 )
 from autofuse.measure import (
     Candidate,
@@ -40,6 +42,7 @@ from autofuse.measure import (
     describe_error,
     group_inputs,
     node_values,
+    timer,
     verify_candidate,
 )
 from autofuse.partition.partitioner import Partition, Partitioner
@@ -49,6 +52,7 @@ from autofuse.plan.runtime import Plan, build_plan, eager_group, execute
 from autofuse.settings import cache_home
 from autofuse.tune.climb import neighbours, option_switches, polish_plan  # noqa: F401
 from autofuse.tune.prune import ModelPrune
+from autofuse.tune.reasons import measured_reasons
 from autofuse.tune.study import OnTrial, default_measurer, group_param, isolated
 from autofuse.tune.study import study_name as _study_name
 
@@ -253,8 +257,6 @@ def _node_cost(graph, i: int, measurer) -> float:
 
 def _eager_cost(graph, measurer) -> float:
     """The ops that run in eager in every partition (unsupported ops)."""
-    from autofuse.kernels import fusible
-
     return sum(
         _node_cost(graph, i, measurer)
         for i in graph.compute_nodes()
@@ -414,7 +416,9 @@ def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, s
     incumbent = keys.index((g.partition.key, g.configs)) if g is not None else None
     flat = _flat_examples(captured, example_inputs, run.flat)
     best_choice, best_plan, e2e = _pick(plans, flat, incumbent)
-    best_plan = dataclasses.replace(best_plan, label="tuned")
+    times = _kernel_times(best_plan, graph, run.memo)
+    best = dataclasses.replace(best_plan, label="tuned")
+    best_plan = measured_reasons(best, times, objective.eager_node_cost)
     output_code(best_plan)
     counts = study.counts
     result = TuneResult(
@@ -428,7 +432,7 @@ def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, s
         failed=counts.failed,
         pruned=counts.pruned,
         seconds=time.perf_counter() - run.started,
-        kernel_times=_kernel_times(best_plan, graph, run.memo),
+        kernel_times=times,
         study_name=study.name,
         end_to_end=e2e,
         library_value=_value_of(objective, library, done) if library is not None else None,
@@ -467,8 +471,6 @@ def _flat_examples(captured: Captured, example_inputs, example_flat) -> list:
 def _example_values(captured: Captured, example_inputs, example_flat) -> dict | None:
     """Every node's eager value on the example inputs, where kernels can run on their device
     (CUDA, or the CPU under Triton's interpreter); else None (no example check)."""
-    from autofuse.interpreter import interpreting
-
     flat = _flat_examples(captured, example_inputs, example_flat)
     graph = captured.graph
     if len(flat) != len(graph.inputs) or not all(isinstance(x, torch.Tensor) for x in flat):
@@ -571,7 +573,6 @@ def _pick(plans, flat_inputs: Sequence[Any], incumbent: int | None = None):
     if not torch.cuda.is_available() or len(plans) == 1:
         c, p = plans[0]
         return c, p, e2e
-    from autofuse.measure import timer
 
     rounds: dict[str, list[float]] = {}
     for r in range(3):  # alternate the order: none is always timed hottest

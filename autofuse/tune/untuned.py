@@ -20,6 +20,7 @@ from autofuse.ir import Graph
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan, build_plan, execute
 from autofuse.plan.plan_choice import PlanChoice, choose_plan
+from autofuse.plan.steps import annotated
 
 
 def untuned_plan(
@@ -45,4 +46,7 @@ def untuned_plan(
         return plan, PlanChoice(plan.label, ((plan.label, None),), why)
     chosen, choice = choose_plan([plan, other], lambda p: execute(p, ins), True)
     logs.emit("search", f"{label}: {choice.why} -> {choice.chosen}")
+    if any(t is not None for _, t in choice.times):
+        measured = f"measured: {choice.why} -> {choice.chosen}"
+        chosen = annotated(chosen, lambda s: f"{s.reason}; {measured}" if s.reason else measured)
     return chosen, choice

@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     done = {r["graph"] for r in records}
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     run, t0, now = Run(args, folder), time.perf_counter(), 0
-    signal.signal(signal.SIGTERM, stop)  # a killed run still ends its child
+    previous = signal.signal(signal.SIGTERM, stop)  # a killed run still ends its child
     try:
         for i in range(i0, args.graphs, n):
             if i in done:
@@ -246,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   flush=True)  # fmt: skip
     finally:
         run.worker.close()
+        signal.signal(signal.SIGTERM, previous)  # a caller in the same process keeps its own
     write_summary(
         folder / "summary.json", summarize(records, config, time.perf_counter() - t0, now)
     )

@@ -62,7 +62,7 @@ def run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen] = []
     t0 = time.perf_counter()
-    signal.signal(signal.SIGTERM, stop)
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         for k in range(n):
             env = {**os.environ, **gpu_env(args.device, k)}
@@ -78,6 +78,7 @@ def run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
             if p.poll() is None:
                 p.terminate()
                 p.wait()
+        signal.signal(signal.SIGTERM, previous)  # a caller in the same process keeps its own
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     merge(args.out, n, config, time.perf_counter() - t0)
     return max(codes)

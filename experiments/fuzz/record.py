@@ -38,9 +38,13 @@ def append_jsonl(path: Path, rec: dict) -> None:
 
 
 def git_commit() -> str:
-    """``AUTOFUSE_COMMIT`` where set (a checkout without ``.git``), else git's HEAD."""
-    if os.environ.get("AUTOFUSE_COMMIT"):
-        return os.environ["AUTOFUSE_COMMIT"]
+    """``AUTOFUSE_COMMIT`` where set (a checkout without ``.git``), else git's HEAD when the
+    run wrote its first summary (a checkout that moves on during the run changes no record)."""
+    return os.environ.get("AUTOFUSE_COMMIT") or git_head()
+
+
+@functools.lru_cache(maxsize=1)
+def git_head() -> str:
     root = Path(__file__).resolve().parents[2]
     try:
         return subprocess.run(

@@ -35,10 +35,17 @@ def set_tf32(on: bool) -> None:
     torch.set_float32_matmul_precision("high" if on else "highest")
 
 
+def cuda_fault(res: dict) -> bool:
+    """Whether a check's answer tells of a CUDA fault (a device-side assert in eager, as an
+    index out of range raises on a GPU, or in a kernel): the child's CUDA context is unusable
+    after it, so every later check would fail alike."""
+    text = (res.get("eager_rejected") or "") + ((res.get("verdict") or {}).get("detail") or "")
+    return any(s in text for s in ("CUDA error", "device-side assert", "AcceleratorError"))
+
+
 class Worker:
     """A child process checking programs one at a time, on ``device`` (TF32 off unless
-    ``tf32``); started again after it dies, and after a CUDA error (a kernel's fault leaves
-    the process's CUDA context unusable)."""
+    ``tf32``); started again after it dies, and after a CUDA fault (``cuda_fault``)."""
 
     def __init__(
         self,
@@ -87,7 +94,7 @@ class Worker:
             line = None
         if line is not None:
             res = json.loads(line[len(PREFIX) :])
-            if "CUDA error" in ((res.get("verdict") or {}).get("detail") or ""):
+            if cuda_fault(res):
                 self.close()
             return res
         died = self.proc.poll()

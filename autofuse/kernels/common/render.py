@@ -16,6 +16,7 @@ from autofuse.ir.ops import (
     TL_DTYPE,
     NoLowering,
     cast_rule,
+    category,
     is_float,
     literal,
     literal_value,
@@ -103,13 +104,16 @@ def exp_minus(x: str, m: str) -> str:
 
 
 def _common_dtype(args: list[Val]) -> str:
-    """The dtype two operands are compared in: torch's promotion, a literal never widening."""
+    """The dtype two operands are compared in: torch's promotion of the tensors, which a
+    literal (a Python number, in the dtype capture gave it) widens only to a higher category:
+    a bool tensor against ``2`` compares as int64, an integer one against ``2.5`` as float."""
     tensors = [a.dtype for a in args if not a.literal] or [a.dtype for a in args]
     out = getattr(torch, tensors[0])
     for d in tensors[1:]:
         out = torch.promote_types(out, getattr(torch, d))
-    if any(a.literal and "." in a.code for a in args) and not out.is_floating_point:
-        out = torch.float32
+    for a in args:
+        if a.literal and category(a.dtype) > category(str(out).removeprefix("torch.")):
+            out = getattr(torch, a.dtype)
     return compute_dtype(str(out).removeprefix("torch."))
 
 

@@ -39,6 +39,7 @@ from autofuse.kernels.gemm.template import (
     render,
 )
 from autofuse.kernels.gemm.tiles import default_configs, prune_configs
+from autofuse.settings import target
 
 _A_TILE = ("offs_m[:, None]", "offs_k[None, :]")  # the A operand tile's variables
 _B_TILE = ("offs_k[:, None]", "offs_n[None, :]")  # the B operand tile's variables
@@ -331,8 +332,6 @@ def gemm_configs(graph: Graph, info: GroupInfo) -> list[GemmConfig]:
 def sm_count() -> int:
     """Programs of a PERSISTENT GEMM: the target's multiprocessors (an H100/H200's 132 where
     there is no GPU: the interpreter and the cost model)."""
-    from autofuse.settings import target
-
     return target().sm_count
 
 

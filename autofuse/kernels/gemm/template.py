@@ -78,6 +78,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from autofuse.kernels.common import loader
+
 __all__ = [
     "GemmConfig",
     "GemmSpec",
@@ -487,6 +489,4 @@ def launch(kernel: Any, spec: GemmSpec, cfg: GemmConfig, batch: int = 1, **args:
 
 def load_kernel(src: str, name: str) -> Any:
     """Import a rendered template (``kernels.common.loader``) and return ``module.<name>``."""
-    from autofuse.kernels.common.loader import load_kernel as load
-
-    return load(src, name)
+    return loader.load_kernel(src, name)
