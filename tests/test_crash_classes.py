@@ -184,8 +184,8 @@ CAT_INDEX = {
 
 
 # ---------------------------------------------------------------------------------------------
-# constants where a typed value is needed: a constant read through an index (a Python int, so
-# int32 in Triton) reduced beside int64's identity -2**63; an empty buffer's placeholder read
+# constants where a typed value is needed: a constant read through an index (assigned, a Python
+# int is an int32 tensor in Triton) reduced beside int64's identity -2**63; an empty buffer's placeholder read
 # as a float (tl.exp(0) of an int); an empty index tensor's range check (no lane reads)
 # ---------------------------------------------------------------------------------------------
 
@@ -214,6 +214,10 @@ CONSTANTS = {
         lambda: (torch.randint(0, 5, (4, 3)), torch.tensor([2])),
     ),
     "std_of_an_empty_row": (_std_of_empty, lambda: (torch.randn(1, 0),)),
+    "index_by_a_one_element_arange_grad": (  # a constant index: a typed tensor, not an int
+        lambda a: torch.index_select(a, -1, torch.arange(a.shape[-1]).flip(0)) * 3,
+        lambda: (torch.randn(3, 1, requires_grad=True),),
+    ),
     "exp_of_an_empty_cat": (
         lambda a: torch.exp(torch.cat([a, a], 1)).sum(1),
         lambda: (torch.randn(2, 0),),

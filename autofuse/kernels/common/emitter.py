@@ -115,8 +115,8 @@ class Emitter(ValueRewrites):
         self.lines.append("    " * self.depth + s)
 
     def tmp(self, expr: str, cls: int, dtype: str, comment: str = "") -> Val:
-        if literal_value(expr) is not None:  # a constant stays a literal, which its readers
-            return Val(expr, 0, dtype, True)  # type (a Python int is no int64 tensor)
+        if literal_value(expr) is not None:  # a constant: a tensor of its value's dtype (a
+            expr = f"tl.full([], {expr}, {TL_DTYPE[dtype]})"  # Python int would be int32)
         name = f"tmp{self.n_tmp}"
         self.n_tmp += 1
         self.line(f"{name} = {expr}" + (f"  # {comment}" if comment else ""))
