@@ -3,7 +3,7 @@
 
 A variance is captured as two reductions over the same ``x``: ``m = mean(x)`` (the moment mean
 of ``capture/decompositions.py``: ``where(|s| == inf, m', clamp(m'))``, ``m' = (h0 + s / n) *
-2^k``, ``s = sum(x * 2^-k - h0)``, ``h0`` the row's first element times 2^-k; or a plain
+2^k``, ``s = sum(x * 2^-k - h0)``, ``h0`` a value of the row (its maximum) times 2^-k; or a plain
 ``mean``), then ``s2 = sum((x - m)^2)`` (``mul(d, d)`` or ``pow_scalar(d, 2)``). Split as two independent reductions, the second needs the *global* mean,
 so each stage reads all of ``x``: on an H200, ``column_stats`` of a bf16 (65536, 1024) matrix
 took two passes over x (58 + 49 us) where one read is 31.6 us. This step splits the pair as
@@ -87,7 +87,7 @@ def _widened(graph: Graph, i: int) -> int:
 def _moment_sum(graph: Graph, i: int) -> int | None:
     """The ``s = sum(x * 2^-k - h0)`` of the moment mean ``where(|s| == inf, m, clamp(m))``,
     ``m = (h0 + s / n) * 2^k``, that node ``i`` is (None if it is not one). ``h0`` is a value
-    per row (``x0 * 2^-k``, the row's first element scaled): ``m`` is the mean of ``x`` for any
+    per row (``x0 * 2^-k``, a value of the row scaled): ``m`` is the mean of ``x`` for any
     such ``h0``, so only its shape is checked."""
     w = graph[i]
     if w.op != "where":
