@@ -68,6 +68,10 @@ def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None, root=
     mean = _moment_mean(xf, dims, n) if mean is None else mean.to(xf.dtype)
     diff = xf - mean
     div = max(n - corr, 0)
+    if div == 0:  # eager: x / 0, inf where the row varies, NaN where constant (or NaN)
+        # |x - mean| is 0 only on a constant row (a square can underflow to 0; eager's can not)
+        out = torch.sum(diff.abs(), dims, keepdim=keepdim) / div
+        return out.to(x.dtype) if low else out
     var = torch.sum(diff * diff, dims, keepdim=keepdim) / div
     out = torch.sqrt(var) if root else var
     if xf.is_floating_point():
