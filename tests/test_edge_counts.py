@@ -75,3 +75,27 @@ def test_correction_over_empty_and_single_rows(shape):
             for compiled in _front_ends(fn, x):
                 _same(_run(compiled, x, backward), ref)
             torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 3), (2, 4, 0), (2, 4, 0, 3)])
+def test_group_norm_backward_on_empty_input(shape):
+    """Eager's backward works on every shape here; PyTorch's own aot_eager raises
+    ZeroDivisionError on (2, 4, 0) and (2, 4, 0, 3) (its decomposition's 1 / (HxW * C / G))."""
+
+    def fn(x, w, b):
+        return torch.nn.functional.group_norm(x, 2, w, b)
+
+    args = [torch.randn(shape), torch.randn(4), torch.randn(4)]
+
+    def grads(f):
+        leaves = [a.detach().clone().requires_grad_() for a in args]
+        (f(*leaves) * 1.5).sum().backward()
+        return [leaf.grad for leaf in leaves]
+
+    ref = grads(fn)
+    for compiled in (
+        autofuse.optimize(fn, args),
+        torch.compile(fn, backend="autofuse", dynamic=False),
+    ):
+        _same(grads(compiled), ref)
+    torch._dynamo.reset()

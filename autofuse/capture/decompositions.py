@@ -119,6 +119,25 @@ def _group_norm_decomp(x, weight, bias, n, c, hw, group, eps):
     return y.to(x.dtype), mean.reshape(n, group).to(x.dtype), rstd.reshape(n, group).to(x.dtype)
 
 
+def _empty_group_norm_backward(decomp):
+    """native_group_norm_backward, where a group holds no element (HxW or C / group 0) without
+    the decomposition's 1 / (HxW * C / group): the input's gradient is empty and the sums
+    over the groups are 0, so weight's is sum_N((0 - 0 * mean) * rstd) and bias's 0, as eager."""
+
+    def decomposed(dy, x, mean, rstd, gamma, n, c, hw, group, mask):
+        if hw * (c // group):
+            return decomp(dy, x, mean, rstd, gamma, n, c, hw, group, mask)
+        zero = mean.new_zeros(n, group, c // group)
+        dw = ((zero - zero * mean.unsqueeze(-1)) * rstd.unsqueeze(-1)).sum(0).reshape(c)
+        return (
+            torch.zeros_like(x) if mask[0] else None,
+            dw.to(x.dtype) if mask[1] else None,
+            x.new_zeros(c) if mask[2] else None,
+        )
+
+    return decomposed
+
+
 def _log10(x):
     """log10 as log / ln(10) (a generated op; within an ulp or two of eager's)."""
     return torch.log(x) / math.log(10.0)
@@ -194,6 +213,8 @@ def decomposition_table() -> dict:
     table[aten.var_mean.correction] = _var_mean_decomp
     table[aten.std.correction] = _std_decomp
     table[aten.native_group_norm.default] = _group_norm_decomp
+    gn_back = aten.native_group_norm_backward.default
+    table[gn_back] = _empty_group_norm_backward(table[gn_back])
     for op in (aten.index_add.default, aten.index_add_.default):
         table[op] = _not_for_bool(table[op])
     table[aten.log10.default] = _log10
