@@ -68,6 +68,10 @@ def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None, root=
     mean = _moment_mean(xf, dims, n) if mean is None else mean.to(xf.dtype)
     diff = xf - mean
     div = max(n - corr, 0)
+    if div == 0:  # eager: x / 0, inf where the row varies, NaN where constant (or NaN)
+        # |x - mean| is 0 only on a constant row (a square can underflow to 0; eager's can not)
+        out = torch.sum(diff.abs(), dims, keepdim=keepdim) / div
+        return out.to(x.dtype) if low else out
     var = torch.sum(diff * diff, dims, keepdim=keepdim) / div
     out = torch.sqrt(var) if root else var
     if xf.is_floating_point():
@@ -113,6 +117,25 @@ def _group_norm_decomp(x, weight, bias, n, c, hw, group, eps):
     if bias is not None:
         y = y + bias.reshape(per_channel)
     return y.to(x.dtype), mean.reshape(n, group).to(x.dtype), rstd.reshape(n, group).to(x.dtype)
+
+
+def _empty_group_norm_backward(decomp):
+    """native_group_norm_backward, where a group holds no element (HxW or C / group 0) without
+    the decomposition's 1 / (HxW * C / group): the input's gradient is empty and the sums
+    over the groups are 0, so weight's is sum_N((0 - 0 * mean) * rstd) and bias's 0, as eager."""
+
+    def decomposed(dy, x, mean, rstd, gamma, n, c, hw, group, mask):
+        if hw * (c // group):
+            return decomp(dy, x, mean, rstd, gamma, n, c, hw, group, mask)
+        zero = mean.new_zeros(n, group, c // group)
+        dw = ((zero - zero * mean.unsqueeze(-1)) * rstd.unsqueeze(-1)).sum(0).reshape(c)
+        return (
+            torch.zeros_like(x) if mask[0] else None,
+            dw.to(x.dtype) if mask[1] else None,
+            x.new_zeros(c) if mask[2] else None,
+        )
+
+    return decomposed
 
 
 def _log10(x):
@@ -190,6 +213,8 @@ def decomposition_table() -> dict:
     table[aten.var_mean.correction] = _var_mean_decomp
     table[aten.std.correction] = _std_decomp
     table[aten.native_group_norm.default] = _group_norm_decomp
+    gn_back = aten.native_group_norm_backward.default
+    table[gn_back] = _empty_group_norm_backward(table[gn_back])
     for op in (aten.index_add.default, aten.index_add_.default):
         table[op] = _not_for_bool(table[op])
     table[aten.log10.default] = _log10
