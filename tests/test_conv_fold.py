@@ -162,6 +162,13 @@ def test_training_mode_keeps_batch_statistics(kind):
     for (name, a), b in zip(net.named_buffers(), ref.buffers()):
         assert_close(a.float(), b.float(), torch.float32, name)
     for (name, a), b in zip(net.named_parameters(), ref.parameters()):
+        if name == "0.bias":
+            # a bias before a training-mode BatchNorm: its gradient is 0 in exact arithmetic
+            # (the batch mean removes it), so both sides hold rounding noise alone; it must be
+            # 0 to the rounding of the gradients beside it
+            scale = float(ref[0].weight.grad.abs().max())
+            assert float(a.grad.abs().max()) <= 1e-4 * scale, f"grad {name}: {a.grad}"
+            continue
         assert_close(a.grad, b.grad, torch.float32, f"grad {name}")
 
 

@@ -30,7 +30,8 @@ def _moment_mean(x, dims, n):
     the GEMM + row kind included, where a read of the row's first element is not), plus the
     mean of ``x - x0``, which is 0 on a constant row, so the row minus its mean is 0 and its
     variance 0 (a plain sum of n equal values rounds: layer_norm with eps=1e-12 then scaled
-    that rounding by 1e6). Finite: sum(x)
+    that rounding by 1e6). The mean does not depend on ``x0`` (its gradient through it is 0), so
+    ``x0`` is detached: its backward adds nothing but rounding noise. Finite: sum(x)
     overflows on a row of finfo.min (a masked row); the differences are taken of x * 2^-k and
     x0 * 2^-k, 2^k >= 2n (an exact scaling), so neither they nor their sum can overflow for
     finite inputs (an infinite ``x0`` is replaced by 0: inf - inf would be NaN). The finite
@@ -38,7 +39,7 @@ def _moment_mean(x, dims, n):
     if not x.is_floating_point() or n == 0:
         return torch.mean(x, dims, keepdim=True)
     k = math.ceil(math.log2(n)) + 1
-    x0 = torch.amax(x, dims, keepdim=True) if dims else x
+    x0 = (torch.amax(x, dims, keepdim=True) if dims else x).detach()  # no gradient: see above
     x0 = torch.where(x0.abs() == math.inf, 0.0, x0)
     h0 = x0 * 2.0**-k
     s = torch.sum(x * 2.0**-k - h0, dims, keepdim=True)
