@@ -4,6 +4,7 @@ own shapes on a GPU.
     python -m experiments.kernelbench [DIR] --level N [--problems 1-20,33] [--mode cpu|gpu]
         [--dtype fp32|bf16] [--out DIR] [--timeout S] [--trials T] [--budget S] [--resume]
         [--variants eager,default,max-autotune,greedy,greedy-library-bias,tuned]
+        [--records FILE] [--deadline S]
 
 DIR is a KernelBench folder (``KernelBench/level<N>/<n>_<name>.py``; default
 ``$KERNELBENCH_DIR``, else ``../shared/kernelbench`` beside the project where it exists). Every problem is loaded by path
@@ -152,6 +153,16 @@ def start_run(a: argparse.Namespace, folder: Path) -> None:
     write_json(folder / "run.json", doc)
 
 
+def write_records(folder: Path, path: Path) -> None:
+    """Every record of the run folder, and its ``run.json``, in one JSON file (rewritten after
+    each problem, so a run stopped at any point leaves one file with everything done so far)."""
+    from autofuse.tune.runfiles import read_json, write_json
+
+    recs = [read_json(f) for f in sorted(folder.glob("L*.json"))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"run": read_json(folder / "run.json"), "records": [r for r in recs if r]})
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.mode == "cpu":  # kernels run in Triton's interpreter (set before triton loads)
@@ -169,14 +180,21 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.kernelbench_summary import line, write_summary
 
     worker = Worker(worker_cmd(a, folder))
+    began = time.monotonic()
     try:
         for problem in problems:
             if a.resume and (folder / f"{problem.key}.json").is_file():
                 continue
+            if a.deadline and time.monotonic() - began > a.deadline:
+                print(f"kernelbench: --deadline {a.deadline:g} s passed; stopping before "
+                      f"{problem.key} (--resume goes on)", flush=True)  # fmt: skip
+                break
             rec = (
                 run_child(a, problem, folder, worker) if a.timeout else run_one(a, problem, folder)
             )
             print(line(rec), flush=True)
+            if a.records:
+                write_records(folder, Path(a.records))
     finally:
         worker.stop()
     md = write_summary([folder], folder / "summary.md")
@@ -206,6 +224,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "greedy-library-bias, tuned (default: all but greedy-library-bias)")  # fmt: skip
     p.add_argument("--train", action="store_true", help="cpu: a training step (level 3 always)")
     p.add_argument("--resume", action="store_true", help="skip problems with a record")
+    p.add_argument("--records", default="",
+                   help="one JSON file holding every record, rewritten after each problem")
+    p.add_argument("--deadline", type=float, default=0.0,
+                   help="seconds: start no new problem after this long (0: no limit)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--run-dir", default="", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
