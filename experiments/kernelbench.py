@@ -224,10 +224,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "greedy-library-bias, tuned (default: all but greedy-library-bias)")  # fmt: skip
     p.add_argument("--train", action="store_true", help="cpu: a training step (level 3 always)")
     p.add_argument("--resume", action="store_true", help="skip problems with a record")
-    p.add_argument("--records", default="",
-                   help="one JSON file holding every record, rewritten after each problem")
-    p.add_argument("--deadline", type=float, default=0.0,
-                   help="seconds: start no new problem after this long (0: no limit)")
+    p.add_argument(
+        "--records",
+        default="",
+        help="one JSON file holding every record, rewritten after each problem",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        help="seconds: start no new problem after this long (0: no limit)",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--run-dir", default="", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
