@@ -27,6 +27,7 @@ import torch
 
 from autofuse import logs
 from autofuse.interpreter import interpreting
+from autofuse.ir.conv_layout import relayout
 from autofuse.ir.graph import Graph
 from autofuse.partition import Partitioner
 from autofuse.plan.build import build_plan
@@ -99,20 +100,21 @@ class Planner:
     def untuned(
         self, label: str, on_cuda: bool, inputs: Callable[[], Sequence[torch.Tensor]]
     ) -> Planned:
-        """The untuned plan and, where two were timed, the choice; ``inputs()`` gives the
-        graph's inputs to time on (called only when timing)."""
+        """The untuned plan and, where two or more were timed, the choice; ``inputs()`` gives
+        the graph's inputs to time on (called only when timing)."""
         base = self.space.untuned()
         plan = self.build(base.groups, label=label)
-        alt = self.space.library_gemms(base)
-        if alt is None or not on_cuda or interpreting():
+        if not on_cuda or interpreting():
             return Planned(plan)
         try:
-            other = self.build(alt.groups, label=f"{label}, matmuls in cuBLAS")
-            ins: Any = list(inputs())
+            others = self.alternatives(base, label)
+            ins: Any = list(inputs()) if others else None
         except Exception as e:  # noqa: BLE001 - a measurement never fails the plan: the fused one
             why = f"not timed: {type(e).__name__}: {e}"[:300]
             return Planned(plan, None, PlanChoice(plan.label, ((plan.label, None),), why))
-        chosen, choice = choose_plan([plan, other], lambda p: execute(p, ins), True)
+        if not others:
+            return Planned(plan)
+        chosen, choice = choose_plan([plan, *others], lambda p: execute(p, ins), True)
         logs.emit("search", f"{label}: {choice.why} -> {choice.chosen}")
         if any(t is not None for _, t in choice.times):
             measured = f"measured: {choice.why} -> {choice.chosen}"
@@ -120,6 +122,21 @@ class Planner:
                 chosen, lambda s: f"{s.reason}; {measured}" if s.reason else measured
             )
         return Planned(chosen, None, choice)
+
+    def alternatives(self, base: Any, label: str) -> list[Plan]:
+        """The untuned plans timed beside ``base``'s: every matmul in cuBLAS where ``base``
+        fuses one; every convolution contiguous where ``base`` keeps one's result
+        channels-last (whether the kernels reading it are as fast in that layout)."""
+        out = []
+        alt = self.space.library_gemms(base)
+        if alt is not None:
+            out.append(self.build(alt.groups, label=f"{label}, matmuls in cuBLAS"))
+        if any(n.attr("eager_strides") for n in self.graph.nodes):
+            flat = Planner(relayout(self.graph, "contiguous"))
+            out.append(
+                flat.build(flat.space.untuned().groups, label=f"{label}, convolutions contiguous")
+            )
+        return out
 
     def tuned(
         self,
