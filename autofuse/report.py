@@ -120,11 +120,22 @@ def conv_notes(plan: Plan) -> dict[int, str]:
         else:
             parts.append("no bias")
         layout, times = node.attr("layout"), node.attr("layout_us")
-        if layout and times:
+        if layout and node.attr("layout_by") == "plan":
+            alone = (
+                f"; alone {times[0]:g} us contiguous, {times[1]:g} us channels-last"
+                if times
+                else ""
+            )
+            parts.append(
+                f"{layout} (the plan with every convolution so timed faster end to end{alone})"
+            )
+        elif layout and times:
             parts.append(f"{layout} (measured {times[0]:g} us contiguous, {times[1]:g} us "
                          "channels-last)")  # fmt: skip
         elif layout:
             parts.append(f"{layout} (AUTOFUSE_CONV_LAYOUT)")
+        if node.attr("eager_strides"):
+            parts.append("result kept channels-last for the kernels that read it")
         if node.attr("folded") == "batchnorm":
             weight = g.base_of(node.inputs[1])
             parts.append(f"BatchNorm folded into its weight (kernel {owner.get(weight, 'eager')})")

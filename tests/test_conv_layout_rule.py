@@ -11,6 +11,7 @@ from autofuse.capture.trace import capture
 from autofuse.ir.conv_fold import is_convolution
 from autofuse.ir.conv_layout import channels_last_strides, choose_layouts, relayout
 from autofuse.ir.eager import bind_node
+from autofuse.kernels.reduction.kind import inner_rows
 from autofuse.settings import reload_settings
 from tests.helpers import assert_close
 
@@ -193,3 +194,25 @@ def test_the_planner_offers_the_plan_with_every_convolution_contiguous(layout_ru
     layout_rule("contiguous")
     graph = capture(net, (torch.randn(2, 3, 5, 4),)).graph
     assert Planner(graph).alternatives(Planner(graph).space.untuned(), "untuned") == []
+
+
+@pytest.mark.parametrize("reduce", ["spatial_mean", "channel_max"])
+def test_a_reduction_of_a_kept_channels_last_result(reduce, layout_rule):
+    """A mean over H x W reads the kept result along its channels (neighbouring rows): a block
+    of rows, not one; a max over the channels reads each row contiguously. Eager's values."""
+    layout_rule("channels_last")
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 32, 3, padding=1)
+
+    def f(x):
+        y = torch.relu(conv(x))
+        return y.mean((2, 3)) if reduce == "spatial_mean" else y.amax(1)
+
+    x = torch.randn(2, 3, 6, 5)
+    with torch.no_grad():
+        opt = autofuse.optimize(f, (x,))
+        assert_close(opt(x), f(x), torch.float32, reduce)
+    (red,) = [k for k in opt.plan.kernels if k.info.reduces]
+    # the spatial mean's 32 channels are neighbouring rows in memory; the channel max's rows
+    # (positions) are not
+    assert inner_rows(opt.plan.graph, red.info) == (32 if reduce == "spatial_mean" else 1)

@@ -4,7 +4,7 @@ by dependency level (softmax: max, then sum)."""
 
 from __future__ import annotations
 
-from autofuse.ir.graph import Graph, numel
+from autofuse.ir.graph import Graph, buffer_strides, numel
 from autofuse.kernels.common import load_hints
 from autofuse.kernels.common.base import (
     FusionRefused,
@@ -121,8 +121,7 @@ class ReductionKind(LoopKind):
 
     def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:
         r = next_pow2(info.rnumel)
-        last = max(info.reduce_dims, default=len(info.domain))
-        inner = numel(s for j, s in enumerate(info.domain) if j > last)
+        inner = inner_rows(graph, info)
         if inner >= 32:
             # an outer reduction (column sums, a split reduction's stages): neighbouring outputs
             # are neighbours in memory, so a block spans up to 64 of them (128-byte bf16
@@ -163,3 +162,20 @@ class ReductionKind(LoopKind):
             probe.emit()
             em.streamed = load_hints.streamed_loads(probe)
         return render_loop_kernel(em, name, self.name)
+
+
+def inner_rows(graph: Graph, info: GroupInfo) -> int:
+    """How many neighbouring rows are neighbours in memory: the kept dims after the last
+    reduced one, or, where the group reads a buffer the plan keeps in another layout (a
+    convolution's channels-last result, ``ir/conv_layout.py``), the kept dims that buffer holds
+    closer together than any reduced one (its channels, for a reduction over H x W)."""
+    dom, red = info.domain, info.reduce_dims
+    for j in info.loads:
+        node = graph[j]
+        if node.attr("eager_strides") is None or tuple(node.shape) != tuple(dom) or not red:
+            continue
+        strides = buffer_strides(node)
+        low = min(strides[d] for d in red)
+        return numel(s for d, s in enumerate(dom) if d not in red and strides[d] < low)
+    last = max(red, default=len(dom))
+    return numel(s for j, s in enumerate(dom) if j > last)
