@@ -37,8 +37,8 @@ them again, for tests and for programs that change the environment on purpose):
 - ``AUTOFUSE_SDPA``: which SDPA backend runs attention the torch.compile backend keeps whole:
   ``auto`` (default: the backend torch picked when tracing, or on CUDA the fastest offered one,
   timed end to end; ``kernels/library/sdpa.py``), or ``cudnn``, ``flash``, ``efficient`` or
-  ``math`` (that backend wherever it is offered; elsewhere the rule); an unknown value warns
-  and means ``auto``.
+  ``math`` (that backend wherever it applies, untimed; elsewhere the op as traced); an unknown
+  value warns and means ``auto``.
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
   ``+autofuse``, ``all``); an unknown topic is ignored with one ``SettingsWarning`` naming the
   valid ones.

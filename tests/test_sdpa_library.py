@@ -188,11 +188,17 @@ def test_the_rule_keeps_torchs_pick_as_a_library_call():
     torch.testing.assert_close(execute(plan, ins)[0], _reference(graph, ins))
 
 
-def test_autofuse_sdpa_forces_a_backend_where_offered(forced):
+def test_autofuse_sdpa_forces_a_backend_where_it_applies(forced):
     forced("math")
     graph, op = sdpa_graph(CPU, is_causal=True)
+    assert names(graph, op) == ["math"] and library_variants(graph) == []  # nothing to time
     (step,) = build_plan(graph, []).library
     assert step.call.name == "math" and "AUTOFUSE_SDPA=math" in step.reason
+    assert library_key_parts(graph) == {"sdpa": "math"}  # a forced plan has its own entry
+    forced("cudnn")  # not on a CPU: the op runs as traced
+    assert names(graph, op) == []
+    (step,) = [s for s in build_plan(graph, []).steps if op in s.nodes]
+    assert isinstance(step, EagerStep) and "SDPA's flash backend" in step.reason
 
 
 def test_each_variant_runs_and_the_timed_choice_says_why():

@@ -64,6 +64,7 @@ from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, 
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.planner import Planned, Planner
 from autofuse.plan.runtime import input_guard, run_plan
+from autofuse.settings import settings
 from autofuse.tune.entry import planning
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, place, prepare, to_ir
@@ -202,7 +203,8 @@ class CompiledGraph:
         )
 
 
-# (graph key, device, tuned) -> (plan, tuning, the untuned plan's measured choice)
+# (graph key, device, tuned, runtime sizes, AUTOFUSE_SDPA) -> (plan, tuning, the untuned plan's
+# measured choice)
 _PLANS: dict[tuple, tuple[Plan, Any, Any]] = {}
 _PLANS_LOCK = threading.Lock()
 _COMPILED: collections.deque[CompiledGraph] = collections.deque(maxlen=512)
@@ -332,7 +334,7 @@ class AutofuseBackend:
     def plan_for(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any, Any]:
         tuned = wants_tuning(self.options) and torch.cuda.is_available()
         note_backend_tuning(self.options, torch.cuda.is_available(), self.origin)
-        key = (graph.key, _device_of(metas), tuned, runtime_sizes_on())
+        key = (graph.key, _device_of(metas), tuned, runtime_sizes_on(), settings().sdpa)
         with _PLANS_LOCK:
             hit = _PLANS.get(key)
         if hit is not None and not self.options.get("retune"):

@@ -30,10 +30,12 @@ What is offered (:meth:`SdpaProvider.offers`, a group of one such node):
   backend, which reads none of the forward's saved tensors and so pairs with any forward.
 
 Which one runs (the rule, :meth:`SdpaProvider.preferred`): the backend torch picked when
-tracing, that is the op kept as it came, unless ``AUTOFUSE_SDPA`` names an offered backend; on
-CUDA the untuned planner and the tuned one time the offers end to end and keep the traced one
-unless another is faster (``plan/planner.py``). A plan holding a CUDA SDPA op keys its cache
-entry with the cuDNN version (:func:`key_parts`).
+tracing, that is the op kept as it came; on CUDA the untuned planner and the tuned one time the
+offers end to end and keep the traced one unless another is faster (``plan/planner.py``).
+``AUTOFUSE_SDPA=<backend>`` offers that backend alone (``math``: ``math_backward`` too) and
+runs it wherever it applies, the ops it does not apply to as traced. A graph holding a CUDA
+SDPA op keys its cache entry with the cuDNN version, and a forced backend with its name
+(:func:`key_parts`).
 """
 
 from __future__ import annotations
@@ -276,14 +278,14 @@ class SdpaProvider:
         a = attention_of(graph, i)
         if a is None or a.dropout != 0.0:
             return ()
+        forced = forced_backend()
         if a.backward:
-            if a.bias_grad:
+            if a.bias_grad or forced not in (None, "math"):
                 return ()
             return (LibraryCall(self.name, "math_backward", a.args, i, (i,), a.params),)
         if a.aux_read:
             return ()
-        first = (forced_backend(), a.backend)  # the forced backend, then the traced one
-        names = [b for b in dict.fromkeys((*first, *BACKENDS)) if b is not None]
+        names = [forced] if forced else [a.backend, *(b for b in BACKENDS if b != a.backend)]
         return tuple(
             LibraryCall(self.name, b, a.args, i, (i,), a.params)
             for b in names
@@ -301,7 +303,7 @@ class SdpaProvider:
         forced = forced_backend()
         if a is None or a.backward:
             return calls[0] if forced == "math" else None
-        return calls[0] if calls[0].name in (forced, a.backend) else None
+        return calls[0] if calls[0].name == (forced or a.backend) else None
 
     def function(self, name: str) -> Callable[..., Any]:
         try:
@@ -338,6 +340,9 @@ def eager_note(graph: Graph, i: int) -> str | None:
     if a is None:
         return None
     what = f"SDPA's {a.backend} backend, as torch picked it when tracing"
+    forced = forced_backend()
+    if forced is not None and forced != a.backend:
+        what += f" (AUTOFUSE_SDPA={forced} does not apply to it)"
     if a.dropout != 0.0:
         return f"{what} (dropout {a.dropout}: no other backend is offered)"
     if a.backward:
@@ -348,11 +353,12 @@ def eager_note(graph: Graph, i: int) -> str | None:
 
 
 def key_parts(graph: Graph) -> dict[str, str]:
-    """What a cache key adds for ``graph``: the cuDNN version where it holds a CUDA SDPA op
-    (a cuDNN SDPA step may be in its plan, and cuDNN's support and speed change by version)."""
-    for i, n in enumerate(graph.nodes):
-        if n.op == "opaque":
-            a = attention_of(graph, i)
-            if a is not None and a.device == "cuda":
-                return {"cudnn": str(torch.backends.cudnn.version())}
-    return {}
+    """What a cache key adds for ``graph``: where it holds a CUDA SDPA op, the cuDNN version
+    (a cuDNN SDPA step may be in its plan, and cuDNN's support and speed change by version);
+    where it holds any SDPA op and ``AUTOFUSE_SDPA`` forces a backend, that backend."""
+    found = [attention_of(graph, i) for i, n in enumerate(graph.nodes) if n.op == "opaque"]
+    found = [a for a in found if a is not None]
+    parts = {"sdpa": forced_backend()} if found and forced_backend() else {}
+    if any(a.device == "cuda" for a in found):
+        parts["cudnn"] = str(torch.backends.cudnn.version())
+    return parts
