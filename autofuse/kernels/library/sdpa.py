@@ -173,7 +173,6 @@ def _spec(graph: Graph, i: int | None) -> Spec | None:
     return (tuple(n.shape), tuple(n.strides), n.dtype)
 
 
-@functools.lru_cache(maxsize=256)
 def cuda_supports(
     backend: str,
     q: Spec,
@@ -184,11 +183,28 @@ def cuda_supports(
     enable_gqa: bool,
 ) -> bool:
     """Whether SDPA's ``backend`` takes tensors of these specs on the current CUDA device, by
-    torch's own checks (False without CUDA, or where building the check fails)."""
+    torch's own checks under the SDPA flags set now (False without CUDA, or where building the
+    check fails)."""
     if backend == "math":
         return True
     if not torch.cuda.is_available():
         return False
+    cuda = torch.backends.cuda
+    flags = (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.cudnn_sdp_enabled())
+    return _checked(backend, q, k, v, mask, is_causal, enable_gqa, flags)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked(
+    backend: str,
+    q: Spec,
+    k: Spec,
+    v: Spec,
+    mask: Spec | None,
+    is_causal: bool,
+    enable_gqa: bool,
+    flags: tuple[bool, ...],  # the global SDPA flags the checks read (a key of the cache)
+) -> bool:
     check = {
         "flash": torch.backends.cuda.can_use_flash_attention,
         "efficient": torch.backends.cuda.can_use_efficient_attention,
