@@ -191,20 +191,14 @@ def cuda_supports(
         return False
     cuda = torch.backends.cuda
     flags = (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.cudnn_sdp_enabled())
-    return _checked(backend, q, k, v, mask, is_causal, enable_gqa, flags)
+    return _checked(backend, (q, k, v, mask), is_causal, enable_gqa, flags)
 
 
 @functools.lru_cache(maxsize=256)
 def _checked(
-    backend: str,
-    q: Spec,
-    k: Spec,
-    v: Spec,
-    mask: Spec | None,
-    is_causal: bool,
-    enable_gqa: bool,
-    flags: tuple[bool, ...],  # the global SDPA flags the checks read (a key of the cache)
+    backend: str, specs: tuple, is_causal: bool, enable_gqa: bool, flags: tuple[bool, ...]
 ) -> bool:
+    """:func:`cuda_supports` once per specs and global SDPA flags (those the checks read)."""
     check = {
         "flash": torch.backends.cuda.can_use_flash_attention,
         "efficient": torch.backends.cuda.can_use_efficient_attention,
@@ -215,7 +209,7 @@ def _checked(
             None
             if s is None
             else torch.empty_strided(s[0], s[1], dtype=getattr(torch, s[2]), device="cuda")
-            for s in (q, k, v, mask)
+            for s in specs
         )
         params = torch.backends.cuda.SDPAParams(q_, k_, v_, m_, 0.0, is_causal, enable_gqa)
         return bool(check(params, False))
