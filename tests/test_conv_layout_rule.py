@@ -9,7 +9,7 @@ import torch
 import autofuse
 from autofuse.capture.trace import capture
 from autofuse.ir.conv_fold import is_convolution
-from autofuse.ir.conv_layout import choose_layouts
+from autofuse.ir.conv_layout import channels_last_strides, choose_layouts, relayout
 from autofuse.ir.eager import bind_node
 from autofuse.settings import reload_settings
 from tests.helpers import assert_close
@@ -61,9 +61,38 @@ def test_measured_rule_records_the_faster_format_and_both_times():
     assert not any(isinstance(r, FakeTensor) for r in results)
     assert chosen[i].attr("layout") == "channels_last" and chosen[i].attr("layout_us") == (3, 2)
     torch.testing.assert_close(results[0], results[1])  # both formats: one result
-    assert results[1].stride() == tuple(graph[i].strides)  # given back in eager's strides
+    # the GELU reads it: kept channels-last, its strides on the node, eager's remembered
+    assert results[1].stride() == tuple(chosen[i].strides) != tuple(graph[i].strides)
+    assert chosen[i].strides == channels_last_strides(tuple(graph[i].shape))
+    assert chosen[i].attr("eager_strides") == tuple(graph[i].strides)
     assert choose_layouts(graph, cuda=True, rule="eager") is graph
     assert choose_layouts(graph, cuda=False, rule="measure") is graph
+
+
+def test_a_returned_convolution_is_given_back_in_eagers_strides():
+    torch.manual_seed(0)
+    conv, x = torch.nn.Conv2d(3, 4, 3, padding=1, bias=False), torch.randn(2, 3, 6, 5)
+    graph = capture(conv, (x,)).graph
+    chosen = choose_layouts(graph, cuda=True, rule="channels_last")
+    (i,) = _convs(chosen)
+    assert chosen[i].attr("layout") == "channels_last" and chosen[i].strides == graph[i].strides
+    node = chosen[i]
+    args = {0: x, 1: conv.weight.detach()}
+    out = bind_node(node)("cpu", *[args[k] for k in range(len(node.inputs))])
+    assert out.stride() == tuple(graph[i].strides)
+
+
+def test_relayout_undoes_and_redoes_a_kept_layout():
+    net, x = _net("conv2d")
+    graph = capture(net, (x,)).graph
+    cl = choose_layouts(graph, cuda=True, rule="channels_last")
+    (i,) = _convs(cl)
+    back = relayout(cl, "contiguous")
+    assert back[i].attr("layout") == "contiguous" and back[i].strides == graph[i].strides
+    assert back[i].attr("eager_strides") is None
+    again = relayout(back, "channels_last")
+    assert again[i].strides == cl[i].strides and again[i].attr("eager_strides") == graph[i].strides
+    assert relayout(graph, "contiguous") == graph  # no recorded layout: nothing changes
 
 
 def test_channels_last_step_keeps_eagers_strides_for_a_channels_last_input():
@@ -109,3 +138,58 @@ def test_explain_names_the_layout(layout_rule):
     net, x = _net("conv3d")
     (note,) = autofuse.explain(net, (x,)).fused.convolutions
     assert "channels_last (AUTOFUSE_CONV_LAYOUT)" in note
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_kept_channels_last_is_read_by_a_two_axis_tile(dims, dtype, layout_rule):
+    """The epilogue reads the kept channels-last result along its channels (the tile's
+    columns) and writes eager's contiguous output along its rows: eager's values and strides,
+    through both front ends, forward and backward."""
+    from autofuse.frontend import dynamo
+
+    layout_rule("channels_last")
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 16, 3, padding=1) if dims == 2 else torch.nn.Conv3d(2, 16, 2)
+    net = torch.nn.Sequential(conv, torch.nn.SiLU()).to(dtype)
+    x = torch.randn((2, 3, 5, 4) if dims == 2 else (1, 2, 3, 4, 3), dtype=dtype)
+    with torch.no_grad():
+        f = autofuse.optimize(net, (x,))
+        got = f(x)
+    assert_close(got, net(x), dtype, "optimize")
+    assert got.stride() == net(x).stride()
+    tiled = [k for k in f.plan.kernels if k.config.RBLOCK == 16]
+    assert tiled, [k.name for k in f.plan.kernels]
+    x.requires_grad_(True)
+    want = net(x)
+    want.float().square().sum().backward()
+    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
+    x.grad = None
+    net.zero_grad()
+    before = len(dynamo.compiled_graphs())
+    got = torch.compile(net, backend="autofuse")(x)
+    got.float().square().sum().backward()
+    assert_close(got, want, dtype, "backend forward")
+    assert got.stride() == want.stride()
+    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in net.parameters()], want_grads)):
+        assert_close(a, b, dtype, f"grad {k}")
+    assert len(dynamo.compiled_graphs()) > before
+
+
+def test_the_planner_offers_the_plan_with_every_convolution_contiguous(layout_rule):
+    from autofuse.plan.planner import Planner
+
+    layout_rule("channels_last")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU())
+    graph = capture(net, (torch.randn(2, 3, 5, 4),)).graph
+    planner = Planner(graph)
+    (flat,) = planner.alternatives(planner.space.untuned(), "untuned")
+    assert flat.label == "untuned, convolutions contiguous"
+    (i,) = _convs(flat.graph)
+    assert flat.graph[i].attr("layout") == "contiguous" and flat.graph[i].strides == (
+        graph[i].attr("eager_strides")
+    )
+    layout_rule("contiguous")
+    graph = capture(net, (torch.randn(2, 3, 5, 4),)).graph
+    assert Planner(graph).alternatives(Planner(graph).space.untuned(), "untuned") == []

@@ -7,13 +7,20 @@ wins depends on the shapes, the dtype and the GPU, so it is measured, not assume
 
 - ``measure`` (default): on a CUDA device, each 2-D and 3-D convolution is timed once in each
   format, as its plan step runs it (random data of its shapes and dtype; in channels-last its
-  inputs converted once and its output given back in eager's strides: the conversions are in
-  the time), and the faster recorded on the node (``layout``, with both times in
-  ``layout_us``); measurements are kept per process by the convolution's signature. On a CPU
-  (Triton's interpreter) nothing is recorded: eager's layout.
+  inputs converted once: the conversions are in the time), and the faster recorded on the node
+  (``layout``, with both times in ``layout_us``); measurements are kept per process by the
+  convolution's signature. On a CPU (Triton's interpreter) nothing is recorded: eager's layout.
 - ``eager``: nothing recorded (the fixed rule of ``ir/eager.py``: 16-bit CUDA convolutions
   channels-last).
 - ``contiguous`` / ``channels_last``: that format for every convolution, on any device.
+
+A channels-last convolution *keeps* its result channels-last (``node.strides`` become the
+channels-last strides of its shape) where the graph does not return it: the kernels that read it
+take those strides (``ir/graph.buffer_strides``), so the layout is converted once, at the
+chain's input, and the chain's last kernel writes the output in eager's strides. One the graph
+returns is given back in eager's strides (converted in its step). Whether the kernels reading a
+channels-last result are as fast as on a contiguous one is a question for the whole plan: the
+planner times the plan with every convolution contiguous beside it (``plan/planner.py``).
 
 ``ir/eager.library_call`` runs a convolution with a recorded ``layout`` in it.
 """
@@ -27,20 +34,54 @@ import torch
 
 from autofuse.ir.conv_fold import is_convolution
 from autofuse.ir.eager import bind_node
-from autofuse.ir.graph import Graph, make_attrs
+from autofuse.ir.graph import Graph, contiguous_strides, make_attrs
 from autofuse.settings import settings
 
-__all__ = ["LAYOUTS", "choose_layouts", "measure_layouts"]
+__all__ = ["LAYOUTS", "channels_last_strides", "choose_layouts", "measure_layouts", "relayout"]
 
 LAYOUTS = ("contiguous", "channels_last")
 _MEASURED: dict[str, tuple[float, float]] = {}  # convolution signature -> (contiguous, cl) s
 
 
-def _with_layout(node, layout: str, times: tuple[float, float] | None = None):
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a 4-D (``channels_last``) or 5-D (``channels_last_3d``) tensor of
+    ``shape`` with its channels innermost."""
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    return tuple(torch.empty(shape, device="meta").contiguous(memory_format=fmt).stride())
+
+
+def _with_layout(node, layout: str, times: tuple[float, float] | None = None, keep: bool = False):
+    """``node`` run in ``layout``; with ``keep`` (channels-last, a result the graph does not
+    return) its result stays channels-last: its strides say so."""
     attrs = dict(node.attrs, layout=layout)
     if times is not None:
         attrs["layout_us"] = tuple(round(t * 1e6, 3) for t in times)
-    return replace(node, attrs=make_attrs(**attrs))
+    strides = node.strides
+    if layout == "channels_last" and keep:
+        strides = channels_last_strides(tuple(node.shape))
+        attrs["eager_strides"] = tuple(node.strides)
+    return replace(node, attrs=make_attrs(**attrs), strides=strides)
+
+
+def relayout(graph: Graph, layout: str) -> Graph:
+    """``graph`` with every convolution that has a recorded layout run in ``layout`` instead
+    (its eager strides back where it kept channels-last): the planner's other plan."""
+    nodes = list(graph.nodes)
+    for i, node in enumerate(graph.nodes):
+        if not is_convolution(node) or not node.attr("layout") or node.attr("layout") == layout:
+            continue
+        kept = node.attr("eager_strides")
+        attrs = {k: v for k, v in node.attrs if k not in ("eager_strides", "layout_us")}
+        plain = replace(node, attrs=make_attrs(**attrs), strides=kept or node.strides)
+        nodes[i] = _with_layout(plain, layout, keep=_keepable(graph, i))
+    return Graph(tuple(nodes), graph.inputs, graph.outputs)
+
+
+def _keepable(graph: Graph, i: int) -> bool:
+    """Whether convolution ``i``'s result may stay channels-last: the graph does not return it
+    (or a view of it) and it has eager's contiguous strides to begin with."""
+    outs = {graph.base_of(o) for o in graph.outputs}
+    return i not in outs and tuple(graph[i].strides) == contiguous_strides(graph[i].shape)
 
 
 def cuda_seconds(fn: Callable[[], object], reps: int = 20) -> float:
@@ -59,11 +100,14 @@ def cuda_seconds(fn: Callable[[], object], reps: int = 20) -> float:
 
 
 def measure_layouts(graph: Graph, i: int, device: str = "cuda",
-                    timer: Callable[[Callable[[], object]], float] = cuda_seconds
-                    ) -> tuple[float, float]:  # fmt: skip
-    """Seconds of convolution ``i``'s plan step in each of :data:`LAYOUTS`, on random data."""
+                    timer: Callable[[Callable[[], object]], float] = cuda_seconds,
+                    keep: bool = False) -> tuple[float, float]:  # fmt: skip
+    """Seconds of convolution ``i``'s plan step in each of :data:`LAYOUTS`, on random data
+    (``keep``: the channels-last step keeps its result channels-last)."""
     node = graph[i]
-    key = f"{device}:{node.signature()}:" + ";".join(graph[j].signature() for j in node.inputs)
+    key = f"{device}:{keep}:{node.signature()}:" + ";".join(
+        graph[j].signature() for j in node.inputs
+    )
     if key in _MEASURED and timer is cuda_seconds:
         return _MEASURED[key]
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -75,7 +119,7 @@ def measure_layouts(graph: Graph, i: int, device: str = "cuda",
                         dtype=getattr(torch, graph[j].dtype))
             for j in node.inputs
         ]  # fmt: skip
-        steps = [bind_node(_with_layout(node, layout)) for layout in LAYOUTS]
+        steps = [bind_node(_with_layout(node, layout, keep=keep)) for layout in LAYOUTS]
         times = tuple(timer(lambda s=s: s(device, *args)) for s in steps)
     _MEASURED[key] = (times[0], times[1])
     return _MEASURED[key]
@@ -94,9 +138,10 @@ def choose_layouts(graph: Graph, cuda: bool, rule: str | None = None,
     for i, node in enumerate(graph.nodes):
         if not is_convolution(node) or len(node.shape) not in (4, 5) or node.attr("layout"):
             continue
+        keep = _keepable(graph, i)
         if rule in LAYOUTS:
-            nodes[i] = _with_layout(node, rule)
+            nodes[i] = _with_layout(node, rule, keep=keep)
             continue
-        times = measure_layouts(graph, i, device, timer)
-        nodes[i] = _with_layout(node, LAYOUTS[int(times[1] < times[0])], times)
+        times = measure_layouts(graph, i, device, timer, keep)
+        nodes[i] = _with_layout(node, LAYOUTS[int(times[1] < times[0])], times, keep)
     return Graph(tuple(nodes), graph.inputs, graph.outputs)

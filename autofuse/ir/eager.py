@@ -69,7 +69,8 @@ def bind_node(node: Node) -> Callable[..., Any]:
         call = lambda device, *args: fn(  # noqa: E731
             *_decode(pos, args, device), **{k: _decode(v, args, device) for k, v in kwargs}
         )
-        if node.attr("layout") == "channels_last":  # its result in eager's strides
+        if node.attr("layout") == "channels_last":  # its result in the node's strides: eager's,
+            # or channels-last where it keeps them (ir/conv_layout.py)
             shape, strides = tuple(node.shape), tuple(node.strides)
             return lambda device, *args: conform(call(device, *args), shape, strides)
         layouts = node.attr("layouts")  # an op that reads memory: its inputs in eager's layout
@@ -140,8 +141,8 @@ def library_call(target: str, layout: str | None = None) -> Any:
     and 5-D tensor channels-last, on any device; ``contiguous``: as they come); else for a
     convolution on CUDA in 16 bits, on channels_last operands (:func:`channels_last_call`)."""
     fn = resolve_target(target)
-    if layout == "channels_last":
-        return channels_last_call(fn, only_cuda=False, every_float=True)
+    if layout == "channels_last":  # its result as it comes: the step conforms it
+        return channels_last_call(fn, only_cuda=False, every_float=True, back=False)
     if layout == "contiguous":
         return fn
     return channels_last_call(fn) if target in _CHANNELS_LAST else fn
@@ -150,11 +151,13 @@ def library_call(target: str, layout: str | None = None) -> Any:
 _FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
-def channels_last_call(fn: Any, only_cuda: bool = True, every_float: bool = False) -> Any:
+def channels_last_call(
+    fn: Any, only_cuda: bool = True, every_float: bool = False, back: bool = True
+) -> Any:
     """``fn`` with its 4-D 16-bit tensor arguments (with ``every_float``: its 4-D and 5-D
-    floating ones) made channels-last (when on CUDA, unless ``only_cuda`` is False) and then
-    its 4-D and 5-D tensor results made contiguous (the layout eager gives on contiguous
-    operands); a call that converts nothing is ``fn``'s own."""
+    floating ones) made channels-last (when on CUDA, unless ``only_cuda`` is False) and then,
+    with ``back``, its 4-D and 5-D tensor results made contiguous (the layout eager gives on
+    contiguous operands); a call that converts nothing is ``fn``'s own."""
 
     def nhwc(x: Any) -> Any:
         if not isinstance(x, torch.Tensor) or (not x.is_cuda and only_cuda):
@@ -165,8 +168,8 @@ def channels_last_call(fn: Any, only_cuda: bool = True, every_float: bool = Fals
             return x.contiguous(memory_format=torch.channels_last)
         return x
 
-    def back(y: Any) -> Any:
-        if isinstance(y, torch.Tensor) and y.dim() in _FORMATS:
+    def contiguous(y: Any) -> Any:
+        if back and isinstance(y, torch.Tensor) and y.dim() in _FORMATS:
             return y.contiguous()
         return y
 
@@ -175,7 +178,9 @@ def channels_last_call(fn: Any, only_cuda: bool = True, every_float: bool = Fals
         if all(a is b for a, b in zip(new, args)):  # nothing converted: eager's own call
             return fn(*args, **kwargs)
         out = fn(*new, **{k: nhwc(v) for k, v in kwargs.items()})
-        return tuple(back(y) for y in out) if isinstance(out, (tuple, list)) else back(out)
+        if isinstance(out, (tuple, list)):
+            return tuple(contiguous(y) for y in out)
+        return contiguous(out)
 
     return call
 

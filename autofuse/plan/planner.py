@@ -31,6 +31,7 @@ import torch
 
 from autofuse import logs
 from autofuse.interpreter import interpreting
+from autofuse.ir.conv_layout import relayout
 from autofuse.ir.graph import Graph
 from autofuse.partition import Partitioner
 from autofuse.plan.build import build_plan
@@ -109,31 +110,46 @@ class Planner:
     def untuned(
         self, label: str, on_cuda: bool, inputs: Callable[[], Sequence[torch.Tensor]]
     ) -> Planned:
-        """The untuned plan and, where two were timed, the choice; ``inputs()`` gives the
-        graph's inputs to time on (called only when timing)."""
+        """The untuned plan and, where two or more were timed, the choice; ``inputs()`` gives
+        the graph's inputs to time on (called only when timing)."""
         base = self.space.untuned()
         plan = self.build(base.groups, label=label)
-        alt = self.space.library_gemms(base)
-        variants = library_variants(self.graph)
-        if (alt is None and not variants) or not on_cuda or interpreting():
+        if not on_cuda or interpreting():
             return Planned(plan)
         try:
-            other = (
-                None if alt is None else self.build(alt.groups, label=f"{label}, matmuls in cuBLAS")
-            )
-            ins: Any = list(inputs())
+            others = self.alternatives(base, label)
+            variants = library_variants(self.graph)
+            ins: Any = list(inputs()) if others or variants else None
         except Exception as e:  # noqa: BLE001 - a measurement never fails the plan: the fused one
             why = f"not timed: {type(e).__name__}: {e}"[:300]
             return Planned(plan, None, PlanChoice(plan.label, ((plan.label, None),), why))
+        if not others and not variants:
+            return Planned(plan)
         run = lambda p: execute(p, ins)  # noqa: E731
         choices = []
-        if other is not None:  # fused matmuls against cuBLAS
-            plan, choice = choose_plan([plan, other], run, True)
+        if others:  # fused matmuls against cuBLAS, channels-last convolutions against contiguous
+            plan, choice = choose_plan([plan, *others], run, True)
             choices.append(choice)
-        if variants:  # then the library calls on offer against the rule's (SDPA's backends)
+        variants = library_variants(plan.graph)  # then the library calls on offer (SDPA's)
+        if variants:
             plan, choice = choose_plan([plan, *(with_calls(plan, v) for v in variants)], run, True)
             choices.append(choice)
         return Planned(_measured(plan, merged(choices), label), None, merged(choices))
+
+    def alternatives(self, base: Any, label: str) -> list[Plan]:
+        """The untuned plans timed beside ``base``'s: every matmul in cuBLAS where ``base``
+        fuses one; every convolution contiguous where ``base`` keeps one's result
+        channels-last (whether the kernels reading it are as fast in that layout)."""
+        out = []
+        alt = self.space.library_gemms(base)
+        if alt is not None:
+            out.append(self.build(alt.groups, label=f"{label}, matmuls in cuBLAS"))
+        if any(n.attr("eager_strides") for n in self.graph.nodes):
+            flat = Planner(relayout(self.graph, "contiguous"))
+            out.append(
+                flat.build(flat.space.untuned().groups, label=f"{label}, convolutions contiguous")
+            )
+        return out
 
     def tuned(
         self,

@@ -1,9 +1,16 @@
 """Kernel kind ``pointwise``: a chain of elementwise ops (through views and broadcasts) over
-one output shape, one loop over the flattened domain."""
+one output shape, one loop over the flattened domain.
+
+A group that reads a buffer kept in another layout than the one it writes (a convolution's
+channels-last result, ``ir/conv_layout.py``, read by an epilogue that writes eager's contiguous
+output) is tiled in two: rows over the other dims by the dim that buffer holds innermost
+(``tile_dim``), as a row kernel's ``XBLOCK x RBLOCK`` tile, without reducing anything. Each
+access is then contiguous along one axis of the tile (the load along the columns, the store
+along the rows), where a flat loop would read the buffer at a stride of the channel count."""
 
 from __future__ import annotations
 
-from autofuse.ir.graph import Graph, numel
+from autofuse.ir.graph import Graph, buffer_strides, numel
 from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
@@ -39,28 +46,44 @@ class PointwiseKind(LoopKind):
             raise FusionRefused(
                 f"outputs of different shapes {list(a)} and {list(b)} cannot share one loop"
             )
+        domain, loads = tuple(graph[stored[0]].shape), loaded_nodes(graph, members)
+        tile = tile_dim(graph, domain, loads)
         info = GroupInfo(
             nodes=tuple(sorted(members)),
             kind=self.name,
-            domain=tuple(graph[stored[0]].shape),
-            reduce_dims=(),
+            domain=domain,
+            reduce_dims=() if tile is None else (tile,),
             stored=stored,
-            loads=loaded_nodes(graph, members),
+            loads=loads,
         )
-        Emitter(graph, info, KernelConfig(16, 0)).emit()  # index checks
+        Emitter(graph, info, self.default_config(graph, info)).emit()  # index checks
         return info
 
     def config_space(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
+        if info.reduces:  # a two-axis tile: every column in one block
+            r = next_pow2(info.rnumel)
+            return [KernelConfig(x, r, w) for x in (8, 16, 32, 64, 128) for w in (2, 4, 8)
+                    if 1024 <= x * r <= 16384 and x * r >= 128 * w]  # fmt: skip
         top = max(16, next_pow2(config_xnumel(info)))
         xs = [b for b in (128, 256, 512, 1024, 2048, 4096) if b <= top] or [top]
         return [KernelConfig(x, 0, w) for x in xs for w in (2, 4, 8) if x >= 32 * w or x == top]
 
     def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:
+        if info.reduces:
+            r = next_pow2(info.rnumel)
+            return KernelConfig(max(8, 4096 // r), r, 4)
         x = min(1024, max(16, next_pow2(config_xnumel(info))))
         return KernelConfig(x, 0, 4 if x >= 128 else 1)
 
     def check_config(self, info: GroupInfo, config: KernelConfig) -> None:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)
+        if info.reduces:
+            if config.RBLOCK < info.rnumel:
+                raise ValueError(
+                    f"a two-axis pointwise tile holds every column: RBLOCK >= {info.rnumel}, "
+                    f"got {config.RBLOCK}"
+                )
+            return
         if config.RBLOCK:
             raise ValueError(f"a pointwise kernel takes RBLOCK=0, got {config.RBLOCK}")
 
@@ -70,3 +93,24 @@ class PointwiseKind(LoopKind):
     def generate(self, graph: Graph, info: GroupInfo, config: KernelConfig, index: int) -> Kernel:
         name = kernel_name(graph, info, self.prefix(info, config), index)
         return render_loop_kernel(Emitter(graph, info, config), name, self.name)
+
+
+MAX_TILE_COLUMNS = 1024  # a two-axis tile holds a whole column run in one block
+
+
+def tile_dim(graph: Graph, domain: tuple[int, ...], loads: tuple[int, ...]) -> int | None:
+    """The domain dim a loaded buffer kept in another layout holds innermost (its stride 1)
+    while the domain's last dim is not innermost in it: the tile's column dim; None where every
+    buffer is read along the domain's last dim. Only layouts the plan chose (a convolution's
+    kept channels-last result) count: a buffer of the domain's shape, read without a view."""
+    if len(domain) < 2 or domain[-1] == 1:
+        return None
+    for j in loads:
+        node = graph[j]
+        if node.attr("eager_strides") is None or tuple(node.shape) != domain:
+            continue
+        strides = buffer_strides(node)
+        inner = [d for d, (st, n) in enumerate(zip(strides, domain)) if st == 1 and n > 1]
+        if inner and inner[0] != len(domain) - 1 and 8 <= domain[inner[0]] <= MAX_TILE_COLUMNS:
+            return inner[0]
+    return None
