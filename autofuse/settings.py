@@ -34,6 +34,11 @@ them again, for tests and for programs that change the environment on purpose):
   in each on a CUDA device, eager's layout on a CPU; ``ir/conv_layout.py``), ``eager``,
   ``contiguous`` or ``channels_last`` (forced, any device); an unknown value warns and means
   ``measure``.
+- ``AUTOFUSE_SDPA``: which SDPA backend runs attention the torch.compile backend keeps whole:
+  ``auto`` (default: the backend torch picked when tracing, or on CUDA the fastest offered one,
+  timed end to end; ``kernels/library/sdpa.py``), or ``cudnn``, ``flash``, ``efficient`` or
+  ``math`` (that backend wherever it applies, untimed; elsewhere the op as traced); an unknown
+  value warns and means ``auto``.
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
   ``+autofuse``, ``all``); an unknown topic is ignored with one ``SettingsWarning`` naming the
   valid ones.
@@ -112,6 +117,7 @@ class Settings:
     check_bounds: bool = False
     conv_bias: str = "kernel"  # "kernel" (peeled into the epilogue) or "library"
     conv_layout: str = "measure"  # "measure", "eager", "contiguous", "channels_last"
+    sdpa: str = "auto"  # "auto" or an SDPA backend: cudnn, flash, efficient, math
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -138,12 +144,14 @@ def settings() -> Settings:
         check_bounds=_flag("AUTOFUSE_CHECK_BOUNDS", False),
         conv_bias=_choice("AUTOFUSE_CONV_BIAS", CONV_BIAS),
         conv_layout=_choice("AUTOFUSE_CONV_LAYOUT", CONV_LAYOUT),
+        sdpa=_choice("AUTOFUSE_SDPA", SDPA),
         signing_key=_signing_key(),
     )
 
 
 CONV_BIAS = ("kernel", "library")
 CONV_LAYOUT = ("measure", "eager", "contiguous", "channels_last")
+SDPA = ("auto", "cudnn", "flash", "efficient", "math")
 
 
 def _choice(name: str, choices: tuple[str, ...]) -> str:

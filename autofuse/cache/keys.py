@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from autofuse.capture.trace import Captured
+from autofuse.kernels import library_key_parts
 from autofuse.version import __version__
 
 CACHE_FORMAT = 3  # 2: kernels carry their metadata; 3: eager outputs read in their traced layout
@@ -151,9 +152,12 @@ def _scalar_repr(v: Any) -> str:
 
 
 def key_parts(captured: Captured, device: DeviceInfo, options: dict | None = None) -> dict:
-    """What the key hashes, readable (plan.json stores it, to explain a miss)."""
+    """What the key hashes, readable (plan.json stores it, to explain a miss); a graph whose
+    plan may call a library with versions of its own adds them (the cuDNN version where it
+    holds a CUDA SDPA op: its cuDNN backend's support and speed change by version)."""
     opts = key_options(options)
     return {
+        **library_key_parts(captured.graph),
         "format": CACHE_FORMAT,
         "graph": captured.graph.key,
         "nodes": len(captured.graph.nodes),

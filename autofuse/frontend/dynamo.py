@@ -12,8 +12,9 @@ recompute attention's T x T tensors in the backward) turns it into a
 functionalized ATen forward graph and, when something requires grad, a backward graph. Each of
 them is converted to the IR (``graph.prepare`` + ``capture.fx_to_ir``), partitioned (the greedy
 plan, or the tuned one when the options ask for ``trials`` / ``time_budget`` and a GPU is
-present) and run by a plan; ops the IR cannot generate (sort, topk, SDPA and its backward,
-random ops...) are eager steps of that plan.
+present) and run by a plan; ops the IR cannot generate (sort, topk, random ops...) are eager
+steps of that plan, and SDPA is a library step (one of its backends: ``kernels/library/sdpa.py``)
+or, in a training pair, its ops as traced.
 
 Shapes: one plan per concrete shape. A graph whose example inputs are static compiles once;
 when Dynamo hands over a graph with symbolic sizes (after a shape change, Dynamo's automatic
@@ -63,6 +64,7 @@ from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, 
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.planner import Planned, Planner
 from autofuse.plan.runtime import input_guard, run_plan
+from autofuse.settings import settings
 from autofuse.tune.entry import planning
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, place, prepare, to_ir
@@ -84,13 +86,14 @@ def _decompositions() -> dict:
     return {
         op: fn
         for op, fn in decomposition_table().items()
-        if "scaled_dot_product" not in str(op)  # SDPA runs as a library call (an eager step)
+        if "scaled_dot_product" not in str(op)  # SDPA runs as a library call (its backends)
     }
 
 
 def backend_decompositions() -> dict:
     """autofuse's decomposition table without the SDPA decompositions: attention stays one
-    ``aten._scaled_dot_product_*`` op (and its backward), run as a library call."""
+    ``aten._scaled_dot_product_*`` op (and its backward), run by one of SDPA's backends
+    (``kernels/library/sdpa.py``)."""
     return dict(_decompositions())
 
 
@@ -137,9 +140,9 @@ class CompiledGraph:
 
     def fallback_ops(self) -> collections.Counter:
         """The ops that run outside generated kernels, by ATen target: eager steps, and library
-        calls by their matmul (``mm`` / ``bmm``)."""
+        calls by the op they compute (an SDPA op's target) or their call (``mm`` / ``bmm``)."""
         g = self.plan.graph
-        ops = [s.call.name for s in self.plan.library]
+        ops = [str(g[s.out].attr("target", s.call.name)) for s in self.plan.library]
         ops += [str(g[s.node].attr("target", g[s.node].op)) for s in self.plan.fallbacks]
         return collections.Counter(ops)
 
@@ -200,7 +203,8 @@ class CompiledGraph:
         )
 
 
-# (graph key, device, tuned) -> (plan, tuning, the untuned plan's measured choice)
+# (graph key, device, tuned, runtime sizes, AUTOFUSE_SDPA) -> (plan, tuning, the untuned plan's
+# measured choice)
 _PLANS: dict[tuple, tuple[Plan, Any, Any]] = {}
 _PLANS_LOCK = threading.Lock()
 _COMPILED: collections.deque[CompiledGraph] = collections.deque(maxlen=512)
@@ -330,7 +334,7 @@ class AutofuseBackend:
     def plan_for(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any, Any]:
         tuned = wants_tuning(self.options) and torch.cuda.is_available()
         note_backend_tuning(self.options, torch.cuda.is_available(), self.origin)
-        key = (graph.key, _device_of(metas), tuned, runtime_sizes_on())
+        key = (graph.key, _device_of(metas), tuned, runtime_sizes_on(), settings().sdpa)
         with _PLANS_LOCK:
             hit = _PLANS.get(key)
         if hit is not None and not self.options.get("retune"):

@@ -42,6 +42,9 @@ from autofuse.kernels.library import (
     call_reason,
     check_call,
     library_calls,
+    library_key_parts,
+    library_note,
+    preferred_call,
 )
 from autofuse.kernels.pointwise.kind import PointwiseKind
 from autofuse.kernels.reduction.kind import ReductionKind
@@ -58,6 +61,9 @@ __all__ = [
     "call_reason",
     "check_call",
     "library_calls",
+    "library_key_parts",
+    "library_note",
+    "preferred_call",
     "INLINE_OPS",
     "KINDS",
     "AttentionBwdConfig",

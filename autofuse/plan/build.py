@@ -6,7 +6,10 @@ kernel under a config), a :class:`LibraryCall` (the group runs as that call) or 
 (its ops run in eager); or a launch config of the first kind that claims it (None: its default
 config). The rule for a group without a choice of call or eager: a lone matmul
 is the library's call (cuBLAS; a config given for it is not used), any other group the kind's
-kernel at the config given or its default one.
+kernel at the config given or its default one. An op autofuse does not generate (outside every
+group) runs as the call its library provider prefers (SDPA: the backend torch picked when
+tracing), else as traced (an eager step); a group of one such op with a :class:`LibraryCall`
+choice runs as that call.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from autofuse.kernels import (
     fusible,
     generate,
     library_calls,
+    library_note,
+    preferred_call,
     unlowerable,
 )
 from autofuse.plan.code_log import output_code
@@ -34,6 +39,9 @@ from autofuse.plan.steps import EagerStep, KernelStep, LibraryStep, Plan, Step
 
 def eager_reason(graph: Graph, i: int) -> str:
     node = graph[i]
+    note = library_note(graph, i)
+    if note is not None:
+        return note
     if node.kind == "matmul":
         return f"{node.op} runs as torch.{node.op} (cuBLAS on GPU)"
     if node.op == "getitem":
@@ -58,6 +66,7 @@ def eager_group(graph: Graph, group: frozenset[int]) -> bool:
 
 RULE_LIBRARY = "rule: a lone matmul runs as its library call"
 RULE_KERNEL = "rule: the first kind that claims the group, at its default config"
+RULE_PREFERRED = "rule: the call its library prefers unmeasured"
 
 
 def build_plan(
@@ -77,9 +86,10 @@ def build_plan(
         raise ValueError(f"partition leaves nodes {missing} in no group")
     units = [u for group, choice in zip(groups, choices) for u in _units(graph, group, choice)]
     units += [
-        ("eager", (i, refused.get(i) or eager_reason(graph, i)))
+        _outside(graph, i, refused.get(i))
         for i in graph.compute_nodes()
-        if (not fusible(graph, i) and graph[i].op not in INLINE_OPS) or i in refused
+        if ((not fusible(graph, i) and graph[i].op not in INLINE_OPS) and i not in covered)
+        or i in refused
     ]
     steps: list[Step] = []
     for u in _topo_units(graph, units):
@@ -96,6 +106,14 @@ def build_plan(
     plan = Plan(graph, tuple(steps), label)
     output_code(plan)
     return plan
+
+
+def _outside(graph: Graph, i: int, refused: str | None) -> tuple[str, Any]:
+    """The step of node ``i``, in no group: its library's preferred call, else eager."""
+    call = None if refused else preferred_call(graph, i)
+    if call is not None:
+        return ("library", (call, RULE_PREFERRED))
+    return ("eager", (i, refused or eager_reason(graph, i)))
 
 
 def _units(graph: Graph, group: frozenset[int], choice: Any) -> list[tuple[str, Any]]:
@@ -154,6 +172,7 @@ __all__ = [
     "EAGER",
     "RULE_KERNEL",
     "RULE_LIBRARY",
+    "RULE_PREFERRED",
     "build_plan",
     "eager_group",
     "eager_reason",

@@ -8,6 +8,11 @@ fused and 5753 us with cuBLAS (results/h200/models_07dd1a2.json). So where the u
 fuses a matmul, the planner (``planner.py``) also builds the plan with every matmul in cuBLAS and times
 both end to end on inputs of the graph's shapes (:func:`choose_plan`, the timer injected); off
 CUDA, or under the interpreter, the fused plan is kept without timing.
+
+Ops autofuse does not generate may be offered as several library calls (SDPA's backends, whose
+speed ranks differently by GPU, cuDNN version and shape): :func:`library_variants` lists, per
+call name, the plan with that call wherever it is offered, and the planner times them against
+the rule's plan (the backend torch picked) the same way, untuned and after a search.
 """
 
 from __future__ import annotations
@@ -18,7 +23,17 @@ from typing import Any
 
 import torch
 
+from autofuse.ir.graph import Graph
+from autofuse.kernels import (
+    INLINE_OPS,
+    LibraryCall,
+    call_reason,
+    fusible,
+    library_calls,
+    preferred_call,
+)
 from autofuse.plan.graph_choice import Timer, beats, end_to_end_seconds
+from autofuse.plan.steps import LibraryStep, Plan
 
 
 @dataclass(frozen=True)
@@ -61,3 +76,48 @@ def choose_plan(
     timed = ", ".join(f"{lb} {s * 1e6:.1f} us" for lb, s in times if s is not None)
     why = "; ".join([f"timed end to end: {timed}", *notes])
     return best, PlanChoice(best.label, tuple(times), why)
+
+
+Variant = tuple[str, tuple[tuple[int, LibraryCall], ...]]  # a call name, (node, its call) each
+
+
+def library_variants(graph: Graph) -> list[Variant]:
+    """For the ops outside every group that providers offer calls for (SDPA's backends): per
+    call name, that call at each op that offers it (the rule's step elsewhere), except where
+    that is the rule's plan already."""
+    offered = {}
+    for i in graph.compute_nodes():
+        if not fusible(graph, i) and graph[i].op not in INLINE_OPS:
+            calls = library_calls(graph, frozenset({i}))
+            if calls:
+                offered[i] = calls
+    rule = {i: preferred_call(graph, i) for i in offered}
+    names = dict.fromkeys(c.name for calls in offered.values() for c in calls)
+    out: list[Variant] = []
+    for name in names:
+        pick = tuple((i, c) for i, calls in offered.items() for c in calls if c.name == name)
+        if any(rule[i] != c for i, c in pick):
+            out.append((name, pick))
+    return out
+
+
+def with_calls(plan: Plan, variant: Variant, why: str = "timed against the rule's call") -> Plan:
+    """``plan`` with the step of each op of ``variant`` replaced by its call (the other steps,
+    kernels included, kept as they are); labelled ``<plan's label>, <call>``."""
+    name, pick = variant
+    calls = dict(pick)
+    g = plan.graph
+    steps = tuple(
+        LibraryStep(calls[s.out], f"{call_reason(g, calls[s.out])}; {why}")
+        if getattr(s, "out", None) in calls
+        else s
+        for s in plan.steps
+    )
+    label = pick[0][1].label if pick else name
+    return Plan(g, steps, f"{plan.label}, {label}")
+
+
+def merged(choices: Sequence[PlanChoice]) -> PlanChoice:
+    """Timed choices made one after the other, as one (the last one's pick)."""
+    times = tuple(t for c in choices for t in c.times)
+    return PlanChoice(choices[-1].chosen, times, "; then ".join(c.why for c in choices))

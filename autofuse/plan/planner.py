@@ -5,10 +5,14 @@
   with an epilogue in cuBLAS (``Partitioner.untuned``); where that still fuses a matmul
   (attention forward or backward, a row GEMM) and the inputs are on CUDA, the plan with every
   matmul in cuBLAS is built too and the two are timed end to end (``plan_choice.py``): which
-  one is faster depends on the shapes. Off CUDA, or under the interpreter, the fused plan is
-  kept and nothing is timed. Each step says why it is what it is (the rule, or the times);
+  one is faster depends on the shapes. Then, where providers offer calls for ops autofuse does
+  not generate (SDPA's backends), the plan with each call in place of the rule's (the backend
+  torch picked) is timed against it. Off CUDA, or under the interpreter, the fused plan and the
+  rule's calls are kept and nothing is timed. Each step says why it is what it is (the rule,
+  or the times);
 - the tuned plan (:meth:`Planner.tuned`): the cache's plan for this graph and inputs where it
-  has one, else the search's (its end-to-end pick), saved to the cache and indexed by the call.
+  has one, else the search's (its end-to-end pick, its library calls on offer then timed as
+  above), saved to the cache and indexed by the call.
   The cache and the search are handed in behind two small interfaces (:class:`PlanStore`,
   :class:`Searcher`): ``plan/`` imports neither;
 - the plans ``explain`` compares (:meth:`Planner.explained`) and the greedy plan a report
@@ -20,7 +24,7 @@ The graph's :class:`Partitioner` (its legal fusion decisions) is built here, onc
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -31,7 +35,13 @@ from autofuse.ir.conv_layout import relayout
 from autofuse.ir.graph import Graph
 from autofuse.partition import Partitioner
 from autofuse.plan.build import build_plan
-from autofuse.plan.plan_choice import PlanChoice, choose_plan
+from autofuse.plan.plan_choice import (
+    PlanChoice,
+    choose_plan,
+    library_variants,
+    merged,
+    with_calls,
+)
 from autofuse.plan.runtime import execute
 from autofuse.plan.steps import Plan, annotated
 
@@ -108,20 +118,23 @@ class Planner:
             return Planned(plan)
         try:
             others = self.alternatives(base, label)
-            ins: Any = list(inputs()) if others else None
+            variants = library_variants(self.graph)
+            ins: Any = list(inputs()) if others or variants else None
         except Exception as e:  # noqa: BLE001 - a measurement never fails the plan: the fused one
             why = f"not timed: {type(e).__name__}: {e}"[:300]
             return Planned(plan, None, PlanChoice(plan.label, ((plan.label, None),), why))
-        if not others:
+        if not others and not variants:
             return Planned(plan)
-        chosen, choice = choose_plan([plan, *others], lambda p: execute(p, ins), True)
-        logs.emit("search", f"{label}: {choice.why} -> {choice.chosen}")
-        if any(t is not None for _, t in choice.times):
-            measured = f"measured: {choice.why} -> {choice.chosen}"
-            chosen = annotated(
-                chosen, lambda s: f"{s.reason}; {measured}" if s.reason else measured
-            )
-        return Planned(chosen, None, choice)
+        run = lambda p: execute(p, ins)  # noqa: E731
+        choices = []
+        if others:  # fused matmuls against cuBLAS, channels-last convolutions against contiguous
+            plan, choice = choose_plan([plan, *others], run, True)
+            choices.append(choice)
+        variants = library_variants(plan.graph)  # then the library calls on offer (SDPA's)
+        if variants:
+            plan, choice = choose_plan([plan, *(with_calls(plan, v) for v in variants)], run, True)
+            choices.append(choice)
+        return Planned(_measured(plan, merged(choices), label), None, merged(choices))
 
     def alternatives(self, base: Any, label: str) -> list[Plan]:
         """The untuned plans timed beside ``base``'s: every matmul in cuBLAS where ``base``
@@ -159,10 +172,36 @@ class Planner:
         else:
             store.check_writable()
             record = search(captured, example_inputs, self.space, retune=retune, **options)
+            record = self._library_choice(record, options.get("example_flat"))
             entry = store.save(captured, example_inputs, record, options)
             plan = record.plan
         call = store.record_call(fn, captured, example_inputs) if fn is not None else None
         return Planned(plan, record, None, entry, call)
+
+    def _library_choice(self, record: Any, flat: Sequence[Any] | None) -> Any:
+        """The search's record, its plan's library calls on offer (SDPA's backends) timed end to
+        end against the rule's on ``flat`` (the graph's inputs) where they are on CUDA."""
+        variants = library_variants(self.graph)
+        cuda = flat is not None and any(isinstance(t, torch.Tensor) and t.is_cuda for t in flat)
+        if not variants or not cuda or interpreting():
+            return record
+        plan, ins = record.plan, list(flat)
+        cands = [plan, *(with_calls(plan, v) for v in variants)]
+        chosen, choice = choose_plan(cands, lambda p: execute(p, ins), True)
+        if chosen is plan:
+            return record
+        chosen = _measured(replace(chosen, label=plan.label), choice, plan.label)
+        return replace(record, plan=chosen)
+
+
+def _measured(plan: Plan, choice: PlanChoice, label: str) -> Plan:
+    """``plan`` with each step's reason followed by the timed ``choice`` (where anything was
+    timed)."""
+    logs.emit("search", f"{label}: {choice.why} -> {choice.chosen}")
+    if not any(t is not None for _, t in choice.times):
+        return plan
+    measured = f"measured: {choice.why} -> {choice.chosen}"
+    return annotated(plan, lambda s: f"{s.reason}; {measured}" if s.reason else measured)
 
 
 __all__ = ["PlanStore", "Planned", "Planner", "Searcher"]

@@ -1,8 +1,9 @@
 """The steps of a plan: one protocol over the three ways a group of the graph runs.
 
 - :class:`KernelStep`: a generated (Triton) kernel;
-- :class:`LibraryStep`: a named library call (``kernels/library``: cuBLAS's ``mm``...), data
-  alone (provider, function, arguments), resolved by name when the plan runs;
+- :class:`LibraryStep`: a named library call (``kernels/library``: cuBLAS's ``mm``, SDPA's
+  backends...), data alone (provider, function, arguments), resolved by name when the plan
+  runs;
 - :class:`EagerStep`: one op evaluated by PyTorch (an op autofuse does not generate).
 
 Each says which nodes it computes (``nodes``), which it reads (``reads``), what implementation
@@ -93,7 +94,8 @@ class KernelStep:
 
 @dataclass(frozen=True)
 class LibraryStep:
-    """A group run by one library call (its result a new tensor, never a view of an input)."""
+    """A group run by one library call (its result a new tensor, never a view of an input; for
+    a multi-output op such as SDPA's, a tuple of them read through the op's getitems)."""
 
     call: LibraryCall
     reason: str

@@ -1,5 +1,6 @@
 """Library providers: a group of the graph run by a named library call instead of a generated
-kernel (cuBLAS through ``torch.mm`` first; cuDNN convolution and SDPA's backends to come).
+kernel: cuBLAS through ``torch.mm`` (``cublas.py``), SDPA's backends for attention kept whole
+(``sdpa.py``); cuDNN convolution to come.
 
 A provider offers, for a group, the calls that compute it (``offers``). A call
 (:class:`LibraryCall`) is data: the provider's name, the function's name, the graph nodes it
@@ -15,8 +16,9 @@ from typing import Any
 from autofuse.ir.graph import Graph
 from autofuse.kernels.library.call import LibraryCall, Provider
 from autofuse.kernels.library.cublas import CublasProvider
+from autofuse.kernels.library.sdpa import SdpaProvider
 
-PROVIDERS: tuple[Provider, ...] = (CublasProvider(),)
+PROVIDERS: tuple[Provider, ...] = (CublasProvider(), SdpaProvider())
 _BY_NAME = {p.name: p for p in PROVIDERS}
 
 
@@ -54,6 +56,23 @@ def bind_call(call: LibraryCall) -> Callable[..., Any]:
     return lambda *args: fn(*args, **params)
 
 
+def preferred_call(graph: Graph, i: int) -> LibraryCall | None:
+    """The call an unmeasured plan runs node ``i`` (an op autofuse does not generate) as, or
+    None (it runs as traced)."""
+    group = frozenset({i})
+    return next((c for p in PROVIDERS if (c := p.preferred(graph, group)) is not None), None)
+
+
+def library_note(graph: Graph, i: int) -> str | None:
+    """A provider's words on why node ``i`` runs as traced (None: no provider's op)."""
+    return next((n for p in PROVIDERS if (n := p.note(graph, i)) is not None), None)
+
+
+def library_key_parts(graph: Graph) -> dict[str, str]:
+    """What the providers add to a cache key of ``graph`` (library versions its plan may call)."""
+    return {k: v for p in PROVIDERS for k, v in p.key_parts(graph).items()}
+
+
 def call_reason(graph: Graph, call: LibraryCall) -> str:
     """Why / how the group runs as this call, in words (for reports and ``explain``)."""
     return provider(call.provider).reason(graph, call)
@@ -67,5 +86,8 @@ __all__ = [
     "call_reason",
     "check_call",
     "library_calls",
+    "library_key_parts",
+    "library_note",
+    "preferred_call",
     "provider",
 ]

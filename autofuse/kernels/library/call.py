@@ -37,3 +37,16 @@ class Provider(Protocol):
     def function(self, name: str) -> Callable[..., Any]: ...
 
     def reason(self, graph: Graph, call: LibraryCall) -> str: ...
+
+    def preferred(self, graph: Graph, group: frozenset[int]) -> LibraryCall | None:
+        """The call an unmeasured plan runs a group of ops autofuse does not generate as (None:
+        they run as traced, eager steps)."""
+        ...
+
+    def note(self, graph: Graph, i: int) -> str | None:
+        """Why node ``i``, an op of this library, runs as traced (None: not one of its ops)."""
+        ...
+
+    def key_parts(self, graph: Graph) -> dict[str, str]:
+        """What a cache key of ``graph`` must add (a library version its plan may call)."""
+        ...

@@ -42,6 +42,15 @@ class CublasProvider:
         op = graph[call.out].op if call.name in _LONE else call.name
         return f"{op} runs as torch.{call.name} (cuBLAS on GPU)"
 
+    def preferred(self, graph: Graph, group: frozenset[int]) -> LibraryCall | None:
+        return None  # matmuls are generated groups: the plan's rule places their calls
+
+    def note(self, graph: Graph, i: int) -> str | None:
+        return None
+
+    def key_parts(self, graph: Graph) -> dict[str, str]:
+        return {}  # torch's version, in every key, names its cuBLAS
+
 
 def _addmm(graph: Graph, group: frozenset[int]) -> LibraryCall | None:
     """``mm(a, b) + bias`` as ``addmm(bias, a, b)``: the group is the mm and the add alone, the
