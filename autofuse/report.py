@@ -33,6 +33,7 @@ class PlanSummary:
     convolutions: tuple[str, ...] = ()  # per convolution: how it runs (:func:`conv_notes`)
     # which implementation runs each group and why (``Step.describe``), one per step
     implementations: tuple[str, ...] = ()
+    layouts: tuple[str, ...] = ()  # the plan's layout map (``Plan.layouts``), in words
 
     @property
     def launches(self) -> int:
@@ -97,7 +98,24 @@ def summarize(plan: Plan, times: dict[str, tuple[float, str]] | None = None) -> 
     )
     convs = tuple(f"{g[i].name}: {note}" for i, note in notes.items())
     why = tuple(step.describe(g) for step in plan.steps)
-    return PlanSummary(plan.label, tuple(rows), intermediates, fallbacks, convs, why)
+    return PlanSummary(plan.label, tuple(rows), intermediates, fallbacks, convs, why,
+                       layout_notes(plan))  # fmt: skip
+
+
+def layout_notes(plan: Plan) -> tuple[str, ...]:
+    """The plan's layout map in words: each buffer, its strides in the plan against eager's,
+    and the steps that read it in that layout."""
+    g = plan.graph
+    readers: dict[int, list[str]] = {}
+    for step in plan.steps:
+        label = step.implementation
+        for j in step.reads(g):
+            readers.setdefault(g.base_of(j), []).append(label)
+    return tuple(
+        f"{g[i].name or i}: strides {list(mine)} (eager {list(eager)}), read by "
+        + (", ".join(dict.fromkeys(readers.get(i, []))) or "nothing")
+        for i, (mine, eager) in plan.layouts.items()
+    )
 
 
 def conv_notes(plan: Plan) -> dict[int, str]:
@@ -205,6 +223,9 @@ class Explanation:
         if f.convolutions:
             parts.append("convolutions:")
             parts += [f"  - {c}" for c in f.convolutions]
+        if f.layouts:
+            parts.append("layouts (buffers not in eager's strides):")
+            parts += [f"  - {c}" for c in f.layouts]
         if f.fallbacks:
             parts.append("runs in eager (fallback): " + "; ".join(f.fallbacks))
         if self.refusals:

@@ -216,3 +216,22 @@ def test_a_reduction_of_a_kept_channels_last_result(reduce, layout_rule):
     # the spatial mean's 32 channels are neighbouring rows in memory; the channel max's rows
     # (positions) are not
     assert inner_rows(opt.plan.graph, red.info) == (32 if reduce == "spatial_mean" else 1)
+
+
+def test_the_plan_holds_a_layout_map_and_explain_shows_it(layout_rule):
+    layout_rule("channels_last")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU())
+    x = torch.randn(2, 3, 5, 4)
+    with torch.no_grad():
+        plan = autofuse.optimize(net, (x,)).plan
+    ((i, (mine, eager)),) = plan.layouts.items()
+    assert plan.graph[i].attr("layout") == "channels_last"
+    assert mine == channels_last_strides((2, 16, 5, 4)) and eager == (320, 20, 4, 1)
+    assert all(o not in plan.layouts for o in plan.graph.outputs)  # outputs: eager's strides
+    text = str(autofuse.explain(net, (x,)))
+    assert "layouts (buffers not in eager's strides):" in text
+    assert f"strides {list(mine)} (eager {list(eager)}), read by kernel autofuse_" in text
+    layout_rule("contiguous")
+    with torch.no_grad():
+        assert autofuse.optimize(net, (x,)).plan.layouts == {}

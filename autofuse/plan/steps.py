@@ -186,6 +186,19 @@ class Plan:
         return tuple(frozenset(k.info.nodes) for k in self.kernels)
 
     @cached_property
+    def layouts(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """The layout map: each buffer the plan holds in another layout than eager's (a
+        convolution's result kept channels-last, ``ir/conv_layout.py``) -> (its strides in the
+        plan, eager's strides). Kernels read such a buffer in the plan's layout; a graph output
+        is never in the map (outputs keep eager's strides)."""
+        out = {}
+        for i, node in enumerate(self.graph.nodes):
+            eager = node.attr("eager_strides")
+            if eager is not None and tuple(eager) != tuple(node.strides):
+                out[i] = (tuple(node.strides), tuple(eager))
+        return out
+
+    @cached_property
     def input_specs(self) -> tuple[tuple[torch.Size, torch.dtype, tuple[int, ...]], ...]:
         """(shape, dtype, strides) of each input, for the per-call check."""
         g = self.graph
