@@ -235,3 +235,40 @@ def test_the_plan_holds_a_layout_map_and_explain_shows_it(layout_rule):
     layout_rule("contiguous")
     with torch.no_grad():
         assert autofuse.optimize(net, (x,)).plan.layouts == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_chain_of_convolutions_converts_nothing_between_them(dtype, layout_rule):
+    """conv -> ReLU -> conv -> SiLU channels-last: the first epilogue writes the second
+    convolution's input channels-last (a kept layout), the second epilogue writes eager's
+    contiguous output; values and strides as eager's, both front ends, forward and backward;
+    the plan with every convolution contiguous undoes both."""
+    layout_rule("channels_last")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 8, 1), torch.nn.SiLU(),
+    ).to(dtype)  # fmt: skip
+    x = torch.randn(2, 3, 5, 4, dtype=dtype)
+    graph = capture(net, (x,)).graph
+    kept = [i for i, n in enumerate(graph.nodes) if n.attr("eager_strides") is not None]
+    relu = [i for i in kept if not is_convolution(graph[i])]
+    assert len(relu) == 1 and graph[relu[0]].strides == channels_last_strides((2, 16, 5, 4))
+    flat = relayout(graph, "contiguous")
+    assert not any(n.attr("eager_strides") for n in flat.nodes)
+    with torch.no_grad():
+        f = autofuse.optimize(net, (x,))
+        got = f(x)
+    assert_close(got, net(x), dtype, "optimize")
+    assert got.stride() == net(x).stride() and set(f.plan.layouts) >= set(relu)
+    x.requires_grad_(True)
+    want = net(x)
+    want.float().square().sum().backward()
+    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
+    x.grad = None
+    net.zero_grad()
+    got = torch.compile(net, backend="autofuse")(x)
+    got.float().square().sum().backward()
+    assert_close(got, want, dtype, "backend forward")
+    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in net.parameters()], want_grads)):
+        assert_close(a, b, dtype, f"grad {k}")

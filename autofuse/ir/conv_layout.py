@@ -68,6 +68,10 @@ def relayout(graph: Graph, layout: str) -> Graph:
     (its eager strides back where it kept channels-last): the planner's other plan."""
     nodes = list(graph.nodes)
     for i, node in enumerate(graph.nodes):
+        if not is_convolution(node) and node.attr("eager_strides") is not None:  # a kept input
+            attrs = {k: v for k, v in node.attrs if k != "eager_strides"}
+            nodes[i] = replace(node, attrs=make_attrs(**attrs), strides=node.attr("eager_strides"))
+            continue
         if not is_convolution(node) or not node.attr("layout") or node.attr("layout") == layout:
             continue
         kept = node.attr("eager_strides")
@@ -75,7 +79,8 @@ def relayout(graph: Graph, layout: str) -> Graph:
         attrs["layout_by"] = "plan"  # the whole plans timed: the report says so
         plain = replace(node, attrs=make_attrs(**attrs), strides=kept or node.strides)
         nodes[i] = _with_layout(plain, layout, keep=_keepable(graph, i))
-    return Graph(tuple(nodes), graph.inputs, graph.outputs)
+    out = Graph(tuple(nodes), graph.inputs, graph.outputs)
+    return keep_inputs(out) if layout == "channels_last" else out
 
 
 def _keepable(graph: Graph, i: int) -> bool:
@@ -145,4 +150,35 @@ def choose_layouts(graph: Graph, cuda: bool, rule: str | None = None,
             continue
         times = measure_layouts(graph, i, device, timer, keep)
         nodes[i] = _with_layout(node, LAYOUTS[int(times[1] < times[0])], times, keep)
+    return keep_inputs(Graph(tuple(nodes), graph.inputs, graph.outputs))
+
+
+def keep_inputs(graph: Graph) -> Graph:
+    """``graph`` with each channels-last convolution's input written channels-last by the
+    kernel that computes it (``eager_strides`` recorded, as for a kept result) where that input
+    is a pointwise result read by channels-last convolutions alone and not returned: the chain
+    converts nothing between its convolutions (the previous one's epilogue writes the layout the
+    next one reads)."""
+    outs = {graph.base_of(o) for o in graph.outputs}
+    nodes = list(graph.nodes)
+    for j, node in enumerate(graph.nodes):
+        users = graph.users[j]
+        if node.kind != "pointwise" or j in outs or len(node.shape) not in (4, 5) or not users:
+            continue
+        if tuple(node.strides) != contiguous_strides(node.shape) or node.dtype not in _FLOATS:
+            continue
+        if all(_reads_channels_last(graph[u], j) for u in users):
+            attrs = dict(node.attrs, eager_strides=tuple(node.strides))
+            strides = channels_last_strides(tuple(node.shape))
+            nodes[j] = replace(node, attrs=make_attrs(**attrs), strides=strides)
     return Graph(tuple(nodes), graph.inputs, graph.outputs)
+
+
+_FLOATS = ("float32", "float16", "bfloat16")
+
+
+def _reads_channels_last(user, j: int) -> bool:
+    """Whether ``user`` is a channels-last convolution reading ``j`` as its input alone."""
+    if not is_convolution(user) or user.attr("layout") != "channels_last":
+        return False
+    return user.inputs[0] == j and list(user.inputs).count(j) == 1
