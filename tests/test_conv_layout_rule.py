@@ -58,14 +58,21 @@ def test_measured_rule_records_the_faster_format_and_both_times():
 
     with FakeTensorMode():  # as the backend compiles: measured on real tensors all the same
         chosen = choose_layouts(graph, cuda=True, rule="measure", timer=timer, device="cpu")
-    (i,) = _convs(chosen)
+    ((i,), (k,)) = _convs(graph), _convs(chosen)
     assert not any(isinstance(r, FakeTensor) for r in results)
-    assert chosen[i].attr("layout") == "channels_last" and chosen[i].attr("layout_us") == (3, 2)
+    assert chosen[k].attr("layout") == "channels_last" and chosen[k].attr("layout_us") == (3, 2)
     torch.testing.assert_close(results[0], results[1])  # both formats: one result
     # the GELU reads it: kept channels-last, its strides on the node, eager's remembered
-    assert results[1].stride() == tuple(chosen[i].strides) != tuple(graph[i].strides)
-    assert chosen[i].strides == channels_last_strides(tuple(graph[i].shape))
-    assert chosen[i].attr("eager_strides") == tuple(graph[i].strides)
+    assert results[1].stride() == tuple(chosen[k].strides) != tuple(graph[i].strides)
+    assert chosen[k].strides == channels_last_strides(tuple(graph[i].shape))
+    assert chosen[k].attr("eager_strides") == tuple(graph[i].strides)
+    # the input converted by a generated copy, not in the convolution's step
+    copy = chosen[chosen[k].inputs[0]]
+    assert (
+        copy.op == "copy"
+        and copy.attr("layout_copy")
+        and copy.strides == (channels_last_strides(tuple(x.shape)))
+    )
     assert choose_layouts(graph, cuda=True, rule="eager") is graph
     assert choose_layouts(graph, cuda=False, rule="measure") is graph
 
@@ -75,9 +82,10 @@ def test_a_returned_convolution_is_given_back_in_eagers_strides():
     conv, x = torch.nn.Conv2d(3, 4, 3, padding=1, bias=False), torch.randn(2, 3, 6, 5)
     graph = capture(conv, (x,)).graph
     chosen = choose_layouts(graph, cuda=True, rule="channels_last")
-    (i,) = _convs(chosen)
-    assert chosen[i].attr("layout") == "channels_last" and chosen[i].strides == graph[i].strides
-    node = chosen[i]
+    ((i,), (k,)) = _convs(graph), _convs(chosen)
+    assert chosen[k].attr("layout") == "channels_last" and chosen[k].strides == graph[i].strides
+    node = graph[i]  # run as chosen, on the input as given
+    node = type(node)(**{**node.__dict__, "attrs": chosen[k].attrs})
     args = {0: x, 1: conv.weight.detach()}
     out = bind_node(node)("cpu", *[args[k] for k in range(len(node.inputs))])
     assert out.stride() == tuple(graph[i].strides)
@@ -87,12 +95,14 @@ def test_relayout_undoes_and_redoes_a_kept_layout():
     net, x = _net("conv2d")
     graph = capture(net, (x,)).graph
     cl = choose_layouts(graph, cuda=True, rule="channels_last")
-    (i,) = _convs(cl)
+    ((i,), (k,)) = _convs(graph), _convs(cl)
     back = relayout(cl, "contiguous")
+    assert len(back.nodes) == len(graph.nodes)  # the input's copy gone with the layout
     assert back[i].attr("layout") == "contiguous" and back[i].strides == graph[i].strides
     assert back[i].attr("eager_strides") is None
     again = relayout(back, "channels_last")
-    assert again[i].strides == cl[i].strides and again[i].attr("eager_strides") == graph[i].strides
+    assert again[k].strides == cl[k].strides and again[k].attr("eager_strides") == graph[i].strides
+    assert [n.op for n in again.nodes] == [n.op for n in cl.nodes]
     assert relayout(graph, "contiguous") == graph  # no recorded layout: nothing changes
 
 
@@ -187,9 +197,9 @@ def test_the_planner_offers_the_plan_with_every_convolution_contiguous(layout_ru
     planner = Planner(graph)
     (flat,) = planner.alternatives(planner.space.untuned(), "untuned")
     assert flat.label == "untuned, convolutions contiguous"
-    (i,) = _convs(flat.graph)
+    (i,), (k,) = _convs(flat.graph), _convs(graph)
     assert flat.graph[i].attr("layout") == "contiguous" and flat.graph[i].strides == (
-        graph[i].attr("eager_strides")
+        graph[k].attr("eager_strides")
     )
     layout_rule("contiguous")
     graph = capture(net, (torch.randn(2, 3, 5, 4),)).graph
@@ -225,8 +235,8 @@ def test_the_plan_holds_a_layout_map_and_explain_shows_it(layout_rule):
     x = torch.randn(2, 3, 5, 4)
     with torch.no_grad():
         plan = autofuse.optimize(net, (x,)).plan
-    ((i, (mine, eager)),) = plan.layouts.items()
-    assert plan.graph[i].attr("layout") == "channels_last"
+    ((c, _), (i, (mine, eager))) = sorted(plan.layouts.items())  # the input's copy, the conv
+    assert plan.graph[c].attr("layout_copy") and plan.graph[i].attr("layout") == "channels_last"
     assert mine == channels_last_strides((2, 16, 5, 4)) and eager == (320, 20, 4, 1)
     assert all(o not in plan.layouts for o in plan.graph.outputs)  # outputs: eager's strides
     text = str(autofuse.explain(net, (x,)))
@@ -252,8 +262,9 @@ def test_a_chain_of_convolutions_converts_nothing_between_them(dtype, layout_rul
     x = torch.randn(2, 3, 5, 4, dtype=dtype)
     graph = capture(net, (x,)).graph
     kept = [i for i, n in enumerate(graph.nodes) if n.attr("eager_strides") is not None]
-    relu = [i for i in kept if not is_convolution(graph[i])]
+    relu = [i for i in kept if graph[i].op == "relu"]
     assert len(relu) == 1 and graph[relu[0]].strides == channels_last_strides((2, 16, 5, 4))
+    assert [graph[i].op for i in kept if not is_convolution(graph[i])] == ["copy", "relu"]
     flat = relayout(graph, "contiguous")
     assert not any(n.attr("eager_strides") for n in flat.nodes)
     with torch.no_grad():
