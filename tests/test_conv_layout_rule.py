@@ -33,6 +33,27 @@ def _convs(graph):
     return [i for i, n in enumerate(graph.nodes) if is_convolution(n)]
 
 
+def _backend_training_matches(net, x, dtype, what: str) -> int:
+    """``torch.compile(net, backend="autofuse")`` forward and backward against eager (values,
+    the output's strides, every gradient); the index of its first compiled graph."""
+    from autofuse.frontend import dynamo
+
+    x = x.detach().requires_grad_(True)
+    want = net(x)
+    want.float().square().sum().backward()
+    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
+    x.grad = None
+    net.zero_grad()
+    before = len(dynamo.compiled_graphs())
+    got = torch.compile(net, backend="autofuse")(x)
+    got.float().square().sum().backward()
+    assert_close(got, want, dtype, f"{what} backend forward")
+    assert got.stride() == want.stride()
+    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in net.parameters()], want_grads)):
+        assert_close(a, b, dtype, f"{what} grad {k}")
+    return before
+
+
 @pytest.fixture
 def layout_rule(monkeypatch):
     def set_rule(rule):
@@ -128,18 +149,7 @@ def test_forced_channels_last_equals_eager_through_both_front_ends(kind, dtype, 
     assert [graph[i].attr("layout") for i in _convs(graph)] == ["channels_last"]
     with torch.no_grad():
         assert_close(autofuse.optimize(net, (x,))(x), net(x), dtype, f"{kind} optimize")
-    x.requires_grad_(True)
-    want = net(x)
-    want.float().square().sum().backward()
-    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
-    x.grad = None
-    net.zero_grad()
-    before = len(dynamo.compiled_graphs())
-    got = torch.compile(net, backend="autofuse")(x)
-    got.float().square().sum().backward()
-    assert_close(got, want, dtype, f"{kind} backend forward")
-    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in net.parameters()], want_grads)):
-        assert_close(a, b, dtype, f"{kind} grad {k}")
+    before = _backend_training_matches(net, x, dtype, kind)
     forward = dynamo.compiled_graphs()[before].plan.graph
     assert [forward[i].attr("layout") for i in _convs(forward)] == ["channels_last"]
 
@@ -171,19 +181,7 @@ def test_kept_channels_last_is_read_by_a_two_axis_tile(dims, dtype, layout_rule)
     assert got.stride() == net(x).stride()
     tiled = [k for k in f.plan.kernels if k.config.RBLOCK == 16]
     assert tiled, [k.name for k in f.plan.kernels]
-    x.requires_grad_(True)
-    want = net(x)
-    want.float().square().sum().backward()
-    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
-    x.grad = None
-    net.zero_grad()
-    before = len(dynamo.compiled_graphs())
-    got = torch.compile(net, backend="autofuse")(x)
-    got.float().square().sum().backward()
-    assert_close(got, want, dtype, "backend forward")
-    assert got.stride() == want.stride()
-    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in net.parameters()], want_grads)):
-        assert_close(a, b, dtype, f"grad {k}")
+    before = _backend_training_matches(net, x, dtype, "tiled")
     assert len(dynamo.compiled_graphs()) > before
 
 
@@ -272,14 +270,4 @@ def test_a_chain_of_convolutions_converts_nothing_between_them(dtype, layout_rul
         got = f(x)
     assert_close(got, net(x), dtype, "optimize")
     assert got.stride() == net(x).stride() and set(f.plan.layouts) >= set(relu)
-    x.requires_grad_(True)
-    want = net(x)
-    want.float().square().sum().backward()
-    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
-    x.grad = None
-    net.zero_grad()
-    got = torch.compile(net, backend="autofuse")(x)
-    got.float().square().sum().backward()
-    assert_close(got, want, dtype, "backend forward")
-    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in net.parameters()], want_grads)):
-        assert_close(a, b, dtype, f"grad {k}")
+    _backend_training_matches(net, x, dtype, "chain")
