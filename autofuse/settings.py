@@ -34,6 +34,13 @@ them again, for tests and for programs that change the environment on purpose):
   in each on a CUDA device, eager's layout on a CPU; ``ir/conv_layout.py``), ``eager``,
   ``contiguous`` or ``channels_last`` (forced, any device); an unknown value warns and means
   ``measure``.
+- ``AUTOFUSE_CONV_KERNEL``: which forward convolutions may run as autofuse's own implicit-GEMM
+  kernel (``kernels/conv``) beside the library call: ``rule`` (default: every one the kind
+  takes is a choice the search measures; a plan chosen without measuring keeps the library
+  call except where ``kernels/conv/rule.py`` states that the kernel wins), ``kernel`` (the
+  kernel wherever the kind takes the convolution, measured or not) or ``library`` (never: every
+  convolution is its library call, as before the kind existed); an unknown value warns and
+  means ``rule``.
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
   ``+autofuse``, ``all``); an unknown topic is ignored with one ``SettingsWarning`` naming the
   valid ones.
@@ -112,6 +119,7 @@ class Settings:
     check_bounds: bool = False
     conv_bias: str = "kernel"  # "kernel" (peeled into the epilogue) or "library"
     conv_layout: str = "measure"  # "measure", "eager", "contiguous", "channels_last"
+    conv_kernel: str = "rule"  # "rule", "kernel", "library"
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -138,12 +146,14 @@ def settings() -> Settings:
         check_bounds=_flag("AUTOFUSE_CHECK_BOUNDS", False),
         conv_bias=_choice("AUTOFUSE_CONV_BIAS", CONV_BIAS),
         conv_layout=_choice("AUTOFUSE_CONV_LAYOUT", CONV_LAYOUT),
+        conv_kernel=_choice("AUTOFUSE_CONV_KERNEL", CONV_KERNEL),
         signing_key=_signing_key(),
     )
 
 
 CONV_BIAS = ("kernel", "library")
 CONV_LAYOUT = ("measure", "eager", "contiguous", "channels_last")
+CONV_KERNEL = ("rule", "kernel", "library")
 
 
 def _choice(name: str, choices: tuple[str, ...]) -> str:
