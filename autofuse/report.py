@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofuse.ir.conv_fold import bias_add_of, is_convolution
-from autofuse.kernels import INLINE_OPS, config_label, kind_of
+from autofuse.kernels import INLINE_OPS, config_label, kind_of, rule_note
 from autofuse.kernels.common.memory import nbytes
-from autofuse.kernels.conv.rule import kernel_reason
-from autofuse.kernels.conv.spec import conv_spec
 from autofuse.plan import EagerStep, KernelStep, LibraryStep, Plan
 
 
@@ -113,9 +111,10 @@ def conv_notes(plan: Plan) -> dict[int, str]:
     for step in plan.steps:
         if isinstance(step, EagerStep) and is_convolution(g[step.node]):
             notes[step.node] = "; ".join(_conv_parts(g, step.node, owner, None))
-        elif isinstance(step, KernelStep) and step.kernel.info.kind == "conv":
-            conv = step.kernel.info.matmuls[0]
-            notes[conv] = "; ".join(_conv_parts(g, conv, owner, step.kernel))
+        elif isinstance(step, KernelStep):  # a kernel whose product is a convolution
+            convs = [i for i in step.kernel.info.matmuls if is_convolution(g[i])]
+            for conv in convs:
+                notes[conv] = "; ".join(_conv_parts(g, conv, owner, step.kernel))
     return notes
 
 
@@ -124,7 +123,7 @@ def _conv_parts(g, conv: int, owner: dict[int, str], kernel) -> list[str]:
     if kernel is None:
         parts = ["library call (cuDNN on GPU)"]
     else:
-        why = kernel_reason(conv_spec(g, conv), len(kernel.info.nodes) > 1)
+        why = rule_note(g, kernel.info)
         parts = [f"autofuse implicit-GEMM kernel {kernel.name}" + (f" ({why})" if why else "")]
     add = bias_add_of(g, conv)
     if len(node.inputs) >= 3:

@@ -91,6 +91,7 @@ __all__ = [
     "lone_library",
     "next_pow2",
     "proposed_groups",
+    "rule_note",
     "switches",
     "unlowerable",
 ]
@@ -134,6 +135,13 @@ def library_first(info: GroupInfo, graph: Graph | None = None) -> bool:
     kind = kind_of(info)
     rule = getattr(kind, "library_rule", None)
     return kind.library_first if rule is None or graph is None else rule(graph, info)
+
+
+def rule_note(graph: Graph, info: GroupInfo) -> str | None:
+    """What the group's kind says of its kernel chosen by the untuned rule (a convolution's:
+    why not the library call), or None."""
+    note = getattr(kind_of(info), "rule_note", None)
+    return note(graph, info) if note is not None else None
 
 
 def fusible(graph: Graph, i: int) -> bool:

@@ -29,6 +29,7 @@ from autofuse.kernels import (
     generate,
     library_calls,
     lone_library,
+    rule_note,
     unlowerable,
 )
 from autofuse.plan.code_log import output_code
@@ -120,8 +121,10 @@ def _units(graph: Graph, group: frozenset[int], choice: Any) -> list[tuple[str, 
         return [("library", (call, RULE_LIBRARY))]
     if lone_library(graph, group):  # its ATen call, as an op autofuse does not generate
         return [("eager", (next(iter(group)), LONE_RULE))]
+    info = analyze_group(graph, group)
     why = RULE_KERNEL if choice is None else "the config chosen for it"
-    return [("kernel", (analyze_group(graph, group), choice, why))]
+    note = rule_note(graph, info)
+    return [("kernel", (info, choice, f"{why} ({note})" if note else why))]
 
 
 def _unit_nodes(unit: tuple[str, Any]) -> tuple[int, ...]:

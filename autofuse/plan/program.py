@@ -91,7 +91,7 @@ class Program:
         for b in sorted(self.kernel_made - self.lent):
             last = self.last_read.get(b)
             if last is not None and last < k and g[b].shape == g[s].shape:
-                if g[b].dtype == g[s].dtype:
+                if g[b].dtype == g[s].dtype and buffer_strides(g[b]) == buffer_strides(g[s]):
                     self.lent.add(b)
                     self.reused += 1
                     return b
@@ -113,7 +113,7 @@ class Program:
         specs = tuple(
             (
                 g[s].shape,
-                contiguous_strides(g[s].shape),
+                buffer_strides(g[s]),
                 _dtype(g[s].dtype),
                 op_def(g[s].op).scatter,
                 self._donor(s, k),

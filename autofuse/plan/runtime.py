@@ -90,10 +90,15 @@ def launch(kernel: Kernel, args: Sequence[torch.Tensor]) -> None:
 
 
 def new_output(graph: Graph, s: int, device: torch.device) -> torch.Tensor:
-    """The buffer a kernel writes node ``s`` into: zeros for a scatter (its kernel writes only
-    the indexed places), else uninitialized."""
-    new = torch.zeros if op_def(graph[s].op).scatter else torch.empty
-    return new(graph[s].shape, dtype=getattr(torch, graph[s].dtype), device=device)
+    """The buffer a kernel writes node ``s`` into, laid out as kernels read it
+    (``buffer_strides``: contiguous but for a convolution the convolution kind stores in the
+    library's layout): zeros for a scatter (its kernel writes only the indexed places), else
+    uninitialized."""
+    node = graph[s]
+    out = torch.empty_strided(
+        node.shape, buffer_strides(node), dtype=getattr(torch, node.dtype), device=device
+    )
+    return out.zero_() if op_def(node.op).scatter else out
 
 
 def allocate_outputs(graph: Graph, info: GroupInfo, device: torch.device) -> list[torch.Tensor]:

@@ -8,7 +8,8 @@ channels, its K loop the input channels x kernel taps. The A tile is gathered fr
 masked, never read) and the B tile from the weight, both through the views and strides they
 have (a channels-last input is read in place); the epilogue is the GEMM kind's own
 (``GemmEmitter.epilogue``): every stored node evaluated on the fp32 accumulator tile, stored
-contiguous. fp32 operands go to ``tl.dot`` as TF32 when ``torch.backends.cudnn.allow_tf32`` is
+as kernels read it (``buffer_strides``: the convolution's own output in the library's layout,
+channels-last where eager's is, its epilogue's contiguous). fp32 operands go to ``tl.dot`` as TF32 when ``torch.backends.cudnn.allow_tf32`` is
 set (what cuDNN does with them then), as IEEE fp32 otherwise; 16-bit ones as they are.
 
 Launch configs are the GEMM template's tiles fitted to the implicit GEMM, at most 4 warps for a
@@ -23,7 +24,7 @@ from math import prod
 
 import torch
 
-from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides
+from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
 from autofuse.kernels.common.base import (
     FusionRefused,
@@ -39,6 +40,7 @@ from autofuse.kernels.common.cost import TileCost
 from autofuse.kernels.common.emitter import Scope
 from autofuse.kernels.common.memory import ITEM, ancestors, memory_offset, nbytes
 from autofuse.kernels.common.render import tile_address
+from autofuse.kernels.conv import takes
 from autofuse.kernels.conv.rule import kernel_reason
 from autofuse.kernels.conv.spec import ConvSpec, conv_refusal, conv_spec
 from autofuse.kernels.gemm.cost import product_cost
@@ -61,7 +63,8 @@ def analyze_conv_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
     if len(convs) != 1:
         raise FusionRefused(f"{len(convs)} convolutions in one group: one per kernel")
     (conv,) = convs
-    why = conv_refusal(graph, conv)
+    why = "AUTOFUSE_CONV_KERNEL=library" if not takes(graph, conv) else None
+    why = conv_refusal(graph, conv) or why
     if why is not None:
         raise FusionRefused(f"{describe(graph, conv)} runs as the library call: {why}")
     for m in sorted(members - {conv}):
@@ -83,11 +86,6 @@ def analyze_conv_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
         raise FusionRefused(
             f"{describe(graph, elsewhere[0])} must be stored but is not over the "
             f"convolution's output {list(node.shape)}"
-        )
-    if conv in stored and buffer_strides(node) != contiguous_strides(node.shape):
-        raise FusionRefused(
-            f"{describe(graph, conv)} is read elsewhere in the library's layout "
-            f"(strides {list(node.strides)}); the kernel stores contiguous"
         )
     info = GroupInfo(
         nodes=tuple(sorted(members)),
@@ -287,7 +285,12 @@ class ConvKind(GemmKind):
     def library_rule(self, graph: Graph, info: GroupInfo) -> bool:
         """Whether a plan chosen without measuring runs the group's convolution as the
         library call (``rule.py``; a group of more than the convolution fuses an epilogue)."""
-        return kernel_reason(conv_spec(graph, info.matmuls[0]), len(info.nodes) > 1) is None
+        return self.rule_note(graph, info) is None
+
+    def rule_note(self, graph: Graph, info: GroupInfo) -> str | None:
+        """Why the rule runs the kernel rather than the library call (``rule.py``), if it
+        says."""
+        return kernel_reason(conv_spec(graph, info.matmuls[0]), len(info.nodes) > 1)
 
     def analyze(self, graph: Graph, members: frozenset[int]) -> GroupInfo:
         return analyze_conv_group(graph, members)
