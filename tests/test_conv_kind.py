@@ -162,6 +162,23 @@ def test_convolution_output_read_elsewhere(conv_kernel):
         assert len(kernel.info.stored) == 2
 
 
+def test_sixty_four_bit_offsets(conv_kernel, monkeypatch):
+    """A convolution whose buffers pass 2**31 elements computes its offsets in 64 bits (forced
+    here on tiny shapes: the same kernel, its index variables widened, equal to eager)."""
+    from autofuse.kernels.conv.kind import ConvEmitter
+
+    conv_kernel("kernel")
+    monkeypatch.setattr(ConvEmitter, "_needs_int64", lambda self: True)
+    model = _model(torch.nn.Conv2d(4, 6, 3, padding=1, groups=2), torch.float32)
+    x = torch.randn(2, 4, 5, 5)
+    with torch.no_grad():
+        fast = autofuse.optimize(model, (x,))
+        assert_close(fast(x), model(x), torch.float32)
+    (kernel,) = _conv_kernels(fast.plan)
+    assert "cv_am = offs_m[:, None].to(tl.int64)" in kernel.source
+    assert "rm = rm.to(tl.int64)" in kernel.source
+
+
 def _graph(conv, shape, dtype=torch.float32):
     model = _model(conv, dtype)
     return capture(model, (torch.randn(shape).to(dtype),)).graph
@@ -241,9 +258,12 @@ def test_what_stays_with_the_library(conv_kernel, conv, shape, why):
     assert bool(_conv_kernels(fast.plan)) is (why is None)
 
 
-def test_float64_stays_with_the_library():
+def test_float64_and_too_many_groups_stay_with_the_library():
     graph = _graph(torch.nn.Conv2d(2, 3, 3), (1, 2, 5, 5), torch.float64)
     assert "tl.dot takes" in conv_refusal(graph, _conv_node(graph))
+    n = 65536
+    graph = _graph(torch.nn.Conv1d(n, n, 1, groups=n, bias=False), (1, n, 2))
+    assert "groups: the grid's group axis" in conv_refusal(graph, _conv_node(graph))
 
 
 def _kernel_source(graph, dtype_note=""):

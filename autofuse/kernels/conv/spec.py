@@ -18,7 +18,8 @@ K - 1 - t]``) and the padding ``dilation * (K - 1) - pad``: :class:`ConvSpec` ho
 mapping (``flipped``). A strided transposed convolution scatters each input pixel over several
 output pixels (no one-to-one tap per output): the library runs it, as it does a convolution
 with its bias still in the call (``AUTOFUSE_CONV_BIAS=library``), one of 64-bit floats (no
-``tl.dot`` for them), one with an empty dim, and a non-float one.
+``tl.dot`` for them), one with an empty dim, a non-float one, and one of more groups than the
+grid's group axis holds.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from autofuse.ir.graph import Graph
 __all__ = ["ConvSpec", "conv_refusal", "conv_spec"]
 
 _DOT_DTYPES = ("float32", "float16", "bfloat16")
+MAX_GROUPS = 65535  # the GEMM template's batch (here: group) axis is grid axis 1
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ def conv_refusal(graph: Graph, i: int) -> str | None:
     if 0 in node.shape or 0 in x.shape or 0 in w.shape:
         return "an empty dim: nothing to compute (the library call's empty result)"
     spec = _spec(graph, i)
+    if spec.groups > MAX_GROUPS:
+        return f"{spec.groups} groups: the grid's group axis holds at most {MAX_GROUPS}"
     if spec.out_size != tuple(node.shape[2:]) or spec.c_out != node.shape[1]:
         return "its output shape is not the implicit GEMM's (an unexpected argument form)"
     return None
