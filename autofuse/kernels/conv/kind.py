@@ -112,9 +112,13 @@ def _pixel(var: str, spec: ConvSpec) -> tuple[Expr, list[Expr]]:
 
 
 def _tap(var: str, spec: ConvSpec) -> tuple[Expr, list[Expr]]:
-    """(channel of the group, kernel tap coordinates) of the flat K index ``var``."""
-    ks = spec.kernel
-    taps = [_dim(var, prod(ks[d + 1 :]), ks[d], False) for d in range(len(ks))]
+    """(channel of the group, kernel tap coordinates) of the flat K index ``var``: channel
+    outermost, or innermost where ``spec.channel_inner``."""
+    ks, inner = spec.kernel, spec.cg_in if spec.channel_inner else 1
+    taps = [_dim(var, inner * prod(ks[d + 1 :]), ks[d], False) for d in range(len(ks))]
+    if spec.channel_inner:
+        taps[0] = _dim(var, inner * prod(ks[1:]), ks[0], True)
+        return _dim(var, 1, spec.cg_in, False), taps
     return _dim(var, spec.taps, spec.cg_in, True), taps
 
 

@@ -7,7 +7,8 @@ A forward ``aten.convolution`` of ``groups`` groups over ``d`` spatial dims (1-3
 - ``m`` an output pixel: ``(image, o_1 .. o_d)`` flattened (``M = N * prod(out)``);
 - ``n`` an output channel of the group (``N = C_out / groups``);
 - ``k`` an input channel of the group and a kernel tap: ``(c, t_1 .. t_d)`` flattened, the
-  weight's own order (``K = C_in / groups * prod(kernel)``);
+  weight's own order (``K = C_in / groups * prod(kernel)``), or ``(t_1 .. t_d, c)`` for a
+  channels-last input (``channel_inner``: a K step reads consecutive channels);
 - ``A[m, k] = x[image, g * C_in/groups + c, i_1 .. i_d]`` at ``i = o * stride - pad + t *
   dilation``, zero where ``i`` falls in the padding (never loaded);
 - ``B[k, n] = w[g * C_out/groups + n, c, t_1 .. t_d]``.
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from math import prod
 
 from autofuse.ir.conv_fold import is_convolution
-from autofuse.ir.graph import Graph
+from autofuse.ir.graph import Graph, buffer_strides
 
 __all__ = ["ConvSpec", "conv_refusal", "conv_spec"]
 
@@ -53,6 +54,9 @@ class ConvSpec:
     padding: tuple[int, ...]  # the forward padding (a transposed one's mapped)
     dilation: tuple[int, ...]
     flipped: bool = False  # a stride-1 transposed convolution (weight flipped and swapped)
+    # K ordered (tap, channel), the channel fastest: the input is channels-last (its channel
+    # stride 1), so a K step reads consecutive channels; else (channel, tap), the weight's order
+    channel_inner: bool = False
 
     @property
     def cg_in(self) -> int:
@@ -145,9 +149,11 @@ def _spec(graph: Graph, i: int) -> ConvSpec:
         (n + 2 * p - d * (k - 1) - 1) // s + 1
         for n, p, d, k, s in zip(x.shape[2:], padding, dilation, kernel, stride)
     )
+    strides = buffer_strides(x) if x.kind != "view" else ()
+    channel_inner = len(strides) > 2 and strides[1] == 1 and x.shape[1] > 1
     return ConvSpec(
         node.inputs[0], node.inputs[1], x.shape[0], x.shape[1], c_out, groups, tuple(x.shape[2:]),
-        out, kernel, stride, padding, dilation, flipped,
+        out, kernel, stride, padding, dilation, flipped, channel_inner,
     )  # fmt: skip
 
 
