@@ -351,3 +351,18 @@ def test_kernelbench_level1_convolutions_forced(conv_kernel, problem):
     assert convs and set(taken) <= in_kernels, [conv_refusal(g, i) for i in convs]
     if "transposed" not in problem.name:
         assert taken == convs, [conv_refusal(g, i) for i in convs]
+
+
+def test_the_search_weighs_the_kernel_against_the_library_call(tmp_path):
+    """The tuned plan comes from trials over both (the greedy plan with the kernel and the
+    plan with the convolution in cuDNN are its starting points); equal to eager."""
+    model = _model(torch.nn.Conv2d(4, 6, 3, padding=1, groups=2), torch.float32)
+    x = torch.randn(2, 4, 7, 7)
+    with torch.no_grad():
+        fast = autofuse.optimize(
+            model, (x,), trials=4, polish=0, cache_dir=str(tmp_path), progress=False
+        )
+        assert_close(fast(x), model(x), torch.float32)
+    tuning = fast.tuning
+    assert tuning.library_value is not None and tuning.greedy_value is not None
+    assert all("search:" in s.describe(fast.plan.graph) for s in fast.plan.steps)
