@@ -231,6 +231,18 @@ def test_untuned_rule_takes_the_kernel_for_a_fused_depthwise_convolution():
     assert not _conv_kernels(plan)
 
 
+def test_forcing_the_kernel_times_no_library_alternative(conv_kernel):
+    """AUTOFUSE_CONV_KERNEL=kernel: the plan with the convolution in cuDNN is no alternative
+    (the untuned planner times none on CUDA), as it is under the rule."""
+    graph = _graph(torch.nn.Conv2d(3, 4, 3), (1, 3, 6, 6))
+    space = Partitioner(graph)
+    assert space.library_gemms(space.greedy()) is not None
+    conv_kernel("kernel")
+    space = Partitioner(graph)
+    assert space.library_gemms(space.greedy()) is None
+    assert space.untuned() == space.greedy()
+
+
 def test_library_setting_takes_no_convolution(conv_kernel):
     conv_kernel("library")
     graph = _graph(torch.nn.Conv2d(3, 4, 3), (1, 3, 6, 6))

@@ -34,7 +34,7 @@ from autofuse.kernels.common.base import (
 )
 from autofuse.kernels.common.configs import KernelConfig
 from autofuse.kernels.common.cost import LoopCost, TileCost
-from autofuse.kernels.conv import LONE_RULE, lone_library, takes
+from autofuse.kernels.conv import LONE_RULE, library_alternative, lone_library, takes
 from autofuse.kernels.conv.kind import ConvKind
 from autofuse.kernels.fill.kind import FillKind
 from autofuse.kernels.gemm.kind import GemmKind
@@ -154,10 +154,11 @@ def fusible(graph: Graph, i: int) -> bool:
 
 
 def library_node(graph: Graph, i: int) -> bool:
-    """A fusible node a library can run alone: a matmul (cuBLAS), a convolution (cuDNN); the
-    nodes an unmeasured plan splits from a ``library_first`` group."""
+    """A fusible node a library can run alone: a matmul (cuBLAS), a convolution (cuDNN, but
+    where its kernel is forced: ``conv.library_alternative``); the nodes an unmeasured plan
+    splits from a ``library_first`` group."""
     n = graph[i]
-    return n.kind == "matmul" or (n.kind == "opaque" and fusible(graph, i))
+    return n.kind == "matmul" or (n.kind == "opaque" and library_alternative(graph, i))
 
 
 def _claims(kind: KernelKind, graph: Graph, members: frozenset[int]) -> bool:

@@ -13,7 +13,7 @@ from autofuse.kernels.conv.rule import kernel_reason
 from autofuse.kernels.conv.spec import conv_refusal, conv_spec
 from autofuse.settings import settings
 
-__all__ = ["LONE_RULE", "lone_library", "takes"]
+__all__ = ["LONE_RULE", "library_alternative", "lone_library", "takes"]
 
 LONE_RULE = "rule: a lone convolution runs as its library call (cuDNN on GPU)"
 
@@ -34,3 +34,10 @@ def lone_library(graph: Graph, group: frozenset[int]) -> bool:
         return False
     (i,) = group
     return takes(graph, i) and kernel_reason(conv_spec(graph, i), fused=False) is None
+
+
+def library_alternative(graph: Graph, i: int) -> bool:
+    """Whether convolution ``i`` runs in the kernel with the library call as an alternative an
+    unmeasured plan is timed against and the search starts from (not under
+    ``AUTOFUSE_CONV_KERNEL=kernel``, which forces the kernel)."""
+    return takes(graph, i) and settings().conv_kernel != "kernel"
