@@ -270,6 +270,17 @@ def test_what_stays_with_the_library(conv_kernel, conv, shape, why):
     assert bool(_conv_kernels(fast.plan)) is (why is None)
 
 
+def test_an_empty_batch_stays_with_the_library(conv_kernel):
+    conv_kernel("kernel")
+    model, x = _model(torch.nn.Conv2d(3, 4, 3), torch.float32), torch.randn(0, 3, 5, 5)
+    graph = capture(model, (x,)).graph
+    assert "an empty dim" in conv_refusal(graph, _conv_node(graph))
+    with torch.no_grad():
+        fast = autofuse.optimize(model, (x,))
+        assert_close(fast(x), model(x), torch.float32)
+    assert not _conv_kernels(fast.plan)
+
+
 def test_float64_and_too_many_groups_stay_with_the_library():
     graph = _graph(torch.nn.Conv2d(2, 3, 3), (1, 2, 5, 5), torch.float64)
     assert "tl.dot takes" in conv_refusal(graph, _conv_node(graph))
