@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autofuse.ir.conv_fold import bias_add_of, is_convolution
-from autofuse.kernels import INLINE_OPS, config_label, kind_of
+from autofuse.kernels import INLINE_OPS, config_label, kind_of, rule_note
 from autofuse.kernels.common.memory import nbytes
 from autofuse.plan import EagerStep, KernelStep, LibraryStep, Plan
 
@@ -119,46 +119,64 @@ def layout_notes(plan: Plan) -> tuple[str, ...]:
 
 
 def conv_notes(plan: Plan) -> dict[int, str]:
-    """For each convolution the plan runs as a library call: what was done with it (its bias
-    peeled into a named kernel or kept in the call, an inference BatchNorm folded into its
-    weight by a named kernel)."""
+    """For each convolution of the plan: how it runs (the library call, or autofuse's
+    implicit-GEMM kernel named, with the rule that chose it unmeasured, if one did) and what
+    was done with it (its bias peeled into a named kernel or kept in the call, an inference
+    BatchNorm folded into its weight by a named kernel)."""
     g = plan.graph
     owner = {n: s.kernel.name for s in plan.steps if isinstance(s, KernelStep) for n in s.nodes}
     notes = {}
-    for step in plan.fallbacks:
-        node = g[step.node]
-        if not is_convolution(node):
-            continue
-        parts = ["library call (cuDNN on GPU)"]
-        add = bias_add_of(g, step.node)
-        if len(node.inputs) >= 3:
-            parts.append("bias in the call")
-        elif add is not None:
-            parts.append(f"bias peeled into kernel {owner.get(add, 'eager')}")
-        else:
-            parts.append("no bias")
-        layout, times = node.attr("layout"), node.attr("layout_us")
-        if layout and node.attr("layout_by") == "plan":
-            alone = (
-                f"; alone {times[0]:g} us contiguous, {times[1]:g} us channels-last"
-                if times
-                else ""
-            )
-            parts.append(
-                f"{layout} (the plan with every convolution so timed faster end to end{alone})"
-            )
-        elif layout and times:
-            parts.append(f"{layout} (measured {times[0]:g} us contiguous, {times[1]:g} us "
-                         "channels-last)")  # fmt: skip
-        elif layout:
-            parts.append(f"{layout} (AUTOFUSE_CONV_LAYOUT)")
-        if node.attr("eager_strides"):
-            parts.append("result kept channels-last for the kernels that read it")
-        if node.attr("folded") == "batchnorm":
-            weight = g.base_of(node.inputs[1])
-            parts.append(f"BatchNorm folded into its weight (kernel {owner.get(weight, 'eager')})")
-        notes[step.node] = "; ".join(parts)
+    for step in plan.steps:
+        if isinstance(step, EagerStep) and is_convolution(g[step.node]):
+            notes[step.node] = "; ".join(_conv_parts(g, step.node, owner, None))
+        elif isinstance(step, KernelStep):  # a kernel whose product is a convolution
+            convs = [i for i in step.kernel.info.matmuls if is_convolution(g[i])]
+            for conv in convs:
+                notes[conv] = "; ".join(_conv_parts(g, conv, owner, step.kernel))
     return notes
+
+
+def _conv_parts(g, conv: int, owner: dict[int, str], kernel) -> list[str]:
+    node = g[conv]
+    if kernel is None:
+        parts = ["library call (cuDNN on GPU)"]
+    else:
+        why = rule_note(g, kernel.info)
+        parts = [f"autofuse implicit-GEMM kernel {kernel.name}" + (f" ({why})" if why else "")]
+    add = bias_add_of(g, conv)
+    if len(node.inputs) >= 3:
+        parts.append("bias in the call")
+    elif add is not None:
+        parts.append(f"bias peeled into kernel {owner.get(add, 'eager')}")
+    else:
+        parts.append("no bias")
+    parts += _layout_parts(node, kernel)
+    if node.attr("folded") == "batchnorm":
+        weight = g.base_of(node.inputs[1])
+        parts.append(f"BatchNorm folded into its weight (kernel {owner.get(weight, 'eager')})")
+    return parts
+
+
+def _layout_parts(node, kernel) -> list[str]:
+    """A convolution's layout and why (measured alone, the whole plan timed, or forced)."""
+    layout, times = node.attr("layout"), node.attr("layout_us")
+    if not layout:
+        return []
+    if node.attr("layout_by") == "plan":
+        alone = (
+            f"; alone {times[0]:g} us contiguous, {times[1]:g} us channels-last" if times else ""
+        )
+        part = f"{layout} (the plan with every convolution so timed faster end to end{alone})"
+    elif times:
+        part = f"{layout} (measured {times[0]:g} us contiguous, {times[1]:g} us channels-last)"
+    else:
+        part = f"{layout} (AUTOFUSE_CONV_LAYOUT)"
+    if kernel is not None:
+        part += " for the library call; the kernel reads its operands in place"
+    parts = [part]
+    if node.attr("eager_strides"):
+        parts.append("result kept channels-last for the kernels that read it")
+    return parts
 
 
 def _mb(b: int) -> str:

@@ -39,6 +39,13 @@ them again, for tests and for programs that change the environment on purpose):
   timed end to end; ``kernels/library/sdpa.py``), or ``cudnn``, ``flash``, ``efficient`` or
   ``math`` (that backend wherever it applies, untimed; elsewhere the op as traced); an unknown
   value warns and means ``auto``.
+- ``AUTOFUSE_CONV_KERNEL``: which forward convolutions may run as autofuse's own implicit-GEMM
+  kernel (``kernels/conv``) beside the library call: ``rule`` (default: every one the kind
+  takes is a choice the search measures; a plan chosen without measuring keeps the library
+  call except where ``kernels/conv/rule.py`` states that the kernel wins), ``kernel`` (the
+  kernel wherever the kind takes the convolution, measured or not) or ``library`` (never: every
+  convolution is its library call, as before the kind existed); an unknown value warns and
+  means ``rule``.
 - ``AUTOFUSE_LOGS``: comma-separated log topics (``output_code``, ``search``, ``cache``,
   ``+autofuse``, ``all``); an unknown topic is ignored with one ``SettingsWarning`` naming the
   valid ones.
@@ -118,6 +125,7 @@ class Settings:
     conv_bias: str = "kernel"  # "kernel" (peeled into the epilogue) or "library"
     conv_layout: str = "measure"  # "measure", "eager", "contiguous", "channels_last"
     sdpa: str = "auto"  # "auto" or an SDPA backend: cudnn, flash, efficient, math
+    conv_kernel: str = "rule"  # "rule", "kernel", "library"
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -145,6 +153,7 @@ def settings() -> Settings:
         conv_bias=_choice("AUTOFUSE_CONV_BIAS", CONV_BIAS),
         conv_layout=_choice("AUTOFUSE_CONV_LAYOUT", CONV_LAYOUT),
         sdpa=_choice("AUTOFUSE_SDPA", SDPA),
+        conv_kernel=_choice("AUTOFUSE_CONV_KERNEL", CONV_KERNEL),
         signing_key=_signing_key(),
     )
 
@@ -152,6 +161,7 @@ def settings() -> Settings:
 CONV_BIAS = ("kernel", "library")
 CONV_LAYOUT = ("measure", "eager", "contiguous", "channels_last")
 SDPA = ("auto", "cudnn", "flash", "efficient", "math")
+CONV_KERNEL = ("rule", "kernel", "library")
 
 
 def _choice(name: str, choices: tuple[str, ...]) -> str:

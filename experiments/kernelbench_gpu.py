@@ -4,7 +4,9 @@ Eager, ``torch.compile`` default and ``mode="max-autotune-no-cudagraphs"``, the 
 plan (``optimize(model, inputs)``) and the tuned one (``optimize(..., trials=T,
 time_budget=S)``), and where asked (``GpuOptions.variants``, ``--variants``) the greedy plan with
 each convolution's bias kept in the library call (``AUTOFUSE_CONV_BIAS=library`` while it is
-built, judged and timed: the other arm of the peeled bias) are built first, then judged by KernelBench's rule (``allclose`` with
+built, judged and timed: the other arm of the peeled bias) and the greedy plan with every
+convolution the convolution kind takes in autofuse's own kernel (``AUTOFUSE_CONV_KERNEL=kernel``:
+the kernel against cuDNN, ``own_conv_speedup``) are built first, then judged by KernelBench's rule (``allclose`` with
 atol = rtol = ``tol`` against eager on ``correct_trials`` input draws, the first the timing
 inputs), then timed together in interleaved rounds (the order reversed every other round, min
 of rounds; each time ``do_bench`` with its L2 flush, under ``no_grad`` as the benchmark times).
@@ -44,10 +46,16 @@ from experiments.kernelbench_problems import (
 MODES = ("default", "max-autotune-no-cudagraphs")
 COMPILE = tuple(f"torch.compile {m}" for m in MODES)
 LIBRARY_BIAS = "autofuse greedy, conv bias in library"
-VARIANTS = ("eager", *COMPILE, "autofuse greedy", LIBRARY_BIAS, "autofuse tuned")
-DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != LIBRARY_BIAS)
+OWN_CONV = "autofuse greedy, own conv kernel"
+VARIANTS = ("eager", *COMPILE, "autofuse greedy", LIBRARY_BIAS, OWN_CONV, "autofuse tuned")
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in (LIBRARY_BIAS, OWN_CONV))
 SHORT_NAMES = dict(zip(("eager", "default", "max-autotune", "greedy", "greedy-library-bias",
-                        "tuned"), VARIANTS))  # fmt: skip
+                        "greedy-own-conv", "tuned"), VARIANTS))  # fmt: skip
+# the settings an arm is built, judged and timed under (read again on entry and on exit)
+ARM_SETTINGS = {
+    LIBRARY_BIAS: ("AUTOFUSE_CONV_BIAS", "library"),
+    OWN_CONV: ("AUTOFUSE_CONV_KERNEL", "kernel"),
+}
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
@@ -126,23 +134,25 @@ class PrecisionGuard:
 
 @contextmanager
 def arm(label: str) -> Iterator[None]:
-    """The settings a variant runs under: ``AUTOFUSE_CONV_BIAS=library`` for the library-bias
-    arm (read again on entry and on exit), nothing for the others."""
-    if label != LIBRARY_BIAS:
+    """The settings a variant runs under (:data:`ARM_SETTINGS`: ``AUTOFUSE_CONV_BIAS=library``
+    for the library-bias arm, ``AUTOFUSE_CONV_KERNEL=kernel`` for the own-convolution arm;
+    read again on entry and on exit), nothing for the others."""
+    if label not in ARM_SETTINGS:
         yield
         return
     from autofuse.settings import reload_settings
 
-    before = os.environ.get("AUTOFUSE_CONV_BIAS")
-    os.environ["AUTOFUSE_CONV_BIAS"] = "library"
+    name, value = ARM_SETTINGS[label]
+    before = os.environ.get(name)
+    os.environ[name] = value
     reload_settings()
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("AUTOFUSE_CONV_BIAS", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["AUTOFUSE_CONV_BIAS"] = before
+            os.environ[name] = before
         reload_settings()
 
 
@@ -180,6 +190,7 @@ def build(model, inputs, opts: GpuOptions, compile_fn, optimize_fn,
     makers = [(label, lambda m=mode: compile_fn(model, m)) for label, mode in zip(COMPILE, MODES)]
     makers += [("autofuse greedy", lambda: optimize_fn(model, inputs)),
                (LIBRARY_BIAS, lambda: optimize_fn(model, inputs)),
+               (OWN_CONV, lambda: optimize_fn(model, inputs)),
                ("autofuse tuned", lambda: optimize_fn(model, inputs, **tuned_opts))]  # fmt: skip
     for label, make in makers:
         if label not in opts.variants:
@@ -336,8 +347,12 @@ def verdicts(rec: dict) -> dict:
     tuned_ok = bool(ok.get(name)) and tuned is not None
     peeled, library = t.get("autofuse greedy"), t.get(LIBRARY_BIAS)
     both = peeled and library and ok.get("autofuse greedy") and ok.get(LIBRARY_BIAS)
+    own = t.get(OWN_CONV)
+    own_ok = peeled and own and ok.get("autofuse greedy") and ok.get(OWN_CONV)
     return {
         "peeled_bias_speedup": library / peeled if both else None,
+        # > 1: autofuse's convolution kernel beat the library call (cuDNN), epilogues fused
+        "own_conv_speedup": peeled / own if own_ok else None,
         "best_compile": best,
         "tuned_correct": tuned_ok,
         "fast_1": tuned_ok and t.get("eager") is not None and tuned < t["eager"],

@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from autofuse.tune.runfiles import read_json
-from experiments.kernelbench_gpu import LIBRARY_BIAS
+from experiments.kernelbench_gpu import LIBRARY_BIAS, OWN_CONV
 
 
 def records(folders: list[Path]) -> list[dict]:
@@ -107,6 +107,9 @@ def gpu_rows(recs: list[dict]) -> list[str]:
     if any(LIBRARY_BIAS in r.get("times_us", {}) for r in recs):
         cols.insert(4, LIBRARY_BIAS)
         heads.insert(4, "greedy, bias in library")
+    if any(OWN_CONV in r.get("times_us", {}) for r in recs):
+        cols.insert(cols.index("autofuse tuned"), OWN_CONV)
+        heads.insert(heads.index("tuned"), "greedy, own conv")
     out = ["| problem | dtype | " + " | ".join(f"{h} µs" for h in heads) +
            " | floor µs | correct | fast_1 | vs best compile |",
            "|---|---|" + "---|" * (len(cols) + 4)]  # fmt: skip

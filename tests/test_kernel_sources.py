@@ -3,8 +3,9 @@
 A refactor of the kernel layer must not change one byte of what it generates. The corpus: the
 public suite (``experiments/workloads.py``) at small CPU shapes in bf16, the model functions
 (``experiments/model_functions.py``) at their CPU shapes, small functions for the kinds those
-do not reach (row GEMM, scan, scatter, and the attention backward: a training step through
-the backend, its forward and backward graphs), and, where the shared KernelBench
+do not reach (row GEMM, scan, scatter, the attention backward: a training step through
+the backend, its forward and backward graphs, and the convolution kind: 1-3 D, grouped,
+depthwise, transposed), and, where the shared KernelBench
 folder is present, its level 1 and level 2 problems at the runner's reduced shapes. Each is
 captured and partitioned (greedy, untuned, matmuls in cuBLAS); every group's kernel is
 generated, never run, at its default config, with runtime sizes where its kind takes them, and
@@ -126,9 +127,21 @@ def _backend_graphs(fn: Callable[..., Any], inputs: tuple) -> Callable[[], list]
     return graphs
 
 
+def _conv_relu(x, w, b):
+    return torch.relu(torch.nn.functional.conv2d(x, w, b, stride=2, padding=1, groups=2)) * 0.5
+
+
+def _depthwise_1d(x, w):
+    return torch.sigmoid(torch.nn.functional.conv1d(x, w, padding=2, dilation=2, groups=4))
+
+
+def _transposed_3d(x, w):
+    return torch.nn.functional.conv_transpose3d(x, w, padding=1) + 1.0
+
+
 def kind_cases() -> Iterator[Case]:
     """Kinds the suite and the model functions do not reach (row GEMM, scan, scatter, the
-    attention backward through the backend)."""
+    attention backward through the backend, the convolution kind)."""
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(12, 16, generator=g), torch.randn(16, 20, generator=g)
     yield "kinds/row_gemm", _row_gemm, (x, w)
@@ -137,6 +150,12 @@ def kind_cases() -> Iterator[Case]:
     yield "kinds/scatter", _scatter, (torch.randn(6, 5, generator=g), idx, torch.randn(4, 5))
     qkv = [torch.randn(2, 19, 16, generator=g).requires_grad_() for _ in range(3)]
     yield "kinds/attention_train", _backend_graphs(_attention_step, tuple(qkv)), None
+    conv = (torch.randn(2, 4, 7, 6, generator=g), torch.randn(6, 2, 3, 3, generator=g))
+    yield "kinds/conv", _conv_relu, (*conv, torch.randn(6, generator=g))
+    depthwise = (torch.randn(2, 4, 9, generator=g), torch.randn(4, 1, 3, generator=g))
+    yield "kinds/conv_depthwise_1d", _depthwise_1d, depthwise
+    transposed = (torch.randn(1, 3, 3, 4, 2, generator=g), torch.randn(3, 2, 2, 3, 2, generator=g))
+    yield "kinds/conv_transposed_3d", _transposed_3d, transposed
 
 
 def kernelbench_dir() -> Path | None:

@@ -332,6 +332,37 @@ def test_gpu_variants_time_the_library_bias_arm_beside_the_peeled_one(tmp_path):
     json.dumps(rec)
 
 
+def test_gpu_variants_time_the_own_convolution_arm_beside_cudnn(tmp_path):
+    """--variants greedy,greedy-own-conv: the second greedy plan is built, checked and timed
+    with AUTOFUSE_CONV_KERNEL=kernel (the convolution in autofuse's kernel, its epilogue
+    fused), the first keeps cuDNN; own_conv_speedup compares them."""
+    from autofuse.settings import settings
+    from experiments.kernelbench_gpu import OWN_CONV, parse_variants
+
+    p = toy_problem(tmp_path, CONV, "2_Conv2d_ReLU.py")
+    built, during = [], []
+
+    def optimize_recording(model, inputs, **options):
+        fast = autofuse.optimize(model, inputs)
+        built.append((settings().conv_kernel, fast))
+        return lambda *xs: (during.append(settings().conv_kernel), fast(*xs))[1]
+
+    timer = FakeTimer({**TIMES, OWN_CONV: 5e-6})
+    opts = GpuOptions(rounds=2, stage="small", correct_trials=1,
+                      variants=parse_variants("greedy,greedy-own-conv"))  # fmt: skip
+    rec = time_problem(p, opts, {"copy_bytes_per_s": 1e12, "bf16_mm_flops_per_s": 1e15},
+                       device="cpu", timer=timer, compile_fn=fake_compile,
+                       optimize_fn=optimize_recording)  # fmt: skip
+    order = ["eager", "autofuse greedy", OWN_CONV]
+    assert timer.calls == order + order[::-1]
+    assert [b for b, _ in built] == ["rule", "kernel"] and settings().conv_kernel == "rule"
+    assert set(during) == {"rule", "kernel"} and all(rec["correct"].values())
+    kinds = [{k.info.kind for k in f.plan.kernels} for _, f in built]
+    assert "conv" not in kinds[0] and "conv" in kinds[1]  # cuDNN; the kernel
+    assert rec["own_conv_speedup"] == pytest.approx(7 / 5)
+    json.dumps(rec)
+
+
 def test_a_variant_that_changes_precision_is_named_and_undone(tmp_path):
     from experiments.kernelbench_gpu import parse_variants
 

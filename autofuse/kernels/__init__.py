@@ -5,7 +5,9 @@ Each kind is a plugin (``common.base.KernelKind``) in its folder and owns its co
 cumprod), ``gemm/`` (``gemm`` and ``gemm_row``), ``attention/`` (matmul, softmax, matmul:
 flash-attention style), ``attention_bwd/`` (its backward: dQ, dK, dV from recomputed tiles),
 ``scatter/`` (index_put / scatter / scatter_add), ``fill/`` (a pointwise group that reads no
-buffer); ``common/`` holds what they share. This registry is the one list of kinds:
+buffer), ``conv/`` (a forward convolution as an implicit GEMM, its epilogue fused: the one
+kind whose groups hold an opaque op, beside the library call); ``common/`` holds what they
+share. This registry is the one list of kinds:
 ``analyze_group`` asks the kinds in order which one claims a set of nodes, and every other call
 finds the plugin by the kind named in the group's ``GroupInfo``.
 """
@@ -32,6 +34,8 @@ from autofuse.kernels.common.base import (
 )
 from autofuse.kernels.common.configs import KernelConfig
 from autofuse.kernels.common.cost import LoopCost, TileCost
+from autofuse.kernels.conv import LONE_RULE, library_alternative, lone_library, takes
+from autofuse.kernels.conv.kind import ConvKind
 from autofuse.kernels.fill.kind import FillKind
 from autofuse.kernels.gemm.kind import GemmKind
 from autofuse.kernels.gemm.row import GemmRowKind, RowGemmConfig
@@ -75,6 +79,7 @@ __all__ = [
     "KernelConfig",
     "KernelKind",
     "KernelMeta",
+    "LONE_RULE",
     "RowGemmConfig",
     "analyze_group",
     "bucket_config_fits",
@@ -88,13 +93,17 @@ __all__ = [
     "generate",
     "kind_of",
     "library_first",
+    "library_node",
+    "lone_library",
     "next_pow2",
     "proposed_groups",
+    "rule_note",
     "switches",
     "unlowerable",
 ]
 
 KINDS: tuple[KernelKind, ...] = (
+    ConvKind(),
     AttentionKind(),
     AttentionBwdKind(),
     ScatterKind(),
@@ -126,15 +135,44 @@ def kind_of(info: GroupInfo) -> KernelKind:
         ) from None
 
 
-def library_first(info: GroupInfo) -> bool:
-    """Whether an unmeasured plan runs the group's matmuls in cuBLAS (its kind says so)."""
-    return kind_of(info).library_first
+def library_first(info: GroupInfo, graph: Graph | None = None) -> bool:
+    """Whether an unmeasured plan runs the group's matmuls (convolutions) in the library: its
+    kind says so, per group where it has a ``library_rule`` and the graph is given."""
+    kind = kind_of(info)
+    rule = getattr(kind, "library_rule", None)
+    return kind.library_first if rule is None or graph is None else rule(graph, info)
+
+
+def rule_note(graph: Graph, info: GroupInfo) -> str | None:
+    """What the group's kind says of its kernel chosen by the untuned rule (a convolution's:
+    why not the library call), or None."""
+    note = getattr(kind_of(info), "rule_note", None)
+    return note(graph, info) if note is not None else None
 
 
 def fusible(graph: Graph, i: int) -> bool:
-    """Nodes the partitioner places in groups (a lone matmul runs as torch.mm / cuBLAS)."""
+    """Nodes the partitioner places in groups (a lone matmul runs as torch.mm / cuBLAS): the
+    lowered kinds' ops, and the convolutions the convolution kind takes (``conv.takes``)."""
     n = graph[i]
+    if n.kind == "opaque":
+        return takes(graph, i)
     return n.kind in _LOWERED and n.op not in INLINE_OPS
+
+
+def library_node(graph: Graph, i: int) -> bool:
+    """A fusible node a library can run alone: a matmul (cuBLAS), a convolution (cuDNN, but
+    where its kernel is forced: ``conv.library_alternative``); the nodes an unmeasured plan
+    splits from a ``library_first`` group."""
+    n = graph[i]
+    return n.kind == "matmul" or (n.kind == "opaque" and library_alternative(graph, i))
+
+
+def _claims(kind: KernelKind, graph: Graph, members: frozenset[int]) -> bool:
+    """``kind.claims``, for a group with an opaque member only where the kind lowers one."""
+    if not getattr(kind, "lowers_opaque", False):
+        if any(graph[m].kind == "opaque" for m in members):
+            return False
+    return kind.claims(graph, members)
 
 
 def unlowerable(graph: Graph, i: int) -> str | None:
@@ -153,13 +191,13 @@ def analyze_group(
     it); raise FusionRefused naming the reason if not."""
     members = frozenset(group)
     for m in sorted(members):
-        if graph[m].kind not in _LOWERED:
+        if graph[m].kind not in _LOWERED and not fusible(graph, m):
             target = graph[m].attr("target", graph[m].op)
             raise FusionRefused(
                 f"{describe(graph, m)} is an unsupported op ({target}) and runs in eager"
             )
     for k in KINDS:
-        if (kind is None or k.name == kind) and k.claims(graph, members):
+        if (kind is None or k.name == kind) and _claims(k, graph, members):
             return k.analyze(graph, members)
     whose = f"the kind {kind}" if kind is not None else "no kernel kind"
     raise FusionRefused(f"{whose} takes the group {sorted(members)}")
@@ -194,7 +232,7 @@ def offers(graph: Graph, group: frozenset[int]) -> tuple[Offer, ...]:
     members = frozenset(group)
     out: list[Offer] = []
     for kind in KINDS:
-        if not kind.claims(graph, members):
+        if not _claims(kind, graph, members):
             continue
         try:
             info = kind.analyze(graph, members)

@@ -30,6 +30,7 @@ from autofuse.kernels import (
     analyze_group,
     fusible,
     library_first,
+    library_node,
     proposed_groups,
     unlowerable,
 )
@@ -302,10 +303,10 @@ class Partitioner:
         return self.from_decisions({n: True for n in self.edge_names.values()})
 
     def library_gemms(self, partition: Partition) -> Partition | None:
-        """``partition`` with every matmul split out of its group, to run as torch's own GEMM
-        (cuBLAS) while the rest of the group stays fused (the epilogue as one kernel); None
-        where ``partition`` has no fused matmul."""
-        mms = {n for n in self.nodes if self.graph[n].kind == "matmul"}
+        """``partition`` with every matmul (and convolution) split out of its group, to run as
+        torch's own GEMM (cuBLAS; cuDNN) while the rest of the group stays fused (the epilogue
+        as one kernel); None where ``partition`` has no fused matmul or convolution."""
+        mms = {n for n in self.nodes if library_node(self.graph, n)}
         fused = [g for g in partition.groups if len(g) > 1 and g & mms]
         if not fused:
             return None
@@ -317,12 +318,13 @@ class Partitioner:
 
     def untuned(self) -> Partition:
         """The plan to run without measuring: :meth:`greedy`, except that groups whose kind is
-        ``library_first`` (GEMM + epilogue) run their matmul in cuBLAS beside one fused epilogue
-        kernel, as torch.compile's default mode does; attention and row-GEMM groups stay."""
+        ``library_first`` (GEMM + epilogue; convolution + epilogue but where its rule says)
+        run their matmul (convolution) in cuBLAS (cuDNN) beside one fused epilogue kernel, as
+        torch.compile's default mode does; attention and row-GEMM groups stay."""
         greedy = self.greedy()
         infos = [self.check(g) for g in greedy.groups if len(g) > 1]
-        first = [i for i in infos if isinstance(i, GroupInfo) and library_first(i)]
-        mms = {n for i in first for n in i.nodes if self.graph[n].kind == "matmul"}
+        first = [i for i in infos if isinstance(i, GroupInfo) and library_first(i, self.graph)]
+        mms = {n for i in first for n in i.nodes if library_node(self.graph, n)}
         if not mms:
             return greedy
         # greedy again without those matmuls' edges: an epilogue freed from its GEMM fuses on

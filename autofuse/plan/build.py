@@ -5,7 +5,8 @@ A group's choice is one of its offers (``kernels.offers``): a :class:`KernelChoi
 kernel under a config), a :class:`LibraryCall` (the group runs as that call) or :data:`EAGER`
 (its ops run in eager); or a launch config of the first kind that claims it (None: its default
 config). The rule for a group without a choice of call or eager: a lone matmul
-is the library's call (cuBLAS; a config given for it is not used), any other group the kind's
+is the library's call (cuBLAS; a config given for it is not used), a lone convolution its ATen
+call (cuDNN) unless ``kernels/conv/rule.py`` says otherwise, any other group the kind's
 kernel at the config given or its default one. An op autofuse does not generate (outside every
 group) runs as the call its library provider prefers (SDPA: the backend torch picked when
 tracing), else as traced (an eager step); a group of one such op with a :class:`LibraryCall`
@@ -21,6 +22,7 @@ from autofuse.ir.graph import Graph
 from autofuse.kernels import (
     EAGER,
     INLINE_OPS,
+    LONE_RULE,
     KernelChoice,
     LibraryCall,
     analyze_group,
@@ -30,7 +32,9 @@ from autofuse.kernels import (
     generate,
     library_calls,
     library_note,
+    lone_library,
     preferred_call,
+    rule_note,
     unlowerable,
 )
 from autofuse.plan.code_log import output_code
@@ -60,8 +64,9 @@ def library_group(graph: Graph, group: frozenset[int]) -> LibraryCall | None:
 
 def eager_group(graph: Graph, group: frozenset[int]) -> bool:
     """Whether the rule runs ``group`` as a library call (a lone matmul: torch.mm, cuBLAS on
-    GPU) rather than as a generated kernel."""
-    return library_group(graph, group) is not None
+    GPU; a lone convolution its rule keeps in the library: its ATen call, cuDNN on GPU) rather
+    than as a generated kernel."""
+    return library_group(graph, group) is not None or lone_library(graph, group)
 
 
 RULE_LIBRARY = "rule: a lone matmul runs as its library call"
@@ -132,8 +137,12 @@ def _units(graph: Graph, group: frozenset[int], choice: Any) -> list[tuple[str, 
     call = library_group(graph, group)  # a config given for a lone matmul is not used
     if call is not None:
         return [("library", (call, RULE_LIBRARY))]
+    if lone_library(graph, group):  # its ATen call, as an op autofuse does not generate
+        return [("eager", (next(iter(group)), LONE_RULE))]
+    info = analyze_group(graph, group)
     why = RULE_KERNEL if choice is None else "the config chosen for it"
-    return [("kernel", (analyze_group(graph, group), choice, why))]
+    note = rule_note(graph, info)
+    return [("kernel", (info, choice, f"{why} ({note})" if note else why))]
 
 
 def _unit_nodes(unit: tuple[str, Any]) -> tuple[int, ...]:

@@ -90,11 +90,14 @@ def launch(kernel: Kernel, args: Sequence[torch.Tensor]) -> None:
 
 
 def new_output(graph: Graph, s: int, device: torch.device) -> torch.Tensor:
-    """The buffer a kernel writes node ``s`` into, in its layout (``buffer_strides``): zeros
-    for a scatter (its kernel writes only the indexed places), else uninitialized."""
+    """The buffer a kernel writes node ``s`` into, laid out as kernels read it
+    (``buffer_strides``: contiguous but for a layout the plan keeps, ``ir/conv_layout.py``, or a
+    convolution the convolution kind stores in the library's layout): zeros for a scatter (its
+    kernel writes only the indexed places), else uninitialized."""
     node = graph[s]
-    out = torch.empty_strided(node.shape, buffer_strides(node), dtype=getattr(torch, node.dtype),
-                              device=device)  # fmt: skip
+    out = torch.empty_strided(
+        node.shape, buffer_strides(node), dtype=getattr(torch, node.dtype), device=device
+    )
     return out.zero_() if op_def(node.op).scatter else out
 
 

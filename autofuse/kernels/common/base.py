@@ -74,7 +74,9 @@ class GroupInfo:
     reduce_dims: tuple[int, ...]  # reduced positions of ``domain`` (empty: no row reduction)
     stored: tuple[int, ...]  # members written to memory
     loads: tuple[int, ...]  # base nodes read from memory
-    matmuls: tuple[int, ...] = ()  # GEMM groups: the mm/bmm nodes (two for a horizontal pair)
+    # GEMM groups: the mm/bmm nodes (two for a horizontal pair); a convolution group: its
+    # convolution (the product its kernel accumulates)
+    matmuls: tuple[int, ...] = ()
 
     @property
     def xnumel(self) -> int:
@@ -174,7 +176,8 @@ class Kernel:
     meta: KernelMeta = KernelMeta()
 
 
-_NAME_OP = {"pow_scalar": "pow", "copy": "clone", "cast": "to"}
+# (an opaque member is a convolution: the only opaque op a kind takes, kernels/conv)
+_NAME_OP = {"pow_scalar": "pow", "copy": "clone", "cast": "to", "opaque": "convolution"}
 
 
 def kernel_name(graph: Graph, info: GroupInfo, prefix: str, index: int) -> str:

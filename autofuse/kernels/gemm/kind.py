@@ -239,8 +239,9 @@ def tma_eligible(graph: Graph, info: GroupInfo) -> bool:
     return all(tma_operand(graph, info, j) for mm in info.matmuls for j in graph[mm].inputs)
 
 
-def _layout(spec: GemmSpec, n_in: int, m: int, n: int, k: int) -> list[tuple[str, int]]:
-    """The kernel's arguments for the template's parameters (``Kernel.layout``)."""
+def template_layout(spec: GemmSpec, n_in: int, m: int, n: int, k: int) -> list[tuple[str, int]]:
+    """The kernel's arguments for the template's parameters (``Kernel.layout``) when the hooks
+    address every buffer through ``in_ptr*`` / ``out_ptr*`` (the operand strides unused)."""
     first_in = ("in", 0) if n_in else ("out", 0)
     layout: list[tuple[str, int]] = []
     for p in param_names(spec):
@@ -257,6 +258,17 @@ def _layout(spec: GemmSpec, n_in: int, m: int, n: int, k: int) -> list[tuple[str
         else:
             raise ValueError(f"unexpected GEMM template parameter {p!r}")
     return layout
+
+
+def with_helpers(source: str, helpers) -> str:
+    """A rendered template with the jitted helpers its epilogue calls (e.g. _af_tanh) defined
+    after the imports."""
+    if not helpers:
+        return source
+    head = "import triton\nimport triton.language as tl\n"
+    assert source.startswith(head)
+    defs = "".join("\n" + h.source + "\n" for h in sorted(helpers, key=lambda h: h.name))
+    return head + defs + source[len(head) :]
 
 
 def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int = 0) -> Kernel:
@@ -279,15 +291,10 @@ def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int 
         + ", ".join(graph[i].name or graph[i].op for i in info.nodes),
         input_precision="ieee" if a_dtype == "float32" else None,
     )
-    source = render(spec, config)
-    if em.helpers:  # jitted helpers the epilogue calls (e.g. _af_tanh), after the imports
-        head = "import triton\nimport triton.language as tl\n"
-        assert source.startswith(head)
-        defs = "".join("\n" + h.source + "\n" for h in sorted(em.helpers, key=lambda h: h.name))
-        source = head + defs + source[len(head) :]
+    source = with_helpers(render(spec, config), em.helpers)
     batch, m, n, k = gemm_dims(graph, info)
     n_in = len(info.loads)
-    layout = _layout(spec, n_in, m, n, k)
+    layout = template_layout(spec, n_in, m, n, k)
     item = ITEM.get(a_dtype, 2)
     return Kernel(
         name=name,
@@ -351,7 +358,7 @@ class GemmKind(ProposesNone):
         return gemm_configs(graph, info)
 
     def default_config(self, graph: Graph, info: GroupInfo) -> GemmConfig:
-        return gemm_configs(graph, info)[0]
+        return self.config_space(graph, info)[0]
 
     def check_config(self, info: GroupInfo, config: GemmConfig) -> None:
         if not isinstance(config, GemmConfig):
