@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from autofuse import logs
-from autofuse.cache.buckets import BucketSpec, probe, varying
+from autofuse.cache.buckets import spec_for
 from autofuse.capture import CaptureError, TraceUnsupported
 from autofuse.capture.state import buffers_kept
 from autofuse.capture.trace import capture, check_callable, check_real
@@ -187,18 +187,14 @@ def _tuned_bucket(fn: Any, example_inputs: Sequence[Any], dims: dict, options: d
     over the bucket (it cannot be captured, or its graph changes with the sizes)."""
     try:
         captured = capture(fn, example_inputs)
-        moved = probe(example_inputs, dims)
-        other = captured if moved is None else capture(fn, moved)
+        spec = spec_for(fn, captured, example_inputs, dims, options.get("buckets"))
     except CaptureError as e:
         logs.emit("cache", f"not cached by bucket: {e}"[:300])
         return None
-    mask = varying(captured.graph, other.graph)
-    if mask is None:
+    if spec is None:
         logs.emit("cache", f"not cached by bucket: {captured.source_name}'s graph changes "
                            "with the dynamic sizes")  # fmt: skip
         return None
-    edges = options.get("buckets")
-    spec = BucketSpec(tuple(sorted(dims.items())), tuple(sorted(edges)) if edges else None, mask)
     opts = {k: v for k, v in options.items() if k != "buckets"}
     store = BucketStore(opts.get("cache_dir"), spec)
     return _tuned(fn, captured, example_inputs, Planner(captured.graph), store, **opts)

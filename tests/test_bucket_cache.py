@@ -10,6 +10,7 @@ import torch
 if not torch.cuda.is_available():  # before triton is imported: kernels run in the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import json
 import shutil
 import subprocess
 import sys
@@ -155,3 +156,54 @@ def test_a_size_of_the_bucket_tuned_again_reuses_the_entry(tuned, tmp_path):
     assert len(list((home / "plans").iterdir())) == 1
     args = _args(7)
     torch.testing.assert_close(opt.bucket_entry(*args), scaled_softmax(*args))
+
+
+TUNE_SPEC = """
+import torch
+
+def scaled_softmax(x, w):
+    return torch.softmax(x * 2.0, -1) * w + 1.0
+
+def inputs(device, rows=5):
+    return torch.randn(rows, 8, device=device), torch.randn(8, device=device)
+
+WORKLOADS = [{"name": "softmax", "fn": scaled_softmax, "inputs": inputs}]
+"""
+
+
+def test_a_spec_with_sizes_is_one_workload_per_size(tmp_path):
+    from autofuse.tune.runfiles import SpecError, load_spec
+
+    spec = tmp_path / "spec.py"
+    spec.write_text(
+        TUNE_SPEC.replace('"inputs": inputs}', '"inputs": inputs, "sizes": [5, 16, 5]}')
+    )
+    five, sixteen = load_spec(str(spec))
+    assert (five.name, five.base, five.size, five.sizes) == ("softmax.5", "softmax", 5, (5, 16))
+    assert sixteen.example("cpu")[0].shape == (16, 8)
+    spec.write_text(
+        TUNE_SPEC.replace('"inputs": inputs}', '"inputs": inputs, "dynamic": {0: [0]}}')
+    )
+    with pytest.raises(SpecError, match="'dynamic' needs 'sizes'"):
+        load_spec(str(spec))
+
+
+def test_autofuse_tune_over_sizes_caches_one_entry_per_bucket(tmp_path):
+    (tmp_path / "spec.py").write_text(TUNE_SPEC)
+    home = tmp_path / "home"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), AUTOFUSE_COMMIT="test",
+               AUTOFUSE_CACHE_DIR=str(home))  # fmt: skip
+    cmd = [sys.executable, "-m", "autofuse", "tune", "spec.py", "--sizes", "5,16", "--trials",
+           "2", "--polish", "0", "--out", "runs", "--no-progress"]  # fmt: skip
+    r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    (folder,) = (tmp_path / "runs").iterdir()
+    docs = [json.loads((folder / f"softmax.{n}.json").read_text()) for n in (5, 16)]
+    assert [d["size"] for d in docs] == [5, 16] and all(d["complete"] for d in docs)
+    assert docs[0]["bucket"]["dims"] == [[0, [0]]]  # found: the dims whose sizes differ
+    assert len({d["cache_key"] for d in docs}) == 2 == len(list((home / "plans").iterdir()))
+    for rows in (7, 13):  # 5..8 and 9..16: never tuned at these sizes
+        args = (torch.randn(rows, W), torch.randn(W))
+        fast = autofuse.load(scaled_softmax, args, cache_dir=home, strict=True)
+        assert fast.cache_key == docs[rows > 8]["cache_key"]
+        torch.testing.assert_close(fast(*args), scaled_softmax(*args))

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from autofuse.cache.keys import DeviceInfo, inputs_device, key_of_parts, key_parts
-from autofuse.capture.trace import Captured
+from autofuse.capture.trace import Captured, capture
 from autofuse.files import write_atomic
 from autofuse.ir.graph import Graph, Node
 from autofuse.kernels.common.sizes import size_bucket
@@ -51,6 +51,7 @@ __all__ = [
     "for_graph",
     "note_bucket",
     "probe",
+    "spec_for",
     "varying",
 ]
 
@@ -180,6 +181,21 @@ def for_graph(plan: Plan, graph: Graph) -> Plan | None:
     if structure_key(plan.graph) != structure_key(graph):
         return None
     return instantiate(graph, partition_of(plan), plan.label)
+
+
+def spec_for(fn: Any, captured: Captured, example_inputs: Sequence[Any],
+             dims: dict[int, tuple[int, ...]], edges: Sequence[int] | None) -> BucketSpec | None:  # fmt: skip
+    """The bucket spec of ``fn`` captured at the example inputs (``captured``), its dims
+    ``dims`` (argument position -> dims) dynamic: ``fn`` captured again at a probe size gives
+    the mask; None where the graph's structure changes with the sizes (raises the capture's
+    error where ``fn`` cannot be captured at the probe size)."""
+    moved = probe(example_inputs, dims)
+    other = captured if moved is None else capture(fn, moved)
+    mask = varying(captured.graph, other.graph)
+    if mask is None:
+        return None
+    ordered = tuple(sorted((int(p), tuple(sorted(d))) for p, d in dims.items()))
+    return BucketSpec(ordered, tuple(sorted(edges)) if edges else None, mask)
 
 
 def probe(example_inputs: Sequence[Any], dims: dict[int, tuple[int, ...]]) -> list[Any] | None:
