@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+
+RUN_FILE = "run.json"  # an ``autofuse tune`` run folder's record of its runs
 
 
 def write_atomic(path: Path, data: bytes, *, hidden: bool = False) -> None:
@@ -44,3 +47,22 @@ def ensure_writable(folder: str | os.PathLike, option: str) -> Path:
             f"writable one with {option} (or the AUTOFUSE_CACHE_DIR variable)",
         ) from e
     return path
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object in ``path``; None where it is missing, unreadable or not an object."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def workload_records(folder: Path) -> list[dict]:
+    """The complete workload records of an ``autofuse tune`` run folder, by name."""
+    out = []
+    for p in sorted(Path(folder).glob("*.json")):
+        doc = read_json(p)
+        if p.name != RUN_FILE and doc and doc.get("complete") is True and "workload" in doc:
+            out.append(doc)
+    return out

@@ -1,5 +1,5 @@
 """``OptimizedFunction``: a plan run like the original function (same arguments, same result
-structure); calls the plan cannot run go to its backend path (``frontend.routing``)."""
+structure); calls the plan cannot run go to its backend path (``routing``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from autofuse import routing
 from autofuse.capture import Captured
 from autofuse.capture.state import ModuleState
-from autofuse.frontend import routing
 from autofuse.partition import Partition
 from autofuse.plan import InputError, Plan, execute
 from autofuse.plan.graphs import GraphReplay

@@ -33,6 +33,27 @@ def _convs(graph):
     return [i for i, n in enumerate(graph.nodes) if is_convolution(n)]
 
 
+def _backend_training_matches(net, x, dtype, what: str) -> int:
+    """``torch.compile(net, backend="autofuse")`` forward and backward against eager (values,
+    the output's strides, every gradient); the index of its first compiled graph."""
+    from autofuse.frontend import dynamo
+
+    x = x.detach().requires_grad_(True)
+    want = net(x)
+    want.float().square().sum().backward()
+    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
+    x.grad = None
+    net.zero_grad()
+    before = len(dynamo.compiled_graphs())
+    got = torch.compile(net, backend="autofuse")(x)
+    got.float().square().sum().backward()
+    assert_close(got, want, dtype, f"{what} backend forward")
+    assert got.stride() == want.stride()
+    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in net.parameters()], want_grads)):
+        assert_close(a, b, dtype, f"{what} grad {k}")
+    return before
+
+
 @pytest.fixture
 def layout_rule(monkeypatch):
     def set_rule(rule):
@@ -58,14 +79,21 @@ def test_measured_rule_records_the_faster_format_and_both_times():
 
     with FakeTensorMode():  # as the backend compiles: measured on real tensors all the same
         chosen = choose_layouts(graph, cuda=True, rule="measure", timer=timer, device="cpu")
-    (i,) = _convs(chosen)
+    ((i,), (k,)) = _convs(graph), _convs(chosen)
     assert not any(isinstance(r, FakeTensor) for r in results)
-    assert chosen[i].attr("layout") == "channels_last" and chosen[i].attr("layout_us") == (3, 2)
+    assert chosen[k].attr("layout") == "channels_last" and chosen[k].attr("layout_us") == (3, 2)
     torch.testing.assert_close(results[0], results[1])  # both formats: one result
     # the GELU reads it: kept channels-last, its strides on the node, eager's remembered
-    assert results[1].stride() == tuple(chosen[i].strides) != tuple(graph[i].strides)
-    assert chosen[i].strides == channels_last_strides(tuple(graph[i].shape))
-    assert chosen[i].attr("eager_strides") == tuple(graph[i].strides)
+    assert results[1].stride() == tuple(chosen[k].strides) != tuple(graph[i].strides)
+    assert chosen[k].strides == channels_last_strides(tuple(graph[i].shape))
+    assert chosen[k].attr("eager_strides") == tuple(graph[i].strides)
+    # the input converted by a generated copy, not in the convolution's step
+    copy = chosen[chosen[k].inputs[0]]
+    assert (
+        copy.op == "copy"
+        and copy.attr("layout_copy")
+        and copy.strides == (channels_last_strides(tuple(x.shape)))
+    )
     assert choose_layouts(graph, cuda=True, rule="eager") is graph
     assert choose_layouts(graph, cuda=False, rule="measure") is graph
 
@@ -75,9 +103,10 @@ def test_a_returned_convolution_is_given_back_in_eagers_strides():
     conv, x = torch.nn.Conv2d(3, 4, 3, padding=1, bias=False), torch.randn(2, 3, 6, 5)
     graph = capture(conv, (x,)).graph
     chosen = choose_layouts(graph, cuda=True, rule="channels_last")
-    (i,) = _convs(chosen)
-    assert chosen[i].attr("layout") == "channels_last" and chosen[i].strides == graph[i].strides
-    node = chosen[i]
+    ((i,), (k,)) = _convs(graph), _convs(chosen)
+    assert chosen[k].attr("layout") == "channels_last" and chosen[k].strides == graph[i].strides
+    node = graph[i]  # run as chosen, on the input as given
+    node = type(node)(**{**node.__dict__, "attrs": chosen[k].attrs})
     args = {0: x, 1: conv.weight.detach()}
     out = bind_node(node)("cpu", *[args[k] for k in range(len(node.inputs))])
     assert out.stride() == tuple(graph[i].strides)
@@ -87,12 +116,14 @@ def test_relayout_undoes_and_redoes_a_kept_layout():
     net, x = _net("conv2d")
     graph = capture(net, (x,)).graph
     cl = choose_layouts(graph, cuda=True, rule="channels_last")
-    (i,) = _convs(cl)
+    ((i,), (k,)) = _convs(graph), _convs(cl)
     back = relayout(cl, "contiguous")
+    assert len(back.nodes) == len(graph.nodes)  # the input's copy gone with the layout
     assert back[i].attr("layout") == "contiguous" and back[i].strides == graph[i].strides
     assert back[i].attr("eager_strides") is None
     again = relayout(back, "channels_last")
-    assert again[i].strides == cl[i].strides and again[i].attr("eager_strides") == graph[i].strides
+    assert again[k].strides == cl[k].strides and again[k].attr("eager_strides") == graph[i].strides
+    assert [n.op for n in again.nodes] == [n.op for n in cl.nodes]
     assert relayout(graph, "contiguous") == graph  # no recorded layout: nothing changes
 
 
@@ -118,18 +149,7 @@ def test_forced_channels_last_equals_eager_through_both_front_ends(kind, dtype, 
     assert [graph[i].attr("layout") for i in _convs(graph)] == ["channels_last"]
     with torch.no_grad():
         assert_close(autofuse.optimize(net, (x,))(x), net(x), dtype, f"{kind} optimize")
-    x.requires_grad_(True)
-    want = net(x)
-    want.float().square().sum().backward()
-    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
-    x.grad = None
-    net.zero_grad()
-    before = len(dynamo.compiled_graphs())
-    got = torch.compile(net, backend="autofuse")(x)
-    got.float().square().sum().backward()
-    assert_close(got, want, dtype, f"{kind} backend forward")
-    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in net.parameters()], want_grads)):
-        assert_close(a, b, dtype, f"{kind} grad {k}")
+    before = _backend_training_matches(net, x, dtype, kind)
     forward = dynamo.compiled_graphs()[before].plan.graph
     assert [forward[i].attr("layout") for i in _convs(forward)] == ["channels_last"]
 
@@ -161,19 +181,7 @@ def test_kept_channels_last_is_read_by_a_two_axis_tile(dims, dtype, layout_rule)
     assert got.stride() == net(x).stride()
     tiled = [k for k in f.plan.kernels if k.config.RBLOCK == 16]
     assert tiled, [k.name for k in f.plan.kernels]
-    x.requires_grad_(True)
-    want = net(x)
-    want.float().square().sum().backward()
-    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
-    x.grad = None
-    net.zero_grad()
-    before = len(dynamo.compiled_graphs())
-    got = torch.compile(net, backend="autofuse")(x)
-    got.float().square().sum().backward()
-    assert_close(got, want, dtype, "backend forward")
-    assert got.stride() == want.stride()
-    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in net.parameters()], want_grads)):
-        assert_close(a, b, dtype, f"grad {k}")
+    before = _backend_training_matches(net, x, dtype, "tiled")
     assert len(dynamo.compiled_graphs()) > before
 
 
@@ -187,9 +195,9 @@ def test_the_planner_offers_the_plan_with_every_convolution_contiguous(layout_ru
     planner = Planner(graph)
     (flat,) = planner.alternatives(planner.space.untuned(), "untuned")
     assert flat.label == "untuned, convolutions contiguous"
-    (i,) = _convs(flat.graph)
+    (i,), (k,) = _convs(flat.graph), _convs(graph)
     assert flat.graph[i].attr("layout") == "contiguous" and flat.graph[i].strides == (
-        graph[i].attr("eager_strides")
+        graph[k].attr("eager_strides")
     )
     layout_rule("contiguous")
     graph = capture(net, (torch.randn(2, 3, 5, 4),)).graph
@@ -225,8 +233,8 @@ def test_the_plan_holds_a_layout_map_and_explain_shows_it(layout_rule):
     x = torch.randn(2, 3, 5, 4)
     with torch.no_grad():
         plan = autofuse.optimize(net, (x,)).plan
-    ((i, (mine, eager)),) = plan.layouts.items()
-    assert plan.graph[i].attr("layout") == "channels_last"
+    ((c, _), (i, (mine, eager))) = sorted(plan.layouts.items())  # the input's copy, the conv
+    assert plan.graph[c].attr("layout_copy") and plan.graph[i].attr("layout") == "channels_last"
     assert mine == channels_last_strides((2, 16, 5, 4)) and eager == (320, 20, 4, 1)
     assert all(o not in plan.layouts for o in plan.graph.outputs)  # outputs: eager's strides
     text = str(autofuse.explain(net, (x,)))
@@ -235,3 +243,31 @@ def test_the_plan_holds_a_layout_map_and_explain_shows_it(layout_rule):
     layout_rule("contiguous")
     with torch.no_grad():
         assert autofuse.optimize(net, (x,)).plan.layouts == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_chain_of_convolutions_converts_nothing_between_them(dtype, layout_rule):
+    """conv -> ReLU -> conv -> SiLU channels-last: the first epilogue writes the second
+    convolution's input channels-last (a kept layout), the second epilogue writes eager's
+    contiguous output; values and strides as eager's, both front ends, forward and backward;
+    the plan with every convolution contiguous undoes both."""
+    layout_rule("channels_last")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 8, 1), torch.nn.SiLU(),
+    ).to(dtype)  # fmt: skip
+    x = torch.randn(2, 3, 5, 4, dtype=dtype)
+    graph = capture(net, (x,)).graph
+    kept = [i for i, n in enumerate(graph.nodes) if n.attr("eager_strides") is not None]
+    relu = [i for i in kept if graph[i].op == "relu"]
+    assert len(relu) == 1 and graph[relu[0]].strides == channels_last_strides((2, 16, 5, 4))
+    assert [graph[i].op for i in kept if not is_convolution(graph[i])] == ["copy", "relu"]
+    flat = relayout(graph, "contiguous")
+    assert not any(n.attr("eager_strides") for n in flat.nodes)
+    with torch.no_grad():
+        f = autofuse.optimize(net, (x,))
+        got = f(x)
+    assert_close(got, net(x), dtype, "optimize")
+    assert got.stride() == net(x).stride() and set(f.plan.layouts) >= set(relu)
+    _backend_training_matches(net, x, dtype, "chain")

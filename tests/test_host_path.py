@@ -15,7 +15,7 @@ import warnings
 import pytest
 
 import autofuse
-from autofuse.frontend import routing
+from autofuse import routing
 from autofuse.plan import runtime
 from autofuse.plan.graphs import CudaGraphNote
 

@@ -30,16 +30,16 @@ def _count_renders(monkeypatch) -> Counter:
             return _real(self, graph, info, config, index)
 
         monkeypatch.setattr(type(kind), "generate", counted)
-    real_build = tuner.build_plan
+    real_build = tuner.assemble
 
-    def build_plan(*a, **k):
+    def assemble(*a, **k):
         building[0] += 1
         try:
             return real_build(*a, **k)
         finally:
             building[0] -= 1
 
-    monkeypatch.setattr(tuner, "build_plan", build_plan)
+    monkeypatch.setattr(tuner, "assemble", assemble)
     return renders
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import autofuse
 from autofuse.capture.state import ModuleState
-from autofuse.frontend.routing import ModuleChangedWarning
+from autofuse.routing import ModuleChangedWarning
 
 
 class Net(torch.nn.Module):

@@ -22,9 +22,9 @@ from autofuse.cache.bundle import BundleError, export_bundle, import_bundle
 from autofuse.cache.calls import CALLS_DIR
 from autofuse.cache.disk import entry_files, list_entries, plans_dir, read_entry
 from autofuse.cache.keys import PLAN_FILE, valid_key
+from autofuse.files import workload_records
 from autofuse.plan import KernelStep, LibraryStep
 from autofuse.settings import cache_home, settings
-from autofuse.tune.results import workload_records
 
 _KERNEL_FILE = re.compile(r"^[A-Za-z0-9_]+_[0-9a-f]{20}(\.py|[A-Za-z0-9_]*\.tmp)$")
 _CALL_FILE = re.compile(r"^[0-9a-f]{32}\.json$|^\.?[0-9a-f]{32}.*\.tmp$")

@@ -25,10 +25,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from autofuse.report import format_summary, summarize
+from autofuse.routing import AutogradUnsupported, needs_grad, route  # noqa: F401 - re-exported
 
 from .dynamo import AutofuseBackend, CompiledGraph
 from .pyguard import python_guard, side_effects
-from .routing import AutogradUnsupported, needs_grad, route  # noqa: F401 - re-exported
 
 
 class AutogradPath:

@@ -34,7 +34,7 @@ import torch
 
 from autofuse.ir.conv_fold import is_convolution
 from autofuse.ir.eager import bind_node
-from autofuse.ir.graph import Graph, contiguous_strides, make_attrs
+from autofuse.ir.graph import Graph, Node, contiguous_strides, dedupe, make_attrs
 from autofuse.settings import settings
 
 __all__ = ["LAYOUTS", "channels_last_strides", "choose_layouts", "measure_layouts", "relayout"]
@@ -68,6 +68,12 @@ def relayout(graph: Graph, layout: str) -> Graph:
     (its eager strides back where it kept channels-last): the planner's other plan."""
     nodes = list(graph.nodes)
     for i, node in enumerate(graph.nodes):
+        if node.attr("layout_copy"):
+            continue  # removed below (contiguous), kept as it is (channels-last)
+        if not is_convolution(node) and node.attr("eager_strides") is not None:  # a kept input
+            attrs = {k: v for k, v in node.attrs if k != "eager_strides"}
+            nodes[i] = replace(node, attrs=make_attrs(**attrs), strides=node.attr("eager_strides"))
+            continue
         if not is_convolution(node) or not node.attr("layout") or node.attr("layout") == layout:
             continue
         kept = node.attr("eager_strides")
@@ -75,7 +81,10 @@ def relayout(graph: Graph, layout: str) -> Graph:
         attrs["layout_by"] = "plan"  # the whole plans timed: the report says so
         plain = replace(node, attrs=make_attrs(**attrs), strides=kept or node.strides)
         nodes[i] = _with_layout(plain, layout, keep=_keepable(graph, i))
-    return Graph(tuple(nodes), graph.inputs, graph.outputs)
+    out = Graph(tuple(nodes), graph.inputs, graph.outputs)
+    if layout == "channels_last":
+        return keep_inputs(convert_inputs(out))
+    return _without_copies(out)
 
 
 def _keepable(graph: Graph, i: int) -> bool:
@@ -145,4 +154,88 @@ def choose_layouts(graph: Graph, cuda: bool, rule: str | None = None,
             continue
         times = measure_layouts(graph, i, device, timer, keep)
         nodes[i] = _with_layout(node, LAYOUTS[int(times[1] < times[0])], times, keep)
+    return keep_inputs(convert_inputs(Graph(tuple(nodes), graph.inputs, graph.outputs)))
+
+
+def _remapped(graph: Graph, visit) -> Graph:
+    """``graph`` rebuilt node by node: ``visit(node, remap, nodes)`` appends what replaces it
+    (its inputs already renumbered) and returns its new index."""
+    nodes: list[Node] = []
+    remap: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        remap[i] = visit(replace(node, inputs=tuple(remap[j] for j in node.inputs)), nodes)
+    return Graph(tuple(nodes), tuple(remap[i] for i in graph.inputs),
+                 tuple(remap[o] for o in graph.outputs))  # fmt: skip
+
+
+def convert_inputs(graph: Graph) -> Graph:
+    """``graph`` with a generated copy (``layout_copy``) converting each channels-last
+    convolution's input to channels-last where that input is a contiguous graph input: a
+    kernel tiled by the channels writes it (``kernels/pointwise``) instead of ATen's copy inside
+    the convolution's step. Inputs computed by kernels are written channels-last by them
+    (:func:`keep_inputs`)."""
+
+    def visit(node: Node, nodes: list[Node]) -> int:
+        if is_convolution(node) and node.attr("layout") == "channels_last":
+            x = nodes[node.inputs[0]]
+            if _converts(x):
+                attrs = make_attrs(eager_strides=tuple(x.strides), layout_copy=True)
+                cl = channels_last_strides(tuple(x.shape))
+                nodes.append(Node("copy", (node.inputs[0],), x.shape, x.dtype, cl, attrs,
+                                  name=f"{x.name}_channels_last"))  # fmt: skip
+                node = replace(node, inputs=(len(nodes) - 1, *node.inputs[1:]))
+        nodes.append(node)
+        return len(nodes) - 1
+
+    return dedupe(_remapped(graph, visit))
+
+
+def _converts(x: Node) -> bool:
+    """Whether a convolution's input ``x`` is a graph input worth converting by a kernel: 4-D
+    or 5-D floating, contiguous, with channels and a plane to transpose between."""
+    if x.kind != "input" or len(x.shape) not in (4, 5) or x.dtype not in _FLOATS:
+        return False
+    return tuple(x.strides) == contiguous_strides(x.shape) and x.shape[1] > 1
+
+
+def _without_copies(graph: Graph) -> Graph:
+    """``graph`` with every ``layout_copy`` bypassed (its readers read its input)."""
+
+    def visit(node: Node, nodes: list[Node]) -> int:
+        if node.attr("layout_copy"):
+            return node.inputs[0]
+        nodes.append(node)
+        return len(nodes) - 1
+
+    return _remapped(graph, visit)
+
+
+def keep_inputs(graph: Graph) -> Graph:
+    """``graph`` with each channels-last convolution's input written channels-last by the
+    kernel that computes it (``eager_strides`` recorded, as for a kept result) where that input
+    is a pointwise result read by channels-last convolutions alone and not returned: the chain
+    converts nothing between its convolutions (the previous one's epilogue writes the layout the
+    next one reads)."""
+    outs = {graph.base_of(o) for o in graph.outputs}
+    nodes = list(graph.nodes)
+    for j, node in enumerate(graph.nodes):
+        users = graph.users[j]
+        if node.kind != "pointwise" or j in outs or len(node.shape) not in (4, 5) or not users:
+            continue
+        if tuple(node.strides) != contiguous_strides(node.shape) or node.dtype not in _FLOATS:
+            continue
+        if all(_reads_channels_last(graph[u], j) for u in users):
+            attrs = dict(node.attrs, eager_strides=tuple(node.strides))
+            strides = channels_last_strides(tuple(node.shape))
+            nodes[j] = replace(node, attrs=make_attrs(**attrs), strides=strides)
     return Graph(tuple(nodes), graph.inputs, graph.outputs)
+
+
+_FLOATS = ("float32", "float16", "bfloat16")
+
+
+def _reads_channels_last(user, j: int) -> bool:
+    """Whether ``user`` is a channels-last convolution reading ``j`` as its input alone."""
+    if not is_convolution(user) or user.attr("layout") != "channels_last":
+        return False
+    return user.inputs[0] == j and list(user.inputs).count(j) == 1

@@ -104,12 +104,16 @@ def buffer_strides(node: Node) -> tuple[int, ...]:
     """The strides a kernel reads node's buffer with: an input's own (checked per call); an
     op the plan runs in eager (an opaque ATen op, a multi-output op's item) as traced when that
     layout is dense (cuDNN attention's output is (B, T, H, D) in memory for a (B, H, T, D)
-    tensor: no copy to read it); anything else contiguous (kernels write contiguous buffers,
-    and the runtime makes any other buffer so before a kernel reads it)."""
+    tensor: no copy to read it); a buffer whose layout the plan keeps (``eager_strides``
+    recorded: a convolution's channels-last input or result, ``ir/conv_layout.py``) in that
+    layout, kernels writing and reading it so; anything else contiguous (kernels write
+    contiguous buffers, and the runtime makes any other buffer so before a kernel reads it)."""
     if node.kind == "input":
         return node.strides
     if node.op in EAGER_LAYOUT_OPS and node.strides and dense(node.shape, node.strides):
         return node.strides
+    if node.attr("eager_strides") is not None and dense(node.shape, node.strides):
+        return node.strides  # a layout the plan keeps (ir/conv_layout.py): kernels write it so
     return contiguous_strides(node.shape)
 
 

@@ -1,7 +1,7 @@
 """Plans shared by the shapes of one bucket: a graph compiled for a new shape in a bucket that
 already has a plan (same graph structure: ops and edges) gets that plan's partition and its
 loop kernels' launch configs (other kinds choose theirs at the exact shape), instantiated at
-the exact shape (``build_plan``): no new partition, no new search, and its loop kernels' text is
+the exact shape (``planner.assemble``): no new partition, no new search, and its loop kernels' text is
 the bucket plan's (runtime sizes, ``kernels/common/sizes.py``), so those kernels are not built again."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels import bucket_config_fits
-from autofuse.plan.build import build_plan
+from autofuse.plan.planner import assemble
 from autofuse.plan.steps import Plan
 
 __all__ = ["BucketPlans", "instantiate", "partition_of", "structure_key"]
@@ -29,7 +29,7 @@ def structure_key(graph: Graph) -> str:
 
 
 def partition_of(plan: Plan) -> tuple[tuple[frozenset[int], ...], tuple[Any, ...]]:
-    """The groups and choices ``build_plan`` makes ``plan`` from (a library step's call kept:
+    """The groups and choices ``assemble`` makes ``plan`` from (a library step's call kept:
     its arguments are nodes, the same at every shape of the bucket)."""
     library = tuple(frozenset(s.nodes) for s in plan.library)
     configs = tuple(k.config if bucket_config_fits(k.info) else None for k in plan.kernels)
@@ -41,7 +41,7 @@ def instantiate(graph: Graph, part: tuple, label: str) -> Plan | None:
     """The partition ``part`` (:func:`partition_of` a plan of the bucket) built for ``graph``;
     None where it does not fit this graph (a group the kinds refuse at this shape)."""
     try:
-        return build_plan(graph, part[0], part[1], label=label)
+        return assemble(graph, part[0], part[1], label=label)
     except Exception:  # noqa: BLE001 - a partition that does not fit: a fresh plan is made
         return None
 

@@ -88,6 +88,15 @@ class Planned:
     call: Any = None  # the call record the store wrote
 
 
+def assemble(
+    graph: Graph, groups: Sequence[frozenset[int]], choices: Any = None, label: str = "plan"
+) -> Plan:
+    """The one place a plan is put together from its groups and their choices (a config or a
+    library call per group; ``build_plan``): the planner's own plans, the search's candidates
+    (``tune/tuner.py``) and a bucket's plan at a new shape (``plan/buckets.py``)."""
+    return build_plan(graph, groups, choices, label=label)
+
+
 class Planner:
     """Plans for one graph (see the module docstring)."""
 
@@ -96,7 +105,7 @@ class Planner:
         self.space = Partitioner(graph)
 
     def build(self, groups: Sequence[frozenset[int]], choices: Any = None, label: str = "plan"):
-        return build_plan(self.graph, groups, choices, label=label)
+        return assemble(self.graph, groups, choices, label=label)
 
     def greedy(self, label: str = "greedy") -> Plan:
         return self.build(self.space.greedy().groups, label=label)
@@ -204,4 +213,4 @@ def _measured(plan: Plan, choice: PlanChoice, label: str) -> Plan:
     return annotated(plan, lambda s: f"{s.reason}; {measured}" if s.reason else measured)
 
 
-__all__ = ["PlanStore", "Planned", "Planner", "Searcher"]
+__all__ = ["PlanStore", "Planned", "Planner", "Searcher", "assemble"]

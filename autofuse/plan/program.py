@@ -85,13 +85,13 @@ class Program:
 
     def _donor(self, s: int, k: int) -> int | None:
         """A buffer a kernel step made earlier that no step from ``k`` on reads (nor a view of
-        it, nor the graph's outputs), of ``s``'s shape and dtype: ``s`` is written into it
+        it, nor the graph's outputs), of ``s``'s shape, dtype and layout: ``s`` is written into it
         (stream order makes that safe, as the caching allocator's own reuse), once."""
         g = self.graph
         for b in sorted(self.kernel_made - self.lent):
             last = self.last_read.get(b)
             if last is not None and last < k and g[b].shape == g[s].shape:
-                if g[b].dtype == g[s].dtype:
+                if g[b].dtype == g[s].dtype and buffer_strides(g[b]) == buffer_strides(g[s]):
                     self.lent.add(b)
                     self.reused += 1
                     return b
@@ -113,7 +113,7 @@ class Program:
         specs = tuple(
             (
                 g[s].shape,
-                contiguous_strides(g[s].shape),
+                buffer_strides(g[s]),
                 _dtype(g[s].dtype),
                 op_def(g[s].op).scatter,
                 self._donor(s, k),

@@ -90,10 +90,12 @@ def launch(kernel: Kernel, args: Sequence[torch.Tensor]) -> None:
 
 
 def new_output(graph: Graph, s: int, device: torch.device) -> torch.Tensor:
-    """The buffer a kernel writes node ``s`` into: zeros for a scatter (its kernel writes only
-    the indexed places), else uninitialized."""
-    new = torch.zeros if op_def(graph[s].op).scatter else torch.empty
-    return new(graph[s].shape, dtype=getattr(torch, graph[s].dtype), device=device)
+    """The buffer a kernel writes node ``s`` into, in its layout (``buffer_strides``): zeros
+    for a scatter (its kernel writes only the indexed places), else uninitialized."""
+    node = graph[s]
+    out = torch.empty_strided(node.shape, buffer_strides(node), dtype=getattr(torch, node.dtype),
+                              device=device)  # fmt: skip
+    return out.zero_() if op_def(node.op).scatter else out
 
 
 def allocate_outputs(graph: Graph, info: GroupInfo, device: torch.device) -> list[torch.Tensor]:

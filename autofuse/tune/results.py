@@ -20,12 +20,13 @@ from typing import Any
 
 from autofuse.cache.buckets import spec_for
 from autofuse.capture import capture
+from autofuse.files import RUN_FILE, read_json, workload_records
 from autofuse.plan.planner import Planner
 from autofuse.report import summarize
 from autofuse.runner import OptimizedFunction
 from autofuse.tune.entry import BucketStore, planning
 from autofuse.tune.roofline import ceilings, floor_s, min_bytes, modeled_ceilings, seconds, stamp
-from autofuse.tune.runfiles import RUN_FILE, Workload, read_json, write_json
+from autofuse.tune.runfiles import Workload, write_json
 
 MODES = ("default", "max-autotune-no-cudagraphs")
 COMPILE = tuple(f"torch.compile {m}" for m in MODES)
@@ -349,16 +350,6 @@ def summary_row(rec: dict) -> dict:
                                           if compiles and us(GRAPHED) else None),
         "trials": rec.get("trials"), "tuning_s": rec.get("tuning_s"),
     }  # fmt: skip
-
-
-def workload_records(folder: Path) -> list[dict]:
-    """The complete workload records of a run folder, by name."""
-    out = []
-    for p in sorted(Path(folder).glob("*.json")):
-        doc = read_json(p)
-        if p.name != RUN_FILE and doc and doc.get("complete") is True and "workload" in doc:
-            out.append(doc)
-    return out
 
 
 def write_summary(folder: Path) -> Path:

@@ -15,10 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autofuse.files import write_atomic
+from autofuse.files import RUN_FILE, read_json, write_atomic
 
 STORAGE_FILE = "studies.journal"
-RUN_FILE = "run.json"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -228,14 +227,6 @@ def not_a_run_of(folder: Path, names: Sequence[str]) -> str | None:
 def write_json(path: Path, doc: Any) -> None:
     """Write atomically: a reader (or a resumed run) never sees half a file."""
     write_atomic(path, json.dumps(doc, indent=1, default=str).encode(), hidden=True)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def is_complete(path: Path) -> bool:

@@ -48,7 +48,8 @@ from autofuse.measure import (
 from autofuse.partition.partitioner import Partition, Partitioner
 from autofuse.plan.code_log import output_code
 from autofuse.plan.graph_choice import beats
-from autofuse.plan.runtime import Plan, build_plan, eager_group, execute
+from autofuse.plan.planner import assemble
+from autofuse.plan.runtime import Plan, eager_group, execute
 from autofuse.settings import cache_home
 from autofuse.tune.climb import neighbours, option_switches, polish_plan  # noqa: F401
 from autofuse.tune.prune import ModelPrune
@@ -409,7 +410,7 @@ def _finish(run: Search, captured, example_inputs, top_k, polish, time_budget, s
             ranked.insert(0, (-3, polished))
     ranked += _baselines(objective, greedy, unfused, ranked, library)  # re-timed: never worse
     with logs.no_output_code():  # candidates print nothing; the winner does, below
-        plans = [(c, build_plan(graph, c.partition.groups, c.configs, label=_label(n)))
+        plans = [(c, assemble(graph, c.partition.groups, c.configs, label=_label(n)))
                  for n, c in ranked]  # fmt: skip
     g = _replay(objective, objective.params_for(greedy))
     keys = [(c.partition.key, c.configs) for c, _ in plans]

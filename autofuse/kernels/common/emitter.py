@@ -328,7 +328,7 @@ class Emitter(ValueRewrites):
 
     def store(self, i: int, v: Val, index: tuple[Expr, ...], cls: int) -> None:
         node = self.g[i]
-        off = linearize(index, contiguous_strides(node.shape), node.shape)
+        off = linearize(index, buffer_strides(node), node.shape)  # a kept layout: its own
         code = v.code
         if v.cls < cls:
             shape = (

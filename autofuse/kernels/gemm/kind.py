@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autofuse.ir.graph import Graph, contiguous_strides
+from autofuse.ir.graph import Graph, buffer_strides
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.common.base import (
     DESCRIPTOR_ALIGNMENT,
@@ -196,7 +196,7 @@ class GemmEmitter(Emitter):
         for s in self.info.stored:
             v = self.value(s, self.full)
             node = self.g[s]
-            off = linearize(self.full, contiguous_strides(node.shape), node.shape)
+            off = linearize(self.full, buffer_strides(node), node.shape)
             code = v.code
             if v.literal or v.cls == 0:
                 code = f"tl.full([BLOCK_M, BLOCK_N], {code}, tl.float32)"

@@ -47,7 +47,7 @@ class PointwiseKind(LoopKind):
                 f"outputs of different shapes {list(a)} and {list(b)} cannot share one loop"
             )
         domain, loads = tuple(graph[stored[0]].shape), loaded_nodes(graph, members)
-        tile = tile_dim(graph, domain, loads)
+        tile = tile_dim(graph, domain, loads + stored)
         info = GroupInfo(
             nodes=tuple(sorted(members)),
             kind=self.name,
@@ -98,14 +98,15 @@ class PointwiseKind(LoopKind):
 MAX_TILE_COLUMNS = 1024  # a two-axis tile holds a whole column run in one block
 
 
-def tile_dim(graph: Graph, domain: tuple[int, ...], loads: tuple[int, ...]) -> int | None:
-    """The domain dim a loaded buffer kept in another layout holds innermost (its stride 1)
-    while the domain's last dim is not innermost in it: the tile's column dim; None where every
-    buffer is read along the domain's last dim. Only layouts the plan chose (a convolution's
-    kept channels-last result) count: a buffer of the domain's shape, read without a view."""
+def tile_dim(graph: Graph, domain: tuple[int, ...], buffers: tuple[int, ...]) -> int | None:
+    """The domain dim a buffer kept in another layout (loaded or stored) holds innermost (its
+    stride 1) while the domain's last dim is not innermost in it: the tile's column dim; None
+    where every buffer is read and written along the domain's last dim. Only layouts the plan
+    chose (a convolution's kept channels-last result or input) count: a buffer of the domain's
+    shape, accessed without a view."""
     if len(domain) < 2 or domain[-1] == 1:
         return None
-    for j in loads:
+    for j in buffers:
         node = graph[j]
         if node.attr("eager_strides") is None or tuple(node.shape) != domain:
             continue

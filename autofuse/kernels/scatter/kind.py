@@ -16,7 +16,7 @@ off, so nothing is written out of bounds. Readers of a scatter's result run in a
 
 from __future__ import annotations
 
-from autofuse.ir.graph import Graph, contiguous_strides
+from autofuse.ir.graph import Graph, buffer_strides
 from autofuse.ir.indexing import linearize
 from autofuse.ir.ops import TL_DTYPE, op_def
 from autofuse.kernels.common.base import (
@@ -86,7 +86,7 @@ class ScatterEmitter(Emitter):
             dims = node.attr("dims")
             pos, ok, _ = indexed_position(self, s, dims, idxs, full, True, what)
             v = self.value(values, broadcast_index(g[values].shape, self.info.domain, full))
-        off = linearize(pos, contiguous_strides(node.shape), node.shape)
+        off = linearize(pos, buffer_strides(node), node.shape)
         dt = TL_DTYPE[node.dtype]
         code = cast(v, compute_dtype(node.dtype))
         if v.cls == 0:
