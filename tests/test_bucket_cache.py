@@ -80,8 +80,8 @@ LOAD_SCRIPT = """
     try:
         autofuse.load(scaled_softmax, _args(9), strict=True)  # the next bucket: never tuned
         raise SystemExit("no CacheMiss at 9 rows")
-    except autofuse.CacheMiss:
-        pass
+    except autofuse.CacheMiss as e:
+        assert "1 shape bucket(s) of its graph are cached" in str(e), e
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         eager = autofuse.load(scaled_softmax, _args(3))
@@ -207,3 +207,36 @@ def test_autofuse_tune_over_sizes_caches_one_entry_per_bucket(tmp_path):
         fast = autofuse.load(scaled_softmax, args, cache_dir=home, strict=True)
         assert fast.cache_key == docs[rows > 8]["cache_key"]
         torch.testing.assert_close(fast(*args), scaled_softmax(*args))
+
+
+def test_user_bucket_edges_and_two_dynamic_dims(tmp_path):
+    """``buckets=[8, 64]``: 9 and 60 rows share the bucket 64; a reduced dim that is dynamic
+    too (the softmax's width) is bucketed like the rows."""
+    args = _args(5, width=6)
+    dynamic = {"x": [0, 1], "w": [0]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        autofuse.optimize(scaled_softmax, args, dynamic=dynamic, trials=1, buckets=[8, 64],
+                          cache_dir=tmp_path, progress=False)  # fmt: skip
+    (spec,) = bucket_specs(tmp_path, capture(scaled_softmax, args).graph)
+    assert spec.edges == (8, 64) and spec.dims == ((0, (0, 1)), (1, (0,)))
+    for rows, width in ((7, 7), (2, 8), (8, 3)):
+        x, w = _args(rows, width=width)
+        fast = autofuse.load(scaled_softmax, (x, w), cache_dir=tmp_path, strict=True)
+        torch.testing.assert_close(fast(x, w), scaled_softmax(x, w))
+    with pytest.raises(cache.CacheMiss):
+        autofuse.load(scaled_softmax, _args(5, width=9), cache_dir=tmp_path, strict=True)
+
+    def key(rows):
+        args = _args(rows)
+        return bucket_key(capture(scaled_softmax, args), args, spec)[0]
+
+    assert key(9) == key(60) != key(5)
+
+
+def test_cache_clear_removes_the_bucket_index(tuned, tmp_path):
+    root, _ = tuned
+    home = tmp_path / "home"
+    shutil.copytree(root, home)
+    assert main(["cache", "clear", "--cache-dir", str(home)]) == 0
+    assert not (home / "buckets").exists() and not (home / "plans").exists()

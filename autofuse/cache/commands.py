@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autofuse.cache.binaries import BIN_DIR
+from autofuse.cache.buckets import BUCKETS_DIR
 from autofuse.cache.bundle import BundleError, export_bundle, import_bundle
 from autofuse.cache.calls import CALLS_DIR
 from autofuse.cache.disk import entry_files, list_entries, plans_dir, read_entry
@@ -28,6 +29,7 @@ from autofuse.settings import cache_home, settings
 
 _KERNEL_FILE = re.compile(r"^[A-Za-z0-9_]+_[0-9a-f]{20}(\.py|[A-Za-z0-9_]*\.tmp)$")
 _CALL_FILE = re.compile(r"^[0-9a-f]{32}\.json$|^\.?[0-9a-f]{32}.*\.tmp$")
+_INDEX_FILE = re.compile(r"^[0-9a-f]{24}\.json$|^\.[0-9a-f]{24}.*\.tmp$")
 _TEMPS = (".tmp-", ".trash-")
 
 
@@ -179,9 +181,11 @@ def _rmdir_if_empty(*folders: Path) -> None:
 
 def clear_all(root: Any) -> tuple[int, int, int]:
     """Remove what autofuse wrote and nothing else: the plan entries (and the temporaries of
-    killed writers), the call index's records, the readable kernel copies it wrote; a folder is
-    removed only once empty. Returns (entries, call records, kernel files) removed."""
+    killed writers), the call index's records, the bucket index, the readable kernel copies it
+    wrote; a folder is removed only once empty. Returns (entries, call records, kernel files)
+    removed."""
     plans, calls = plans_dir(root), cache_home(root) / CALLS_DIR
+    buckets = cache_home(root) / BUCKETS_DIR
     kernels = settings().kernel_dir if root is None else cache_home(root) / "kernels"
 
     def children(d: Path) -> list[Path]:
@@ -189,15 +193,16 @@ def clear_all(root: Any) -> tuple[int, int, int]:
 
     entries = [p for p in children(plans) if _is_entry(p) or p.name.startswith(_TEMPS)]
     records = [p for p in children(calls) if _CALL_FILE.match(p.name)]
+    index = [p for p in children(buckets) if _INDEX_FILE.match(p.name)]
     pyc = kernels / "__pycache__"
     sources = [p for p in children(kernels) + children(pyc) if _own_kernel_file(p)]
     temps = [p for p in entries if p.name.startswith(_TEMPS) and not p.is_symlink()]
     kept = [p for p in entries if p not in temps]
     n_entries = sum(not p.is_symlink() for p in kept)
     left = [f for p in kept for f in _remove_entry(p)]
-    _remove(temps), _remove(records)
+    _remove(temps), _remove(records), _remove(index)
     n_kernels = _remove(sources)
-    _rmdir_if_empty(plans, calls, pyc, kernels)
+    _rmdir_if_empty(plans, calls, buckets, pyc, kernels)
     _say_left(left)
     return n_entries, len(records), n_kernels
 

@@ -121,10 +121,13 @@ def load(
     if opt is not None:
         write_call(cache_dir, ck, key, captured)
         return opt
-    opt = _load_by_bucket(cache_dir, captured, example_inputs, options, fn, cuda_graph)
+    opt, buckets = _load_by_bucket(cache_dir, captured, example_inputs, options, fn, cuda_graph)
     if opt is not None:
         return opt
     why, hint = _miss_text(_fn_name(fn), key, problem, cache_dir)
+    if buckets:
+        why += (f"; {buckets} shape bucket(s) of its graph are cached, none holding these "
+                "sizes (with these dtypes, layouts and static sizes)")  # fmt: skip
     return _missed(fn, key, why, hint, strict, os.path.abspath(cache_dir))
 
 
@@ -156,9 +159,11 @@ def _load_by_key(
 
 def _load_by_bucket(cache_dir: Any, captured: Any, example_inputs: Sequence[Any],
                     options: dict | None, fn: Any, cuda_graph: bool) -> Any:  # fmt: skip
-    """The entry of the shape bucket these inputs fall in (``cache/buckets.py``), its plan
-    built for the captured graph, ready to run; None where no bucket entry holds them."""
-    for spec in bucket_specs(cache_dir, captured.graph):
+    """(the entry of the shape bucket these inputs fall in (``cache/buckets.py``), its plan
+    built for the captured graph, ready to run, or None where no bucket entry holds them; the
+    number of bucket specs indexed for the graph's structure)."""
+    specs = bucket_specs(cache_dir, captured.graph)
+    for spec in specs:
         key, _ = bucket_key(captured, example_inputs, spec, options)
         plan, meta, _ = read_entry(cache_dir, key)
         plan = None if plan is None else for_graph(plan, captured.graph)
@@ -168,8 +173,8 @@ def _load_by_bucket(cache_dir: Any, captured: Any, example_inputs: Sequence[Any]
         opt = OptimizedFunction(captured, plan, fn, cuda_graph=cuda_graph)
         opt.cache_key = key
         opt.cache_metadata = meta
-        return opt
-    return None
+        return opt, len(specs)
+    return None, len(specs)
 
 
 def _miss_text(name: str, key: str, problem: str | None, cache_dir: Any) -> tuple[str, str]:
