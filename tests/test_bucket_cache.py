@@ -234,9 +234,14 @@ def test_user_bucket_edges_and_two_dynamic_dims(tmp_path):
     assert key(9) == key(60) != key(5)
 
 
-def test_cache_clear_removes_the_bucket_index(tuned, tmp_path):
+def test_cache_list_show_name_the_bucket_and_clear_removes_the_index(tuned, tmp_path, capsys):
     root, _ = tuned
     home = tmp_path / "home"
     shutil.copytree(root, home)
+    (key,) = [p.name for p in (home / "plans").iterdir()]
+    assert main(["cache", "list", "--cache-dir", str(home)]) == 0
+    assert main(["cache", "show", key[:8], "--cache-dir", str(home)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("arg 0: float32['<=8', 8], arg 1: float32[8]") == 2, out
     assert main(["cache", "clear", "--cache-dir", str(home)]) == 0
     assert not (home / "buckets").exists() and not (home / "plans").exists()

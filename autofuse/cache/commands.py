@@ -38,6 +38,17 @@ def _shapes(plan: Any) -> str:
     return ", ".join(f"{g[i].dtype}{list(g[i].shape)}" for i in g.inputs)
 
 
+def bucket_text(meta: dict) -> str:
+    """The sizes a bucket entry serves (``cache/buckets.py``): each argument's shape, a
+    dynamic size as ``<=N`` (its bucket's upper edge); "" for an entry of exact shapes."""
+    bucket = (meta.get("key_parts") or {}).get("bucket")
+    if not isinstance(bucket, dict):
+        return ""
+    args = [a for a in bucket.get("arguments") or () if isinstance(a, list) and len(a) == 4]
+    sizes = [[f"<={str(s)[1:]}" if str(s).startswith("b") else s for s in a[3]] for a in args]
+    return ", ".join(f"arg {a[0]}: {a[1].removeprefix('torch.')}{s}" for a, s in zip(args, sizes))
+
+
 def speedups(meta: dict) -> dict[str, float]:
     """The tuned plan's speedup over its baselines, from the times its entry recorded."""
     tuning = meta.get("tuning") if isinstance(meta.get("tuning"), dict) else {}
@@ -77,7 +88,8 @@ def cache_list(root: Any) -> int:
             plan, meta, _ = read_entry(root, e.key)
         if plan is None:
             continue
-        print(f"{e}\n    inputs: {_shapes(plan)}\n    speedup: {_speed_text(meta)}"
+        bucket = f"\n    bucket: {bucket_text(meta)}" if bucket_text(meta) else ""
+        print(f"{e}\n    inputs: {_shapes(plan)}{bucket}\n    speedup: {_speed_text(meta)}"
               f"\n    built: {_provenance(meta)}")  # fmt: skip
     return 0
 
@@ -92,6 +104,8 @@ def cache_show(root: Any, key: str) -> int:
     print(f"entry {key}  ({plans_dir(root) / key})")
     print(f"function: {meta.get('function') or '?'}")
     print(f"inputs:   {_shapes(plan)}")
+    if bucket_text(meta):
+        print(f"bucket:   {bucket_text(meta)} (any size of the bucket; inputs: the tuning's)")
     print("outputs:  " + ", ".join(f"{g[o].dtype}{list(g[o].shape)}" for o in g.outputs))
     print(f"speedup:  {_speed_text(meta)}")
     if isinstance(meta.get("value_s"), (int, float)):
