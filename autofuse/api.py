@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from autofuse import logs
-from autofuse.cache.buckets import spec_for
+from autofuse.cache.buckets import BucketNote, spec_for
 from autofuse.capture import CaptureError, TraceUnsupported
 from autofuse.capture.state import buffers_kept
 from autofuse.capture.trace import capture, check_callable, check_real
@@ -188,12 +187,13 @@ def _tuned_bucket(fn: Any, example_inputs: Sequence[Any], dims: dict, options: d
     try:
         captured = capture(fn, example_inputs)
         spec = spec_for(fn, captured, example_inputs, dims, options.get("buckets"))
+        why = None if spec is not None else "its graph changes with the dynamic sizes"
     except CaptureError as e:
-        logs.emit("cache", f"not cached by bucket: {e}"[:300])
-        return None
-    if spec is None:
-        logs.emit("cache", f"not cached by bucket: {captured.source_name}'s graph changes "
-                           "with the dynamic sizes")  # fmt: skip
+        why = f"it cannot be captured as one plan ({e})"[:300]
+    if why is not None:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        warnings.warn(f"autofuse.optimize: {name}'s plan is not cached by shape bucket: {why}; "
+                      "autofuse.load finds it at no other size", BucketNote, stacklevel=4)  # fmt: skip
         return None
     opts = {k: v for k, v in options.items() if k != "buckets"}
     store = BucketStore(opts.get("cache_dir"), spec)

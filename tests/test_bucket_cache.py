@@ -22,7 +22,7 @@ import pytest
 
 import autofuse
 from autofuse import cache
-from autofuse.cache.buckets import BucketSpec, bucket_key, bucket_specs, probe, varying
+from autofuse.cache.buckets import BucketNote, BucketSpec, bucket_key, bucket_specs, probe, varying
 from autofuse.capture.trace import capture
 from autofuse.cli import main
 
@@ -245,3 +245,18 @@ def test_cache_list_show_name_the_bucket_and_clear_removes_the_index(tuned, tmp_
     assert out.count("arg 0: float32['<=8', 8], arg 1: float32[8]") == 2, out
     assert main(["cache", "clear", "--cache-dir", str(home)]) == 0
     assert not (home / "buckets").exists() and not (home / "plans").exists()
+
+
+def branches_on_rows(x):
+    return x * 2.0 if x.shape[0] <= 5 else x + 2.0
+
+
+def test_a_graph_that_changes_with_the_size_is_not_cached_by_bucket_and_says_so(tmp_path):
+    with pytest.warns(BucketNote, match="changes with the dynamic sizes"):
+        opt = autofuse.optimize(branches_on_rows, (torch.randn(5, 4, device=DEVICE),),
+                                dynamic={"x": [0]}, trials=1, cache_dir=tmp_path, progress=False)  # fmt: skip
+    assert opt.bucket_entry is None and not (tmp_path / "buckets").exists()
+    x = torch.randn(7, 4, device=DEVICE)
+    torch.testing.assert_close(opt(x), branches_on_rows(x))
+    with pytest.raises(cache.CacheMiss):
+        autofuse.load(branches_on_rows, (x,), cache_dir=tmp_path, strict=True)

@@ -44,6 +44,7 @@ from autofuse.plan.steps import Plan
 
 __all__ = [
     "BUCKETS_DIR",
+    "BucketNote",
     "BucketSpec",
     "bucket_key",
     "bucket_parts",
@@ -58,6 +59,12 @@ __all__ = [
 BUCKETS_DIR = "buckets"
 INDEX_LIMIT = 1 << 20  # bytes read of an index file at most
 STRUCTURE_RE = re.compile(r"^[0-9a-f]{24}$")
+
+
+class BucketNote(UserWarning):
+    """``optimize(..., dynamic=..., trials=...)`` could not cache its plan by shape bucket (the
+    function's graph changes with the dynamic sizes, or cannot be captured at another size):
+    ``autofuse.load`` misses at the bucket's other sizes."""
 
 
 @dataclass(frozen=True)
