@@ -123,3 +123,19 @@ def test_the_untuned_plan_and_the_explained_plans():
     unfused, fused, partition = planner.explained()
     assert (unfused.label, fused.label) == ("unfused", "fused (greedy)")
     assert fused.groups == tuple(frozenset(g) for g in partition.groups)
+
+
+def test_the_planner_decides_cuda_graph_replay():
+    """Off CUDA nothing is timed and nothing replays; the inputs are not even made."""
+    import torch
+
+    def f(x):
+        return torch.relu(x) * 2
+
+    x = torch.randn(4, 8)
+    planner = Planner(capture(f, (x,)).graph)
+    plan = planner.greedy()
+    made = []
+    choice = Planner.replay(plan, False, lambda: made.append(1) or [x])
+    assert not choice.replay and choice.plain_s is None and "not on CUDA" in choice.why
+    assert not made

@@ -54,13 +54,12 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
 from autofuse.capture import Captured, decomposition_table
-from autofuse.interpreter import interpreting
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.kernels.common.sizes import runtime_bucket, runtime_sizes_on
 from autofuse.plan import Plan, execute
 from autofuse.plan.buckets import BucketPlans, bucket_key
-from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs, parse_cuda_graph
+from autofuse.plan.graph_choice import parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.planner import Planned, Planner
 from autofuse.plan.runtime import input_guard, run_plan
@@ -317,7 +316,9 @@ class AutofuseBackend:
             compiled.replay = GraphReplay(plan)
         elif kind == "inference" and mode == "auto":
             with unset_fake_temporarily():
-                compiled.graph_choice = _choose_replay(plan, metas)
+                on_cuda = _device_of(metas).startswith("cuda")
+                realized = lambda: [_realize(m) for m in metas]  # noqa: E731
+                compiled.graph_choice = Planner.replay(plan, on_cuda, realized)
             compiled.replay = GraphReplay(plan) if compiled.graph_choice.replay else None
         self.records.append(compiled)
         _COMPILED.append(compiled)
@@ -378,24 +379,6 @@ class AutofuseBackend:
         options.setdefault("progress", False)
         store, search = planning(options.get("cache_dir"))
         return planner.tuned(captured, inputs, store, search, example_flat=inputs, **options)
-
-
-def _choose_replay(plan: Plan, metas: Sequence[Any]) -> GraphChoice:
-    """``cuda_graph="auto"``: the plan timed kernel by kernel and replayed, on random inputs
-    of the graph's shapes (a throwaway replay: the kept one captures the real inputs)."""
-    if not _device_of(metas).startswith("cuda") or interpreting():
-        return GraphChoice(False, None, None, "not on CUDA (or under the interpreter)")
-    try:
-        ins = [_realize(m) for m in metas]
-        probe = GraphReplay(plan)
-        with torch.no_grad():
-            return choose_replay(
-                lambda: execute(plan, ins),
-                lambda: probe(ins) or execute(plan, ins),
-                cuda_inputs(ins),
-            )
-    except Exception as e:  # noqa: BLE001 - a measurement never fails the compile: no replay
-        return GraphChoice(False, None, None, f"not timed: {type(e).__name__}: {e}"[:300])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@
   The cache and the search are handed in behind two small interfaces (:class:`PlanStore`,
   :class:`Searcher`): ``plan/`` imports neither;
 - the plans ``explain`` compares (:meth:`Planner.explained`) and the greedy plan a report
-  times (:meth:`Planner.greedy`).
+  times (:meth:`Planner.greedy`);
+- whether a plan replays a CUDA graph (:meth:`Planner.replay`, ``cuda_graph="auto"``).
 
 The graph's :class:`Partitioner` (its legal fusion decisions) is built here, once per planner.
 """
@@ -35,6 +36,8 @@ from autofuse.ir.conv_layout import relayout
 from autofuse.ir.graph import Graph
 from autofuse.partition import Partitioner
 from autofuse.plan.build import build_plan
+from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs
+from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.plan_choice import (
     PlanChoice,
     choose_plan,
@@ -159,6 +162,27 @@ class Planner:
                 flat.build(flat.space.untuned().groups, label=f"{label}, convolutions contiguous")
             )
         return out
+
+    @staticmethod
+    def replay(
+        plan: Plan, on_cuda: bool, inputs: Callable[[], Sequence[torch.Tensor]]
+    ) -> GraphChoice:
+        """``cuda_graph="auto"``: whether ``plan`` replays a CUDA graph, timed kernel by kernel
+        and replayed end to end on ``inputs()`` (a throwaway replay: the one kept captures the
+        real inputs); off CUDA, or under the interpreter, no replay and nothing timed."""
+        if not on_cuda or interpreting():
+            return GraphChoice(False, None, None, "not on CUDA (or under the interpreter)")
+        try:
+            ins = list(inputs())
+            probe = GraphReplay(plan)
+            with torch.no_grad():
+                return choose_replay(
+                    lambda: execute(plan, ins),
+                    lambda: probe(ins) or execute(plan, ins),
+                    cuda_inputs(ins),
+                )
+        except Exception as e:  # noqa: BLE001 - a measurement never fails the plan: no replay
+            return GraphChoice(False, None, None, f"not timed: {type(e).__name__}: {e}"[:300])
 
     def tuned(
         self,
