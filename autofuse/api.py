@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from autofuse.cache.buckets import BucketNote, spec_for
 from autofuse.capture import CaptureError, TraceUnsupported
 from autofuse.capture.state import buffers_kept
 from autofuse.capture.trace import capture, check_callable, check_real
@@ -32,7 +33,7 @@ from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.planner import Planner
 from autofuse.report import Explanation, summarize
 from autofuse.runner import OptimizedFunction, describe_refusals
-from autofuse.tune.entry import planning
+from autofuse.tune.entry import BucketStore, planning
 
 __all__ = ["OptimizedFunction", "explain", "optimize"]
 
@@ -99,6 +100,8 @@ def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: 
 
         spec = dynamic_spec(fn, example_inputs, dynamic)
         opt = DynamicFunction(fn, options, spec)
+        if (options.get("trials") or options.get("time_budget")) and not example_kwargs:
+            opt.bucket_entry = _tuned_bucket(fn, example_inputs, spec, options)
         opt(*example_inputs, **example_kwargs)  # the first bucket's plan, built now
         return opt
     if "buckets" in options:
@@ -176,11 +179,35 @@ def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> No
     opt.graph_choice = choice
 
 
-def _tuned(fn, captured, example_inputs, planner: Planner, **options: Any) -> OptimizedFunction:
-    """Tune (or load the plan an earlier tuning run cached), cache the winner, index the call."""
+def _tuned_bucket(fn: Any, example_inputs: Sequence[Any], dims: dict, options: dict) -> Any:
+    """``dynamic=`` with a search: ``fn`` captured at the example sizes, tuned (or the plan of
+    its shape bucket found in the cache) and cached by bucket (``cache/buckets.py``), so that
+    ``autofuse.load`` runs it at every size of the bucket; None where ``fn`` is not one graph
+    over the bucket (it cannot be captured, or its graph changes with the sizes)."""
+    try:
+        captured = capture(fn, example_inputs)
+        spec = spec_for(fn, captured, example_inputs, dims, options.get("buckets"))
+        why = None if spec is not None else "its graph changes with the dynamic sizes"
+    except CaptureError as e:
+        why = f"it cannot be captured as one plan ({e})"[:300]
+    if why is not None:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        warnings.warn(f"autofuse.optimize: {name}'s plan is not cached by shape bucket: {why}; "
+                      "autofuse.load finds it at no other size", BucketNote, stacklevel=4)  # fmt: skip
+        return None
+    opts = {k: v for k, v in options.items() if k != "buckets"}
+    store = BucketStore(opts.get("cache_dir"), spec)
+    return _tuned(fn, captured, example_inputs, Planner(captured.graph), store, **opts)
+
+
+def _tuned(
+    fn, captured, example_inputs, planner: Planner, store: Any = None, **options: Any
+) -> OptimizedFunction:
+    """Tune (or load the plan an earlier tuning run cached), cache the winner, index the call
+    (``store``: the cache by exact shapes where None)."""
     flat = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
-    store, search = planning(options.get("cache_dir"))
+    default, search = planning(options.get("cache_dir"))
     planned = planner.tuned(
-        captured, example_inputs, store, search, fn=fn, example_flat=flat, **options
+        captured, example_inputs, store or default, search, fn=fn, example_flat=flat, **options
     )
     return OptimizedFunction(captured, planned.plan, fn, planned.tuning)

@@ -12,7 +12,9 @@ reads it (plan digest, kernel digests, binaries). An entry built for another dev
 other versions is refused, with a message naming what differs; with ``loose=True`` it is
 installed under the key this machine computes (its binaries dropped: the kernels are compiled
 from their verified sources here), unless its kernels came from another code generator
-(``generator``, a hash of autofuse's sources): those are always refused. Entries are installed atomically into the cache home.
+(``generator``, a hash of autofuse's sources): those are always refused. Entries are installed atomically into the cache home; an entry
+cached by shape bucket (``cache/buckets.py``) is added to the bucket index there, so that
+``load`` finds it at every size of its bucket.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 
 from autofuse.cache.binaries import BIN_DIR
+from autofuse.cache.buckets import note_bucket
 from autofuse.cache.calls import CALLS_DIR, read_call
 from autofuse.cache.codec import canonical_json, sha256_hex
 from autofuse.cache.disk import (
@@ -395,6 +398,7 @@ def import_bundle(
     root.mkdir(parents=True, exist_ok=True)
     staged: list[tuple[str, str, Path]] = []
     tmps: list[Path] = []
+    parts: list[Any] = []  # each entry's key parts: a bucket entry's go into the bucket index
     try:
         for key, e in manifest["entries"].items():
             tmp = root / f".tmp-import-{key}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -406,6 +410,7 @@ def import_bundle(
             staged.append((key, new, tmp))
             try:  # the entry as the cache will read it: plan digest, kernels, binaries
                 payload = read_doc(tmp)
+                parts.append((payload.get("metadata") or {}).get("key_parts"))
                 if payload.get("key") != new:
                     raise CorruptEntry(tmp / PLAN_FILE, f"holds the entry {payload.get('key')!r}")
                 with warnings.catch_warnings():
@@ -419,6 +424,8 @@ def import_bundle(
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)
     _install_calls(cache_dir, manifest, blobs, {old for old, new, _ in staged if old == new})
+    for p in parts:
+        note_bucket(cache_home(cache_dir), p)
     return [(old, new) for old, new, _ in staged]
 
 

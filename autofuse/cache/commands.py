@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autofuse.cache.binaries import BIN_DIR
+from autofuse.cache.buckets import BUCKETS_DIR
 from autofuse.cache.bundle import BundleError, export_bundle, import_bundle
 from autofuse.cache.calls import CALLS_DIR
 from autofuse.cache.disk import entry_files, list_entries, plans_dir, read_entry
@@ -28,12 +29,24 @@ from autofuse.settings import cache_home, settings
 
 _KERNEL_FILE = re.compile(r"^[A-Za-z0-9_]+_[0-9a-f]{20}(\.py|[A-Za-z0-9_]*\.tmp)$")
 _CALL_FILE = re.compile(r"^[0-9a-f]{32}\.json$|^\.?[0-9a-f]{32}.*\.tmp$")
+_INDEX_FILE = re.compile(r"^[0-9a-f]{24}\.json$|^\.[0-9a-f]{24}.*\.tmp$")
 _TEMPS = (".tmp-", ".trash-")
 
 
 def _shapes(plan: Any) -> str:
     g = plan.graph
     return ", ".join(f"{g[i].dtype}{list(g[i].shape)}" for i in g.inputs)
+
+
+def bucket_text(meta: dict) -> str:
+    """The sizes a bucket entry serves (``cache/buckets.py``): each argument's shape, a
+    dynamic size as ``<=N`` (its bucket's upper edge); "" for an entry of exact shapes."""
+    bucket = (meta.get("key_parts") or {}).get("bucket")
+    if not isinstance(bucket, dict):
+        return ""
+    args = [a for a in bucket.get("arguments") or () if isinstance(a, list) and len(a) == 4]
+    sizes = [[f"<={str(s)[1:]}" if str(s).startswith("b") else s for s in a[3]] for a in args]
+    return ", ".join(f"arg {a[0]}: {a[1].removeprefix('torch.')}{s}" for a, s in zip(args, sizes))
 
 
 def speedups(meta: dict) -> dict[str, float]:
@@ -75,7 +88,8 @@ def cache_list(root: Any) -> int:
             plan, meta, _ = read_entry(root, e.key)
         if plan is None:
             continue
-        print(f"{e}\n    inputs: {_shapes(plan)}\n    speedup: {_speed_text(meta)}"
+        bucket = f"\n    bucket: {bucket_text(meta)}" if bucket_text(meta) else ""
+        print(f"{e}\n    inputs: {_shapes(plan)}{bucket}\n    speedup: {_speed_text(meta)}"
               f"\n    built: {_provenance(meta)}")  # fmt: skip
     return 0
 
@@ -90,6 +104,8 @@ def cache_show(root: Any, key: str) -> int:
     print(f"entry {key}  ({plans_dir(root) / key})")
     print(f"function: {meta.get('function') or '?'}")
     print(f"inputs:   {_shapes(plan)}")
+    if bucket_text(meta):
+        print(f"bucket:   {bucket_text(meta)} (any size of the bucket; inputs: the tuning's)")
     print("outputs:  " + ", ".join(f"{g[o].dtype}{list(g[o].shape)}" for o in g.outputs))
     print(f"speedup:  {_speed_text(meta)}")
     if isinstance(meta.get("value_s"), (int, float)):
@@ -179,9 +195,11 @@ def _rmdir_if_empty(*folders: Path) -> None:
 
 def clear_all(root: Any) -> tuple[int, int, int]:
     """Remove what autofuse wrote and nothing else: the plan entries (and the temporaries of
-    killed writers), the call index's records, the readable kernel copies it wrote; a folder is
-    removed only once empty. Returns (entries, call records, kernel files) removed."""
+    killed writers), the call index's records, the bucket index, the readable kernel copies it
+    wrote; a folder is removed only once empty. Returns (entries, call records, kernel files)
+    removed."""
     plans, calls = plans_dir(root), cache_home(root) / CALLS_DIR
+    buckets = cache_home(root) / BUCKETS_DIR
     kernels = settings().kernel_dir if root is None else cache_home(root) / "kernels"
 
     def children(d: Path) -> list[Path]:
@@ -189,15 +207,16 @@ def clear_all(root: Any) -> tuple[int, int, int]:
 
     entries = [p for p in children(plans) if _is_entry(p) or p.name.startswith(_TEMPS)]
     records = [p for p in children(calls) if _CALL_FILE.match(p.name)]
+    index = [p for p in children(buckets) if _INDEX_FILE.match(p.name)]
     pyc = kernels / "__pycache__"
     sources = [p for p in children(kernels) + children(pyc) if _own_kernel_file(p)]
     temps = [p for p in entries if p.name.startswith(_TEMPS) and not p.is_symlink()]
     kept = [p for p in entries if p not in temps]
     n_entries = sum(not p.is_symlink() for p in kept)
     left = [f for p in kept for f in _remove_entry(p)]
-    _remove(temps), _remove(records)
+    _remove(temps), _remove(records), _remove(index)
     n_kernels = _remove(sources)
-    _rmdir_if_empty(plans, calls, pyc, kernels)
+    _rmdir_if_empty(plans, calls, buckets, pyc, kernels)
     _say_left(left)
     return n_entries, len(records), n_kernels
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autofuse import logs
+from autofuse.cache.buckets import bucket_key, bucket_specs, for_graph
 from autofuse.cache.calls import call_key_why, captured_from, note_unkeyed, read_call, write_call
 from autofuse.cache.disk import (
     entry_dir,
@@ -94,7 +95,9 @@ def load(
     The plan is found from the call itself (``autofuse/cache/calls.py``: the function's code,
     the inputs' shapes, dtypes and strides, the device and versions) with no capture when an
     earlier tuning or load recorded that call; otherwise (or with ``retrace=True``) ``fn`` is
-    captured and its graph's key looked up.
+    captured and its graph's key looked up; where no entry has that key, the entries cached by
+    shape bucket (``optimize(..., dynamic=..., trials=...)``, ``cache/buckets.py``) for a graph
+    of its structure are looked up, and the bucket's plan is built for these sizes.
 
     On a miss (or an unusable entry) it returns ``fn`` itself, run in eager, after one warning
     per key; with ``strict=True`` it raises :class:`CacheMiss` instead.
@@ -118,7 +121,13 @@ def load(
     if opt is not None:
         write_call(cache_dir, ck, key, captured)
         return opt
+    opt, buckets = _load_by_bucket(cache_dir, captured, example_inputs, options, fn, cuda_graph)
+    if opt is not None:
+        return opt
     why, hint = _miss_text(_fn_name(fn), key, problem, cache_dir)
+    if buckets:
+        why += (f"; {buckets} shape bucket(s) of its graph are cached, none holding these "
+                "sizes (with these dtypes, layouts and static sizes)")  # fmt: skip
     return _missed(fn, key, why, hint, strict, os.path.abspath(cache_dir))
 
 
@@ -146,6 +155,26 @@ def _load_by_key(
     opt.cache_key = key
     opt.cache_metadata = meta
     return opt, None
+
+
+def _load_by_bucket(cache_dir: Any, captured: Any, example_inputs: Sequence[Any],
+                    options: dict | None, fn: Any, cuda_graph: bool) -> Any:  # fmt: skip
+    """(the entry of the shape bucket these inputs fall in (``cache/buckets.py``), its plan
+    built for the captured graph, ready to run, or None where no bucket entry holds them; the
+    number of bucket specs indexed for the graph's structure)."""
+    specs = bucket_specs(cache_dir, captured.graph)
+    for spec in specs:
+        key, _ = bucket_key(captured, example_inputs, spec, options)
+        plan, meta, _ = read_entry(cache_dir, key)
+        plan = None if plan is None else for_graph(plan, captured.graph)
+        if plan is None:
+            continue
+        logs.emit("cache", f"hit: {_fn_name(fn)} (key {key}, by bucket)")
+        opt = OptimizedFunction(captured, plan, fn, cuda_graph=cuda_graph)
+        opt.cache_key = key
+        opt.cache_metadata = meta
+        return opt, len(specs)
+    return None, len(specs)
 
 
 def _miss_text(name: str, key: str, problem: str | None, cache_dir: Any) -> tuple[str, str]:

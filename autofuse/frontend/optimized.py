@@ -173,11 +173,14 @@ def dynamic_spec(
 class DynamicFunction(BackendFunction):
     """What ``optimize(..., dynamic=...)`` returns: the backend path with the named dims marked
     dynamic on every call (``torch._dynamo.mark_dynamic``), so the graph is symbolic in them
-    and gets one plan per shape bucket (``plan/buckets.py``)."""
+    and gets one plan per shape bucket (``plan/buckets.py``). With a search (``trials=``,
+    ``time_budget=``), ``bucket_entry`` is the function captured and tuned at the example
+    sizes, cached by bucket for ``autofuse.load`` (``cache/buckets.py``; None: not cached)."""
 
     def __init__(self, fn: Any, options: dict[str, Any], spec: dict[int, tuple[int, ...]]) -> None:
         super().__init__(fn, options)
         self.spec = spec
+        self.bucket_entry: Any = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         for pos, dims in self.spec.items():

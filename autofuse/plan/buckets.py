@@ -16,7 +16,7 @@ from autofuse.kernels import bucket_config_fits
 from autofuse.plan.planner import assemble
 from autofuse.plan.steps import Plan
 
-__all__ = ["BucketPlans", "structure_key"]
+__all__ = ["BucketPlans", "instantiate", "partition_of", "structure_key"]
 
 
 def structure_key(graph: Graph) -> str:
@@ -28,13 +28,22 @@ def structure_key(graph: Graph) -> str:
     return h.hexdigest()[:24]
 
 
-def _partition(plan: Plan) -> tuple[tuple[frozenset[int], ...], tuple[Any, ...]]:
+def partition_of(plan: Plan) -> tuple[tuple[frozenset[int], ...], tuple[Any, ...]]:
     """The groups and choices ``assemble`` makes ``plan`` from (a library step's call kept:
     its arguments are nodes, the same at every shape of the bucket)."""
     library = tuple(frozenset(s.nodes) for s in plan.library)
     configs = tuple(k.config if bucket_config_fits(k.info) else None for k in plan.kernels)
     configs += tuple(s.call for s in plan.library)
     return plan.groups + library, configs
+
+
+def instantiate(graph: Graph, part: tuple, label: str) -> Plan | None:
+    """The partition ``part`` (:func:`partition_of` a plan of the bucket) built for ``graph``;
+    None where it does not fit this graph (a group the kinds refuse at this shape)."""
+    try:
+        return assemble(graph, part[0], part[1], label=label)
+    except Exception:  # noqa: BLE001 - a partition that does not fit: a fresh plan is made
+        return None
 
 
 class BucketPlans:
@@ -49,16 +58,11 @@ class BucketPlans:
         it does not fit this graph (a group the kinds refuse at this shape)."""
         with self._lock:
             part = self._parts.get(key)
-        if part is None:
-            return None
-        try:
-            return assemble(graph, part[0], part[1], label=label)
-        except Exception:  # noqa: BLE001 - a partition that does not fit: a fresh plan is made
-            return None
+        return None if part is None else instantiate(graph, part, label)
 
     def remember(self, key: tuple, plan: Plan) -> None:
         with self._lock:
-            self._parts.setdefault(key, _partition(plan))
+            self._parts.setdefault(key, partition_of(plan))
 
 
 def bucket_key(bucket: Any, graph: Graph, extra: Sequence[Any]) -> tuple:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autofuse import logs
+from autofuse.cache.buckets import BucketSpec, bucket_key, for_graph, note_bucket
 from autofuse.cache.calls import call_key, write_call
 from autofuse.cache.disk import load_metadata, load_plan, save_plan
 from autofuse.cache.keys import DeviceInfo, inputs_device, key_for, key_parts
@@ -35,9 +36,9 @@ class CacheStore:
     def lookup(
         self, captured: Captured, example_inputs: Sequence[Any], options: dict
     ) -> tuple[Plan, Any] | None:
-        key = key_for(captured, example_inputs)
+        key = self.key(captured, example_inputs)
         where = f"{captured.source_name} (key {key[:16]}…) in {self.cache_dir!r}"
-        plan = load_plan(self.cache_dir, key)
+        plan = self.adapt(load_plan(self.cache_dir, key), captured)
         if plan is None:
             logs.emit("cache", f"miss: {where}: tuning")
             return None
@@ -47,6 +48,14 @@ class CacheStore:
             return plan, cached_result(plan, meta)
         options.setdefault("study_name", study)
         return None
+
+    def key(self, captured: Captured, example_inputs: Sequence[Any]) -> str:
+        """The entry of this graph and inputs."""
+        return key_for(captured, example_inputs)
+
+    def adapt(self, plan: Plan | None, captured: Captured) -> Plan | None:
+        """The cached ``plan`` as it runs ``captured``'s graph (an exact entry: itself)."""
+        return plan
 
     def check_writable(self) -> None:
         ensure_writable(self.cache_dir, "cache_dir")
@@ -60,6 +69,38 @@ class CacheStore:
 
     def record_call(self, fn: Any, captured: Captured, example_inputs: Sequence[Any]) -> str:
         return record_call(fn, captured, example_inputs, self.cache_dir)
+
+
+class BucketStore(CacheStore):
+    """The plan cache by shape bucket (``cache/buckets.py``): the entry of the bucket of these
+    inputs' dynamic sizes; a plan cached at another size of the bucket is built for this one."""
+
+    def __init__(self, cache_dir: Any, spec: BucketSpec) -> None:
+        super().__init__(cache_dir)
+        self.spec = spec
+
+    def parts(self, captured: Captured, example_inputs: Sequence[Any]) -> dict:
+        return bucket_key(captured, example_inputs, self.spec)[1]
+
+    def key(self, captured: Captured, example_inputs: Sequence[Any]) -> str:
+        return bucket_key(captured, example_inputs, self.spec)[0]
+
+    def adapt(self, plan: Plan | None, captured: Captured) -> Plan | None:
+        return None if plan is None else for_graph(plan, captured.graph)
+
+    def save(
+        self, captured: Captured, example_inputs: Sequence[Any], result: Any, options: dict
+    ) -> str:
+        key, parts = bucket_key(captured, example_inputs, self.spec)
+        cache_result(captured, example_inputs, result, self.cache_dir, options.get("storage"),
+                     key, parts)  # fmt: skip
+        note_bucket(self.cache_dir, parts)
+        return key
+
+    def record_call(self, fn: Any, captured: Captured, example_inputs: Sequence[Any]) -> str:
+        ck = call_key(fn, example_inputs)
+        write_call(self.cache_dir, ck, self.key(captured, example_inputs), captured)
+        return ck or ""
 
 
 def search(
@@ -95,10 +136,13 @@ def cache_result(
     cache_dir: Any,
     storage: Any = None,
     key: str | None = None,
+    parts: dict | None = None,
 ) -> str:
     """Save a tuning result's plan as the cache entry of this graph and inputs (what
-    ``autofuse.load`` finds); returns its key."""
+    ``autofuse.load`` finds), ``parts`` its key's parts (default: the exact key's); returns
+    its key."""
     key = key or key_for(captured, example_inputs)
+    device = DeviceInfo.current(inputs_device(example_inputs))
     meta = {
         "function": captured.source_name,
         "value_s": result.value,
@@ -110,7 +154,7 @@ def cache_result(
             k: getattr(result, f"{k}_value", None)
             for k in ("greedy", "unfused", "eager", "library")
         },
-        "key_parts": key_parts(captured, DeviceInfo.current(inputs_device(example_inputs))),
+        "key_parts": parts or key_parts(captured, device),
     }
     if storage is None or isinstance(storage, str):
         meta["storage"] = storage

@@ -11,7 +11,13 @@ attributes):
   ``"cpu"`` where kernels run in Triton's interpreter: keep CPU shapes tiny);
 - optional ``trials`` / ``time_budget`` (seconds): override the command line's for this one;
 - optional ``flops``: a number, or a function of the inputs, for the roofline floor (default 0,
-  a memory-bound workload: the floor is then its minimum bytes at the copy bandwidth).
+  a memory-bound workload: the floor is then its minimum bytes at the copy bandwidth);
+- optional ``sizes``: tune at each of these sizes (``inputs`` is then called with the device and
+  the size), one workload ``<name>.<size>`` per size, each plan cached by shape bucket
+  (``autofuse/cache/buckets.py``: ``autofuse.load`` runs it at every size of its bucket; two
+  sizes of one bucket share the entry, the later tuned kept); ``dynamic``:
+  ``{argument position: [dims]}`` that vary with the size (default: the dims whose sizes
+  differ between the first two sizes). ``--sizes 64,128`` does the same for every workload.
 
 Example::
 
@@ -56,6 +62,7 @@ from autofuse.tune.roofline import device_name, stamp
 from autofuse.tune.runfiles import (
     RUN_FILE,
     STORAGE_FILE,
+    at_sizes,
     is_complete,
     load_spec,
     read_json,
@@ -78,14 +85,16 @@ def _visible_gpus() -> list[str]:
 def main(args: argparse.Namespace) -> int:
     """The ``autofuse tune`` command (see the module docstring)."""
     workloads = load_spec(args.spec)
+    if getattr(args, "sizes", None):
+        workloads = [x for w in workloads for x in at_sizes(w, args.sizes)]
     names = [w.name for w in workloads]
     if args.workloads:
         wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
-        unknown = sorted(set(wanted) - {w.name for w in workloads})
+        unknown = sorted(set(wanted) - {w.name for w in workloads} - {w.base for w in workloads})
         if unknown:
             raise SystemExit(f"autofuse tune: unknown workload(s) {unknown}; the spec has "
                              f"{[w.name for w in workloads]}")  # fmt: skip
-        workloads = [w for w in workloads if w.name in wanted]
+        workloads = [w for w in workloads if w.name in wanted or w.base in wanted]
     if args.run_dir:  # a worker started by the coordinator below
         return results.worker(args, workloads, Path(args.run_dir), args.worker_index)
     ensure_writable(cache_home(args.cache_dir), "--cache-dir")
@@ -137,6 +146,7 @@ def _spawn(args, workloads, folder: Path, n: int, gpus: list[str], storage: str)
                *(["--cache-dir", str(args.cache_dir)] if args.cache_dir else []),
                *(["--time-budget", str(args.time_budget)] if args.time_budget else []),
                *(["--workloads", args.workloads] if args.workloads else []),
+               *(["--sizes", ",".join(map(str, args.sizes))] if getattr(args, "sizes", ()) else []),
                *(["--no-progress"] if i or not args.progress else [])]  # fmt: skip
         procs.append(subprocess.Popen(cmd, env=env))
     files = [folder / f"{w.name}.json" for w in workloads]
@@ -168,6 +178,14 @@ def whole(least: int) -> Any:
     return parse
 
 
+def size_list(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated whole numbers of at least 1."""
+    sizes = tuple(dict.fromkeys(whole(1)(t.strip()) for t in text.split(",") if t.strip()))
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"{text!r} names no size")
+    return sizes
+
+
 def seconds(text: str) -> float:
     """An argparse type: a number of seconds above 0."""
     try:
@@ -193,6 +211,9 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                    help="continue the newest run of this device in --out (or RUN_DIR)")  # fmt: skip
     t.add_argument("--workloads", default="", help="only these (comma-separated names)")
+    t.add_argument("--sizes", type=size_list, default=(),
+                   help="tune each workload at these sizes (comma-separated; its inputs "
+                        "factory takes (device, size)), cached by shape bucket")  # fmt: skip
     t.add_argument("--polish", type=whole(0), default=16,
                    help="configs hill-climbed per kernel of the best plan (default 16)")  # fmt: skip
     t.add_argument("--cache-dir", default=None,

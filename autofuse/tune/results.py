@@ -18,12 +18,13 @@ import types
 from pathlib import Path
 from typing import Any
 
+from autofuse.cache.buckets import spec_for
 from autofuse.capture import capture
 from autofuse.files import RUN_FILE, read_json, workload_records
 from autofuse.plan.planner import Planner
 from autofuse.report import summarize
 from autofuse.runner import OptimizedFunction
-from autofuse.tune.entry import planning
+from autofuse.tune.entry import BucketStore, planning
 from autofuse.tune.roofline import ceilings, floor_s, min_bytes, modeled_ceilings, seconds, stamp
 from autofuse.tune.runfiles import Workload, write_json
 
@@ -137,7 +138,7 @@ def tune_workload(w: Workload, args, storage: str | None, ceil: dict | None, lea
 
     cuda = torch.cuda.is_available()
     target = w.target()
-    inputs = tuple(w.inputs("cuda" if cuda else "cpu"))
+    inputs = w.example("cuda" if cuda else "cpu")
     captured = capture(target, inputs)
     planner = Planner(captured.graph)
     flat = OptimizedFunction(captured, None, target).flat_inputs(inputs)
@@ -156,6 +157,8 @@ def tune_workload(w: Workload, args, storage: str | None, ceil: dict | None, lea
     # the winner stored in the cache home as ``optimize(trials=...)`` stores it (plan, kernel
     # sources; the call index, so ``autofuse.load`` finds it with no capture)
     store, searcher = planning(getattr(args, "cache_dir", None))
+    if w.size is not None:  # one size of several: cached by its shape bucket
+        store = bucket_store(w, target, captured, inputs, store.cache_dir)
     planned = planner.tuned(captured, inputs, store, searcher, retune=True, fn=target,
                             trials=trials, time_budget=budget, polish=args.polish,
                             progress=args.progress, desc=w.name, **opts)  # fmt: skip
@@ -168,8 +171,43 @@ def tune_workload(w: Workload, args, storage: str | None, ceil: dict | None, lea
         "call_key": planned.call,
         "cache_dir": str(store.cache_dir),
     }
+    if w.size is not None:
+        cached.update(size=w.size, bucket=store.spec.to_json())
     rec.update(cached, trials_asked=trials)
     return rec
+
+
+def bucket_store(w: Workload, target: Any, captured: Any, inputs: tuple, cache_dir: Any) -> Any:
+    """The cache by shape bucket for ``w`` (a workload of one of its spec's ``sizes``): its
+    ``dynamic`` dims, or the dims whose sizes differ between its first two sizes."""
+    dims = w.dynamic if w.dynamic is not None else _differing_dims(w)
+    dims = {int(p): tuple(int(d) for d in ds) for p, ds in dims.items()}
+    spec = spec_for(target, captured, inputs, dims, None)
+    if spec is None:
+        raise ValueError(f"{w.name}: the graph changes with the size ({dims}); it cannot be "
+                         "cached by bucket: tune each size as a workload of its own")  # fmt: skip
+    return BucketStore(cache_dir, spec)
+
+
+def _differing_dims(w: Workload) -> dict[int, list[int]]:
+    """{argument position: dims} where the inputs at ``w``'s first two sizes differ in size."""
+    import torch
+
+    if len(w.sizes) < 2:
+        raise ValueError(f"{w.name}: one size: say which dims it sizes with 'dynamic'")
+    try:  # shapes alone: no memory where the factory takes the meta device
+        a, b = (w.inputs("meta", n) for n in w.sizes[:2])
+    except Exception:  # noqa: BLE001 - a factory that needs real tensors
+        a, b = (w.inputs("cpu", n) for n in w.sizes[:2])
+    out = {}
+    for pos, (x, y) in enumerate(zip(a, b)):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() == y.dim():
+            dims = [d for d in range(x.dim()) if x.shape[d] != y.shape[d]]
+            if dims:
+                out[pos] = dims
+    if not out:
+        raise ValueError(f"{w.name}: the inputs at sizes {w.sizes[:2]} have the same shapes")
+    return out
 
 
 def _record(w, captured, planner, target, inputs, flat, result, tuned, tuning_s, ceil, opts):

@@ -11,7 +11,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +30,50 @@ class Workload:
     trials: int | None = None
     time_budget: float | None = None
     flops: Any = 0.0
+    sizes: tuple[int, ...] = ()  # tuned at each size (``inputs(device, size)``), by bucket
+    dynamic: Any = None  # {argument position: dims} (None: the dims whose sizes differ)
+    size: int | None = None  # one of ``sizes``: this workload's (``at_sizes``)
+    base: str = ""  # the spec's name of a workload of one size
 
     def target(self) -> Any:
         """What is tuned: the function, or a fresh module from the factory."""
         return self.fn if self.fn is not None else self.module()
 
+    def example(self, device: str) -> tuple:
+        """The inputs it is tuned on: ``inputs(device)``, or ``inputs(device, size)``."""
+        return tuple(self.inputs(device) if self.size is None else self.inputs(device, self.size))
 
-FIELDS = ("name", "fn", "module", "inputs", "trials", "time_budget", "flops")
+
+FIELDS = ("name", "fn", "module", "inputs", "trials", "time_budget", "flops", "sizes", "dynamic")
+
+
+def at_sizes(w: Workload, sizes: Sequence[int]) -> list[Workload]:
+    """``w`` tuned at each of ``sizes``: one workload per size, named ``<name>.<size>``, its
+    inputs ``w.inputs(device, size)``; each caches its plan by shape bucket (one entry per
+    bucket: two sizes of one bucket share the entry, the later tuned kept)."""
+    name = w.base or w.name
+    return [replace(w, name=f"{name}.{n}", sizes=tuple(sizes), size=n, base=name) for n in sizes]
+
+
+def _sizes(rec: Any, where: str) -> tuple[int, ...]:
+    """A record's ``sizes`` (a non-empty list of whole numbers of at least 1) and ``dynamic``
+    (a dict {argument position: dims}), checked."""
+    sizes, dynamic = _field(rec, "sizes"), _field(rec, "dynamic")
+    if sizes is None:
+        if dynamic is not None:
+            raise SpecError(f"{where}: 'dynamic' needs 'sizes' (the sizes to tune at)")
+        return ()
+    if not isinstance(sizes, (list, tuple)) or not sizes:
+        raise SpecError(f"{where}: 'sizes' must be a non-empty list of sizes (got {sizes!r})")
+    for n in sizes:
+        check_count(n, "each of 'sizes'", where, least=1)
+    ok = dynamic is None or (isinstance(dynamic, dict) and all(
+        isinstance(p, int) and isinstance(d, (list, tuple)) and all(isinstance(k, int) for k in d)
+        for p, d in dynamic.items()))  # fmt: skip
+    if not ok:
+        raise SpecError(f"{where}: 'dynamic' must be {{argument position: [dims]}} (got "
+                        f"{dynamic!r})")  # fmt: skip
+    return tuple(dict.fromkeys(sizes))
 
 
 class UsageError(ValueError):
@@ -83,8 +120,11 @@ def load_spec(spec: str) -> list[Workload]:
             raise SpecError(f"{where} ({name}): 'inputs' must be a factory of the inputs")
         check_count(_field(rec, "trials"), "'trials'", f"{where} ({name})", least=1)
         check_count(_field(rec, "time_budget"), "'time_budget'", f"{where} ({name})")
-        out.append(Workload(name, fn, module_f, _field(rec, "inputs"), _field(rec, "trials"),
-                            _field(rec, "time_budget"), _field(rec, "flops", 0.0)))  # fmt: skip
+        sizes = _sizes(rec, f"{where} ({name})")
+        w = Workload(name, fn, module_f, _field(rec, "inputs"), _field(rec, "trials"),
+                     _field(rec, "time_budget"), _field(rec, "flops", 0.0),
+                     dynamic=_field(rec, "dynamic"))  # fmt: skip
+        out += at_sizes(w, sizes) if sizes else [w]
     names = [w.name for w in out]
     if len(set(names)) != len(names):
         raise SpecError(f"{spec}: workload names repeat: {names}")
