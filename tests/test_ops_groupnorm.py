@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import autofuse
 from autofuse.ir.indexing import Expr
 from autofuse.kernels.common.views import domain_of_flat
-from experiments.model_functions import group_norm_silu
+from experiments.bench.model_functions import group_norm_silu
 
 from .helpers import assert_close, check_partitions, reference
 

@@ -369,14 +369,14 @@ def test_column_stats_and_global_average_pool(dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# The model-style functions of experiments/model_functions.py
+# The model-style functions of experiments/bench/model_functions.py
 # ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_model_functions_equal_eager_with_no_eager_step(dtype):
     import autofuse
-    from experiments.model_functions import MODEL_FUNCTIONS, NO_EAGER_STEP
+    from experiments.bench.model_functions import MODEL_FUNCTIONS, NO_EAGER_STEP
 
     steps = {}
     for w in MODEL_FUNCTIONS:

@@ -7,7 +7,7 @@ in channels-last (``channels_last`` / ``channels_last_3d``), and the whole model
 both formats, and torch.compile's default mode on the contiguous model. Times are the median of
 CUDA-event rounds; nothing here is modeled.
 
-    python -m experiments.conv_layout KERNELBENCH_DIR --level 2 --problems 1-5 \\
+    python -m experiments.probes.conv_layout KERNELBENCH_DIR --level 2 --problems 1-5 \\
         --dtypes fp32,bf16 --out $OUT
 
 writes ``$OUT/conv_layout.json`` after every problem (commit, GPU, torch, triton in it).
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from experiments.kernelbench_problems import (
+from experiments.kernelbench.problems import (
     BY_STAGE,
     discover,
     instantiate,

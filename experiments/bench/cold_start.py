@@ -19,7 +19,7 @@ style decoder block: RMSNorm, causal attention, SwiGLU MLP, as one module), in o
    top functions, after a first cuBLAS matmul and a first SDPA call are timed apart): where
    the time goes, not a measurement of it.
 
-    python -m experiments.cold_start --out $OUT [--trials 8] [--repeats 3]
+    python -m experiments.bench.cold_start --out $OUT [--trials 8] [--repeats 3]
 
 writes ``$OUT/cold_start.json`` (every repeat, medians, the autofuse breakdown: import, load,
 first call, and how many launches used a stored binary).
@@ -74,7 +74,7 @@ class DecoderBlock(torch.nn.Module):
 
 
 class HFModel(torch.nn.Module):
-    """A Hugging Face model of ``experiments.models`` called on its token ids alone, returning
+    """A Hugging Face model of ``experiments.bench.models`` called on its token ids alone, returning
     the last hidden state (a module: ``load`` keys it by its class and parameters)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -87,9 +87,9 @@ class HFModel(torch.nn.Module):
 
 def make(name: str, device: str = "cuda"):
     """(fn, inputs) on CUDA, deterministic: the same in every process. ``hf_<model>``: a whole
-    model of ``experiments.models`` (``hf_bert``), realistic size on CUDA, tiny elsewhere."""
+    model of ``experiments.bench.models`` (``hf_bert``), realistic size on CUDA, tiny elsewhere."""
     if name.startswith("hf_"):
-        from experiments.models import build
+        from experiments.bench.models import build
 
         case = build(name[3:], "realistic" if device == "cuda" else "tiny", device, seed=0)
         return HFModel(case.model).eval(), (case.inputs["input_ids"],)
@@ -97,7 +97,7 @@ def make(name: str, device: str = "cuda"):
         torch.manual_seed(0)
         block = DecoderBlock().to("cuda", torch.bfloat16).eval()
         return block, (torch.randn(4, 512, 1024, device="cuda", dtype=torch.bfloat16),)
-    from experiments.workloads import BY_NAME
+    from experiments.bench.workloads import BY_NAME
 
     w = BY_NAME[name]
     return w.fn, w.inputs("cuda", torch.bfloat16, seed=0)
@@ -238,7 +238,15 @@ def child_prime() -> dict:
 
 
 def _run(role: str, name: str, env: dict, extra: list[str] | None = None) -> dict:
-    cmd = [sys.executable, "-m", "experiments.cold_start", "--child", role, "--workload", name]
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.bench.cold_start",
+        "--child",
+        role,
+        "--workload",
+        name,
+    ]
     r = subprocess.run(cmd + (extra or []), env=env, capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:
         return {"error": r.stderr[-3000:]}
@@ -272,14 +280,14 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = out / "cold_start_caches"
-    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
+    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     base.pop("AUTOFUSE_KERNEL_DIR", None)
     report: dict = {"workloads": {}, "triton_cache": a.triton_cache}
     if a.triton_cache == "host":
         _run("prime", "-", {**base, "TRITON_CACHE_DIR": str(work / "triton-host")})
     try:
-        from experiments.bench import stamp
+        from experiments.bench.suite import stamp
 
         report["stamp"] = stamp()
     except Exception as e:  # noqa: BLE001

@@ -5,11 +5,11 @@ group_norm + SiLU, an int8 quantize-dequantize chain, column statistics, global 
 pooling, ``any()`` on an attention mask, a fused-QKV split into heads, eager attention with
 a causal or additive mask and grouped-query heads).
 
-Each is a :class:`experiments.workloads.Workload`: ``make(device, dtype)`` builds tiny shapes
+Each is a :class:`experiments.bench.workloads.Workload`: ``make(device, dtype)`` builds tiny shapes
 (not multiples of any block) on ``"cpu"`` and realistic ones elsewhere (bf16 on the GPU).
 ``NO_EAGER_STEP`` names the functions whose greedy plan runs every op in a generated kernel.
 
-    python -m experiments.model_functions            # CPU (interpreter): plan summary per function
+    python -m experiments.bench.model_functions            # CPU (interpreter): plan summary per function
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from experiments.workloads import Workload
+from experiments.bench.workloads import Workload
 
 
 def rotate_half(x):

@@ -18,7 +18,7 @@ def grad_errors(got: dict, want: dict, tol: float) -> dict:
     """Per parameter, ``max |got - want|`` relative to ``max(max |want|, 1e-2 x the largest
     gradient of any parameter)`` (as tests/test_models.py: some parameters barely move the loss)
     and the plain ``max_rel_err``; the worst of each, and the parameters over ``tol``."""
-    from experiments.models import max_rel_err
+    from experiments.bench.models import max_rel_err
 
     missing = sorted(set(want) ^ set(got))
     scaled = scaled_grad_errors(got, want)

@@ -1,6 +1,6 @@
-"""The public suite (``experiments/workloads.py``, bf16 GPU shapes) as an ``autofuse tune`` SPEC.
+"""The public suite (``experiments/bench/workloads.py``, bf16 GPU shapes) as an ``autofuse tune`` SPEC.
 
-    python -m autofuse tune experiments/suite_spec.py --trials 14 --time-budget 25 --out $OUT/runs
+    python -m autofuse tune experiments/bench/suite_spec.py --trials 14 --time-budget 25 --out $OUT/runs
     python -m autofuse report $OUT/runs/<date>_<gpu>
 
 ``--workloads a,b`` picks some (``MEMORY`` / ``COMPUTE`` below name the two halves). Meant for
@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from experiments.workloads import SUITE
+from experiments.bench.workloads import SUITE
 
 MEMORY = ",".join(w.name for w in SUITE if w.kind == "memory")
 COMPUTE = ",".join(w.name for w in SUITE if w.kind == "compute")

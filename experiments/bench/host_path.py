@@ -3,7 +3,7 @@ and ``execute`` cost in Python around the launches (no GPU needed). ``--models``
 for each graph the torch.compile backend compiles for the suite's models (tiny configs: the
 eager steps' own work, torch.mm on tiny tensors, is in the figure).
 
-    TRITON_INTERPRET=1 python -m experiments.host_path [--profile] [--models llama_eager,gpt2]
+    TRITON_INTERPRET=1 python -m experiments.bench.host_path [--profile] [--models llama_eager,gpt2]
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def model_graphs_us(name: str, mode: str = "inference") -> dict[str, float]:
     """Host us per call of each graph the backend compiles for model ``name`` (tiny), its
     kernel launches stubbed, called with the arguments Dynamo gave it."""
     import autofuse.frontend.dynamo as dyn
-    from experiments.models import build
+    from experiments.bench.models import build
 
     torch._dynamo.reset()
     case = build(name, "tiny")

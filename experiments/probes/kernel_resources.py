@@ -3,7 +3,7 @@ CUDA target (default sm_90, the H200's) by Triton's own toolchain, and ``ptxas -
 of it: registers per thread, bytes spilled to local memory, shared memory. A kernel that spills
 or that holds few warps per SM is slow before it is timed; this finds it on any machine.
 
-    python -m experiments.kernel_resources --variant causal [--seq 1024 --head-dim 128]
+    python -m experiments.probes.kernel_resources --variant causal [--seq 1024 --head-dim 128]
 
 builds the backward plan of ``attention_bench``'s eager-written attention (the plan only: its
 steps run in eager) and reports every config of its ``attention_bwd`` kernel's space.
@@ -121,12 +121,12 @@ def resources(specs: list[dict], arch: int = 90, python: str | None = None) -> l
     another interpreter, e.g. one with the Triton version of the GPU host; it needs only
     Triton); a spec that does not compile gives its error."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")])
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "specs.json"
         path.write_text(json.dumps(specs))
         res = subprocess.run(
-            [python or sys.executable, "-m", "experiments.kernel_resources", "--compile",
+            [python or sys.executable, "-m", "experiments.probes.kernel_resources", "--compile",
              str(path), "--arch", str(arch)],
             capture_output=True, text=True, env=env, check=False,
         )  # fmt: skip
@@ -157,7 +157,7 @@ def attention_bwd_kernels(variant: str, seq: int, head_dim: int) -> tuple[Any, l
     import autofuse.frontend.dynamo as dyn
     from autofuse.frontend import compiled_graphs
     from autofuse.kernels import config_space, generate
-    from experiments.attention_bench import make
+    from experiments.bench.attention_bench import make
 
     build = dyn.AutofuseBackend.compile_graph
 

@@ -1,7 +1,7 @@
-"""The model-style functions (``experiments/model_functions.py``, bf16 GPU shapes) as an
+"""The model-style functions (``experiments/bench/model_functions.py``, bf16 GPU shapes) as an
 ``autofuse tune`` SPEC: each tuned and compared with eager and both torch.compile modes.
 
-    python -m autofuse tune experiments/model_spec.py --trials 14 --time-budget 25 --out $OUT/runs
+    python -m autofuse tune experiments/bench/model_spec.py --trials 14 --time-budget 25 --out $OUT/runs
     python -m autofuse report $OUT/runs/<date>_<gpu>
 
 Meant for a GPU: the shapes are far too large for the interpreter.
@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from experiments.model_functions import MODEL_FUNCTIONS
+from experiments.bench.model_functions import MODEL_FUNCTIONS
 
 
 def _inputs(w, device: str) -> tuple:

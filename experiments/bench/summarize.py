@@ -1,6 +1,6 @@
 """Summarize GPU benchmark JSONs into one table (markdown) and a plot.
 
-    python -m experiments.summarize results/h200/*.json --out results/h200/summary
+    python -m experiments.bench.summarize results/h200/*.json --out results/h200/summary
 
 For each workload the newest run that measured it is used (later files on the command line win).
 """

@@ -13,11 +13,11 @@ as ``timeout`` and the run goes on). Each writes ``<run>/<L>_<n>_<name>.json``; 
 (``<out>/L<N>_<mode>_<dtype>``) also holds ``run.json`` (commit, device, torch, triton; on a GPU
 the measured ceilings) and ``summary.md``.
 
-- ``--mode cpu`` (``kernelbench_check``): shapes reduced by the rule in ``kernelbench_problems``
+- ``--mode cpu`` (``check.py``): shapes reduced by the rule in ``problems.py``
   (batch 2, spatial <= 12, other sizes <= 16, looser stages where the problem's shapes are
   coupled); ``autofuse.optimize`` and ``torch.compile(backend="autofuse")`` against eager
   (level 3 also a training step); kernels, eager steps by op, failures by their first line.
-- ``--mode gpu`` (``kernelbench_gpu``): the shipped shapes in ``--dtype``; eager, both
+- ``--mode gpu`` (``gpu.py``): the shipped shapes in ``--dtype``; eager, both
   torch.compile modes, autofuse greedy and tuned (``--trials``, ``--budget`` seconds per
   problem) in interleaved rounds; KernelBench's correctness rule (``--tol``, 1e-2); the roofline
   floor. ``--variants`` picks the variants (eager always): ``greedy-library-bias`` adds the
@@ -40,10 +40,10 @@ import time
 import traceback
 from pathlib import Path
 
-from experiments.kernelbench_problems import Problem, discover, parse_numbers
-from experiments.kernelbench_worker import Worker, serve
+from experiments.kernelbench.problems import Problem, discover, parse_numbers
+from experiments.kernelbench.worker import Worker, serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = ROOT.parent / "shared" / "kernelbench"
 
 
@@ -61,7 +61,7 @@ def run_folder(out: str | Path, level: int, mode: str, dtype: str) -> Path:
 
 
 def worker_cmd(a: argparse.Namespace, folder: Path) -> list[str]:
-    """The child that runs this run's problems (``kernelbench_worker``)."""
+    """The child that runs this run's problems (``worker.py``)."""
     return [sys.executable, "-m", "experiments.kernelbench", str(a.dir), "--level", str(a.level),
             "--mode", a.mode, "--dtype", a.dtype, "--worker", "--run-dir", str(folder),
             "--trials", str(a.trials), "--budget", str(a.budget), "--rounds", str(a.rounds),
@@ -112,11 +112,11 @@ def run_one(a: argparse.Namespace, problem: Problem, folder: Path) -> dict:
     rec = base_record(problem, a.mode, a.dtype)
     try:
         if a.mode == "cpu":
-            from experiments.kernelbench_check import check_problem
+            from experiments.kernelbench.check import check_problem
 
             rec.update(check_problem(problem, train=True if a.train else None))
         else:
-            from experiments.kernelbench_gpu import GpuOptions, parse_variants, time_problem
+            from experiments.kernelbench.gpu import GpuOptions, parse_variants, time_problem
 
             opts = GpuOptions(trials=a.trials, budget_s=a.budget, rounds=a.rounds, dtype=a.dtype,
                               correct_trials=a.correct_trials, tol=a.tol,
@@ -132,7 +132,7 @@ def run_one(a: argparse.Namespace, problem: Problem, folder: Path) -> dict:
 
 
 def first_line_of(e: BaseException) -> str:
-    from experiments.kernelbench_check import first_line
+    from experiments.kernelbench.check import first_line
 
     return first_line(e)
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"kernelbench: no level-{a.level} problem matches {a.problems!r}")
     folder = run_folder(a.out, a.level, a.mode, a.dtype)
     start_run(a, folder)
-    from experiments.kernelbench_summary import line, write_summary
+    from experiments.kernelbench.summary import line, write_summary
 
     worker = Worker(worker_cmd(a, folder))
     began = time.monotonic()
@@ -246,7 +246,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.mode == "cpu" and a.dtype != "fp32":
         p.error("--dtype applies to --mode gpu (the CPU check runs float32)")
     if a.variants:
-        from experiments.kernelbench_gpu import parse_variants
+        from experiments.kernelbench.gpu import parse_variants
 
         if a.mode == "cpu":
             p.error("--variants applies to --mode gpu")
@@ -255,7 +255,3 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         except ValueError as e:
             p.error(f"--variants: {e}")
     return a
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The CPU mode of the KernelBench runner: one problem at reduced shapes (``kernelbench_problems``)
+"""The CPU mode of the KernelBench runner: one problem at reduced shapes (``problems.py``)
 checked through ``autofuse.optimize`` and ``torch.compile(backend="autofuse")`` against eager,
 with the kernels each front end generated and the ops that ran as eager steps (dropout
 probabilities set to 0: random masks cannot match eager's); for level 3 (or ``train=True``) also a training step (forward and backward through the backend, every
@@ -16,7 +16,7 @@ import time
 import warnings
 from typing import Any
 
-from experiments.kernelbench_problems import STAGES, Problem, Stage, instantiate, load_module
+from experiments.kernelbench.problems import STAGES, Problem, Stage, instantiate, load_module
 
 # ops that stay library calls (cuDNN / cuBLAS / SDPA / RNN kernels): an eager step of one of
 # these does not make a problem less than fully fused

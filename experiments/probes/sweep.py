@@ -2,9 +2,9 @@
 and timed alone on the GPU (the same GPUTimer the search uses). Shows how far the default config
 is from the best one and which configs fail, without a search in the way.
 
-    python -m experiments.sweep --workloads attention_scores --max-configs 64 --out $OUT
+    python -m experiments.probes.sweep --workloads attention_scores --max-configs 64 --out $OUT
 
-Workloads are the public suite's and the model-style functions' (``experiments/model_functions.py``).
+Workloads are the public suite's and the model-style functions' (``experiments/bench/model_functions.py``).
 ``--variants plain,unselective`` times each config twice: as generated, and with every ``where``
 loading both branches everywhere (``load_hints.select_branch`` off), to show what the selective
 loads save.
@@ -23,9 +23,9 @@ from autofuse.kernels import config_label, config_space, default_config
 from autofuse.kernels.common import load_hints
 from autofuse.measure import Candidate, GPUTimer
 from autofuse.partition.partitioner import Partitioner
-from experiments.bench import stamp
-from experiments.model_functions import MODEL_FUNCTIONS
-from experiments.workloads import BY_NAME
+from experiments.bench.model_functions import MODEL_FUNCTIONS
+from experiments.bench.suite import stamp
+from experiments.bench.workloads import BY_NAME
 
 WORKLOADS = {**BY_NAME, **{w.name: w for w in MODEL_FUNCTIONS}}
 _SELECT = load_hints.select_branch

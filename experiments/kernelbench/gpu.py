@@ -32,8 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.kernelbench_check import compare, eager_steps, first_line, flat, no_dropout
-from experiments.kernelbench_problems import (
+from experiments.kernelbench.check import compare, eager_steps, first_line, flat, no_dropout
+from experiments.kernelbench.problems import (
     BY_STAGE,
     Problem,
     instantiate,

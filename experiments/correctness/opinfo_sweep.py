@@ -3,14 +3,14 @@
 Every op of ``torch.testing._internal.common_methods_invocations.op_db`` that runs on CPU,
 with its sample inputs in the dtypes asked for (those the OpInfo supports on CPU), through
 ``torch.compile(..., backend="autofuse")``, forward and, where the op supports autograd,
-backward, compared with eager (``experiments/opinfo_check.py``). Expected failures are listed
-in ``experiments/opinfo_expected.py``.
+backward, compared with eager (``experiments/correctness/opinfo_check.py``). Expected failures are listed
+in ``experiments/correctness/opinfo_expected.py``.
 
-    python -m experiments.opinfo_sweep --ops add,mul --dtypes float32,int --samples 2
-    python -m experiments.opinfo_sweep --samples all --grad-dtypes all --check-bounds \
+    python -m experiments.correctness.opinfo_sweep --ops add,mul --dtypes float32,int --samples 2
+    python -m experiments.correctness.opinfo_sweep --samples all --grad-dtypes all --check-bounds \
         --shard 0/4 --out results/opinfo/all0.json
-    python -m experiments.opinfo_sweep --shard 0/4 --out results/opinfo/shard0.json
-    python -m experiments.opinfo_sweep --merge results/opinfo/shard*.json --out results/opinfo/summary.json
+    python -m experiments.correctness.opinfo_sweep --shard 0/4 --out results/opinfo/shard0.json
+    python -m experiments.correctness.opinfo_sweep --merge results/opinfo/shard*.json --out results/opinfo/summary.json
 
 ``--dtypes`` takes dtype names or the classes ``lowp`` (bfloat16, else float16), ``int``
 (int32, else int64, else the first integer dtype) and ``bool``. ``--samples all`` takes every
@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from autofuse.settings import reload_settings, settings
-from experiments.opinfo_check import FAILING, Outcome, check_case
-from experiments.opinfo_expected import EXPECTED, expected_failure
+from experiments.correctness.opinfo_check import FAILING, Outcome, check_case
+from experiments.correctness.opinfo_expected import EXPECTED, expected_failure
 
 DEFAULT_DTYPES = ("float32", "lowp", "int", "bool")
 MODES = ("fwd", "bwd")

@@ -9,8 +9,8 @@ the timed benchmarks). Per phase it reports the wall time, the kernel time by cl
 kernels), the device's busy time (the union of its kernels' intervals) and the host gap (wall
 time the device sat idle: launch overhead, Python, synchronizations).
 
-    python -m experiments.breakdown --models gpt2,bert --size realistic --out $OUT
-    python -m experiments.breakdown --models bert --size tiny --device cpu   # CPU: ATen ops
+    python -m experiments.bench.breakdown --models gpt2,bert --size realistic --out $OUT
+    python -m experiments.bench.breakdown --models bert --size tiny --device cpu   # CPU: ATen ops
 
 On a machine without CUDA the "kernels" are the CPU profiler's top-level ATen ops (generated
 kernels run in Triton's interpreter there and are not seen): the tool runs, its figures say
@@ -121,7 +121,7 @@ def _kernels(events, cuda: bool) -> list[tuple[str, str, float, float]]:
 
 
 def training_phases(case, fn, optimizer=None) -> list[tuple[str, Callable[[], Any]]]:
-    """A model case's training step (``experiments.models``) through ``fn`` as phases: the
+    """A model case's training step (``experiments.bench.models``) through ``fn`` as phases: the
     forward and loss, the backward, and an optimizer step where one is given."""
     state: dict[str, Any] = {}
 
@@ -150,7 +150,7 @@ def backends(model, names: Sequence[str]) -> dict[str, Any]:
 def run_model(name: str, size: str, device: str, names: Sequence[str], runs: int) -> dict:
     import torch
 
-    from experiments.models import build
+    from experiments.bench.models import build
 
     case = build(name, size, device)
     opt = torch.optim.AdamW(case.model.parameters(), lr=1e-4, foreach=True)

@@ -3,7 +3,7 @@ eager, torch.compile (default and max-autotune-no-cudagraphs), SDPA with each ba
 efficient, cuDNN, math) and autofuse (``optimize`` for the forward, the ``torch.compile``
 backend for forward+backward).
 
-    python -m experiments.attention_bench --out $OUT [--variants causal,padded,...] [--trials 8]
+    python -m experiments.bench.attention_bench --out $OUT [--variants causal,padded,...] [--trials 8]
 
 Variants (bf16, B=8, H=32, T=1024, d=128 by default): ``causal`` (GPT-2 / Llama eager:
 ``q @ kᵀ / sqrt(d)``, a ``tril`` of ones, ``masked_fill(~mask, finfo.min)``, softmax in fp32
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from experiments.model_functions import eager_attention, eager_attention_gqa
+from experiments.bench.model_functions import eager_attention, eager_attention_gqa
 
 VARIANTS = ("causal", "padded", "boolmask", "window", "gqa")
 WINDOW = 256
@@ -300,7 +300,7 @@ def _ratios(out: dict) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     from autofuse.tune.roofline import ceilings
-    from experiments.bench_models import stamp
+    from experiments.bench.bench_models import stamp
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results")

@@ -1,11 +1,11 @@
 """Host cost per call: a workload whose kernel is a few microseconds, called back to back, so
 the wall time per call is what the CPU spends launching it (the GPU waits on the host).
 
-    python -m experiments.host_overhead --out $OUT
+    python -m experiments.bench.host_overhead --out $OUT
 
 Compares eager, torch.compile (default and reduce-overhead), an autofuse plan on the lean launch
 path, the same plan through ``JITFunction.__getitem__`` every call, and with and without
-``cuda_graph=True`` (one and two kernels). ``python -m experiments.host_path`` measures the
+``cuda_graph=True`` (one and two kernels). ``python -m experiments.bench.host_path`` measures the
 Python part of a call on any machine (launch stubbed).
 """
 
@@ -23,7 +23,7 @@ import autofuse
 from autofuse.partition import Partitioner
 from autofuse.plan.launcher import stats as launcher_stats
 from autofuse.plan.runtime import KernelStep, build_plan, kernel_args
-from experiments.bench import stamp
+from experiments.bench.suite import stamp
 
 
 def tiny(x, w):

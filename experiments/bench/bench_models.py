@@ -1,8 +1,8 @@
-"""GPU benchmark of the real-model suite (``experiments/models.py``): eager, ``torch.compile``
+"""GPU benchmark of the real-model suite (``experiments/bench/models.py``): eager, ``torch.compile``
 (default and ``max-autotune-no-cudagraphs``) and ``torch.compile(backend="autofuse")`` (greedy
 plans, no tuning options), each model as an inference call and as a training step.
 
-    python -m experiments.bench_models --out results/ --size realistic \
+    python -m experiments.bench.bench_models --out results/ --size realistic \
         --models llama_sdpa,llama_eager,gpt2,bert,vit --modes inference,train \
         --tag models_<commit> --budget-s 480
 
@@ -42,7 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from experiments.model_grads import float32_grads, grad_errors, grad_errors_vs_float32
+from experiments.correctness.model_grads import float32_grads, grad_errors, grad_errors_vs_float32
 
 BACKENDS = ("eager", "autofuse", "autofuse_cuda_graph", "compile_default", "compile_max_autotune")
 # autofuse: the backend's defaults (an inference graph replayed as a CUDA graph where that timed
@@ -268,7 +268,7 @@ def _profile(recs: dict, steps: dict, device: str) -> None:
     per step with the Python functions that take it (what holds a case back)."""
     if device != "cuda":
         return
-    from experiments.kernel_profile import host_times, kernel_times
+    from experiments.probes.kernel_profile import host_times, kernel_times
 
     for n in ("autofuse", "compile_default"):
         if n in steps:
@@ -313,7 +313,7 @@ def run_case(rec: dict, case, mode: str, a, device: str, rep_ms: float, deadline
     import torch
 
     from autofuse.frontend import compiled_graphs
-    from experiments.models import max_rel_err, tolerance
+    from experiments.bench.models import max_rel_err, tolerance
 
     torch._dynamo.reset()
     tol = tolerance(case.dtype)
@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> dict:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
     import torch
 
-    from experiments.models import build
+    from experiments.bench.models import build
 
     start = time.monotonic()
     deadline = start + a.budget_s
@@ -559,7 +559,12 @@ def main(argv: list[str] | None = None) -> dict:
                 save()
                 print(f"CUDA context lost: re-executing for {rest} ({left:.0f} s left)", flush=True)
                 sys.stdout.flush()
-                cmd = [sys.executable, "-m", "experiments.bench_models", *_argv_for(a, rest, left)]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "experiments.bench.bench_models",
+                    *_argv_for(a, rest, left),
+                ]
                 os.execv(sys.executable, cmd)
             doc["not_run"] += [f"{m} {mode}: CUDA context lost" for m in rest for mode in a.modes]
             break

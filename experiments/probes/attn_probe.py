@@ -12,7 +12,7 @@ Designs (each one kernel, one program per BLOCK_M rows of one batch):
 Both take the scale times log2(e) into one multiply and use exp2. Mask forms: a bool tensor
 (``tensor``), a causal condition from indices (``causal``, columns past the diagonal skipped).
 
-    python -m experiments.attn_probe --out $OUT
+    python -m experiments.probes.attn_probe --out $OUT
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from experiments.bench import write_probe
+from experiments.bench.suite import write_probe
 
 LOG2E = 1.4426950408889634
 

@@ -2,7 +2,7 @@
 fully fused, and on a GPU ``fast_1``, the fraction faster than the better torch.compile mode and
 the geomean speedup over it; then one row per problem.
 
-    python -m experiments.kernelbench_summary RUN_DIR [RUN_DIR ...] --out summary.md
+    python -m experiments.kernelbench.summary RUN_DIR [RUN_DIR ...] --out summary.md
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from autofuse.tune.runfiles import read_json
-from experiments.kernelbench_gpu import LIBRARY_BIAS
+from experiments.kernelbench.gpu import LIBRARY_BIAS
 
 
 def records(folders: list[Path]) -> list[dict]:
@@ -149,7 +149,7 @@ def write_summary(folders: list[Path], path: Path) -> Path:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m experiments.kernelbench_summary")
+    p = argparse.ArgumentParser(prog="python -m experiments.kernelbench.summary")
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()

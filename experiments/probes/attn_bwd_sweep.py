@@ -6,7 +6,7 @@ bench and the tests check the kernel's results), with achieved TFLOP/s (the back
 products: 2.5 forwards) and the fraction of the measured bf16 matmul peak. The other kernels of
 the backward graph (``delta = rowsum(dO * O)``) are timed at their plan's config.
 
-    python -m experiments.attn_bwd_sweep --out $OUT [--variants causal,gqa] [--max-configs 40]
+    python -m experiments.probes.attn_bwd_sweep --out $OUT [--variants causal,gqa] [--max-configs 40]
         [--where "c.BLOCK_M == 64 and c.num_warps == 8"]
 """
 
@@ -22,7 +22,7 @@ import torch
 def backward_graph(variant: str, a) -> tuple:
     """(backward CompiledGraph, forward FLOPs) of one training step of ``variant``."""
     from autofuse.frontend import compiled_graphs
-    from experiments.attention_bench import make
+    from experiments.bench.attention_bench import make
 
     torch._dynamo.reset()
     fn, args, _, flops = make(variant, a.batch, a.heads, a.seq, a.head_dim)
@@ -37,7 +37,7 @@ def backward_graph(variant: str, a) -> tuple:
 
 def sweep_variant(variant: str, a, peak: float) -> dict:
     from autofuse.measure import Candidate, GPUTimer
-    from experiments.sweep import sweep_group
+    from experiments.probes.sweep import sweep_group
 
     g, flops = backward_graph(variant, a)
     timer = GPUTimer(verify=False)
@@ -67,7 +67,7 @@ def sweep_variant(variant: str, a, peak: float) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     from autofuse.tune.roofline import ceilings
-    from experiments.bench_models import stamp
+    from experiments.bench.bench_models import stamp
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results")

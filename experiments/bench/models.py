@@ -236,7 +236,7 @@ def fallback_table(size: str = "tiny", device: str = "cpu", names=MODELS) -> str
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m experiments.models [tiny|realistic] [cpu|cuda]
+if __name__ == "__main__":  # python -m experiments.bench.models [tiny|realistic] [cpu|cuda]
     import sys
 
     print(fallback_table(*(sys.argv[1:3] or ["tiny"])))

@@ -3,7 +3,7 @@ the output tiles) beat the pointer-based template and cuBLAS + a fused epilogue 
 H200, for ``gelu(x @ w + b)`` in bf16? A standalone measurement, not part of the compiler: its
 answer decides whether the GEMM template grows a descriptor-load variant.
 
-    python -m experiments.gemm_probe --out $OUT
+    python -m experiments.probes.gemm_probe --out $OUT
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from experiments.bench import stamp
+from experiments.bench.suite import stamp
 
 
 @triton.jit

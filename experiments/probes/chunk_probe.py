@@ -3,7 +3,7 @@ softmax kernel in chunks of the batch, the score matrix of one chunk in a reused
 that fits the L2 cache, beat running each kernel once over the whole batch? A standalone
 measurement, not part of the compiler; its answer decides whether plans grow batch chunking.
 
-    python -m experiments.chunk_probe --out $OUT
+    python -m experiments.probes.chunk_probe --out $OUT
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from experiments.bench import write_probe
+from experiments.bench.suite import write_probe
 
 LOG2E = 1.4426950408889634
 

@@ -1,7 +1,7 @@
 """GPU benchmark driver: tunes each workload of the suite and times it against eager and
 torch.compile (default and max-autotune-no-cudagraphs) in the same run.
 
-    python -m experiments.bench --out results/ --workloads pointwise,softmax --trials 40
+    python -m experiments.bench.suite --out results/ --workloads pointwise,softmax --trials 40
 
 Writes ``<tag>.json`` (ceilings plus one record per workload, rewritten after each workload so a
 killed run keeps what it finished) and ``<tag>.csv``, stamped with commit, GPU, torch and
@@ -25,7 +25,7 @@ import autofuse
 from autofuse.kernels import config_label
 from autofuse.tune.results import flat_outputs, max_rel_err, own_code
 from autofuse.tune.roofline import ceilings, min_bytes, seconds, stamp
-from experiments.workloads import BY_NAME, SUITE
+from experiments.bench.workloads import BY_NAME, SUITE
 
 
 def write_probe(out: str | Path, name: str, doc: dict) -> Path:

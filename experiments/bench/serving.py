@@ -1,7 +1,7 @@
 """Serving benchmark: one request at a time at lengths drawn from a realistic distribution.
 
-    python -m experiments.serving --out results/ --device cuda --size realistic --tag serving_<commit>
-    python -m experiments.serving --quick                       # a small run (a few lengths)
+    python -m experiments.bench.serving --out results/ --device cuda --size realistic --tag serving_<commit>
+    python -m experiments.bench.serving --quick                       # a small run (a few lengths)
 
 Models: ``decoder`` (a Llama-style ``LlamaModel`` with one decoder layer) and ``encoder`` (a
 BERT-style ``BertModel``), random weights from configs (nothing is downloaded), batch
@@ -202,7 +202,7 @@ def make_mode(mode: str, model: Any, a: argparse.Namespace) -> tuple[Callable, C
 
 def wall_timer(device: str, rep_ms: float) -> Timer:
     """Seconds per request: ``do_bench``'s median on CUDA, the median of calls on CPU."""
-    from experiments.bench_models import time_once
+    from experiments.bench.bench_models import time_once
 
     return lambda fn: time_once(fn, device, rep_ms)
 

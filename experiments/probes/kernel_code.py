@@ -1,6 +1,6 @@
 """Inductor's generated code beside autofuse's for the same model-style function, on a GPU.
 
-    python -m experiments.kernel_code --out $OUT/kernel_code column_stats lm_cross_entropy
+    python -m experiments.probes.kernel_code --out $OUT/kernel_code column_stats lm_cross_entropy
 
 Writes ``<name>.inductor.txt`` (``TORCH_LOGS=output_code`` of torch.compile in ``--mode``, then
 the launch config each Inductor kernel settled on after its own autotuning) and
@@ -20,15 +20,15 @@ from pathlib import Path
 
 _CHILD = """
 import sys, torch
-from experiments.model_functions import MODEL_FUNCTIONS
-from experiments.workloads import BY_NAME
+from experiments.bench.model_functions import MODEL_FUNCTIONS
+from experiments.bench.workloads import BY_NAME
 w = {**BY_NAME, **{w.name: w for w in MODEL_FUNCTIONS}}[sys.argv[1]]
 args = w.inputs(device="cuda", dtype=torch.bfloat16)
 if sys.argv[2] == "inductor":
     for _ in range(3):
         torch.compile(w.fn, mode=sys.argv[3])(*args)
     torch.cuda.synchronize()
-    from experiments.kernel_code import inductor_configs
+    from experiments.probes.kernel_code import inductor_configs
     print(inductor_configs())
 else:
     import autofuse
