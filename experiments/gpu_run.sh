@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# One pass of the GPU checks and benchmarks, each stage bounded in time, results under $OUT.
+# One pass of the GPU checks and benchmarks, each stage bounded in time, results under $OUT as
+# plain files (JSON, text logs and the folders a stage writes; nothing is packed into an archive).
 #
 #   OUT=/path/to/out AUTOFUSE_COMMIT=<commit> bash experiments/gpu_run.sh [STAGE ...]
 #
 # Stages (default: tests attention model_fns cold host): tests (the GPU test tier), attention
-# (experiments.attention_bench), model_fns (autofuse tune over experiments/model_spec.py), suite
-# (autofuse tune over the public suite), cold (experiments.cold_start), host
-# (experiments.host_overhead), models (experiments.bench_models, inference and training), code
-# (experiments.kernel_code: Inductor's and autofuse's kernels for CODE_FUNCTIONS, Inductor in
-# torch.compile mode CODE_MODE, CODE_WHICH=inductor for its side only), bwd_sweep
-# (experiments.attn_bwd_sweep: the attention backward kernel's configs timed, BWD_VARIANTS,
-# BWD_CONFIGS at most, those where the Python condition BWD_WHERE on the config c holds).
+# (experiments.bench.attention_bench), model_fns (autofuse tune over
+# experiments/bench/model_spec.py), suite (autofuse tune over experiments/bench/suite_spec.py),
+# cold (experiments.bench.cold_start), host (experiments.bench.host_overhead), models
+# (experiments.bench.bench_models, inference and training), code (experiments.probes.kernel_code:
+# Inductor's and autofuse's kernels for CODE_FUNCTIONS, Inductor in torch.compile mode CODE_MODE,
+# CODE_WHICH=inductor for its side only), bwd_sweep (experiments.probes.attn_bwd_sweep: the
+# attention backward kernel's configs timed, BWD_VARIANTS, BWD_CONFIGS at most, those where the
+# Python condition BWD_WHERE on the config c holds).
 # Each stage's seconds: STAGE_S_<stage> (e.g. STAGE_S_attention=300); the cold stage's workloads
 # and repeats: COLD_WORKLOADS, COLD_REPEATS (its record is written after each workload); a subset
 # of the tuned workloads: MODEL_WORKLOADS, SUITE_WORKLOADS (comma-separated names); the models
 # stage's models: MODELS, and MODELS_MAX_AUTOTUNE=1 to time torch.compile's max-autotune too;
-# serving (experiments.serving: per-request time over a length distribution, compile counts):
-# SERVING_MODELS (decoder,encoder), SERVING_MODE_S (warm-up seconds per mode), SERVING_ARGS;
-# conv (experiments.conv_layout: the first convolution alone and the whole problem in eager, both
-# memory formats, beside torch.compile; KernelBench level 2 CONV_PROBLEMS under KB_DIR);
-# breakdown (experiments.breakdown: each of MODELS' training step by phase and kernel class,
-# eager, torch.compile default and autofuse).
+# serving (experiments.bench.serving: per-request time over a length distribution, compile
+# counts): SERVING_MODELS (decoder,encoder), SERVING_MODE_S (warm-up seconds per mode),
+# SERVING_ARGS; conv (experiments.probes.conv_layout: the first convolution alone and the whole
+# problem in eager, both memory formats, beside torch.compile; KernelBench level 2 CONV_PROBLEMS
+# under KB_DIR); breakdown (experiments.bench.breakdown: each of MODELS' training step by phase
+# and kernel class, eager, torch.compile default and autofuse).
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -34,51 +36,45 @@ for s in $stages; do
         tests) timeout "$(limit tests 240)" python3 -m pytest -m gpu -q -p no:warnings -rf \
                    > "$OUT/gpu_tests_$C.txt" 2>&1
                grep -E "passed|failed|^FAILED" "$OUT/gpu_tests_$C.txt" | tail -20 ;;
-        attention) timeout "$(limit attention 360)" python3 -m experiments.attention_bench \
+        attention) timeout "$(limit attention 360)" python3 -m experiments.bench.attention_bench \
                        --out "$OUT" --train-variants causal,gqa --trials 4 --time-budget 12 \
                        --max-autotune-passes forward 2>&1 | grep -v Warning | tail -12 ;;
-        model_fns) timeout "$(limit model_fns 420)" python3 -m autofuse tune experiments/model_spec.py \
+        model_fns) timeout "$(limit model_fns 420)" python3 -m autofuse tune experiments/bench/model_spec.py \
                        --trials 6 --time-budget 8 --polish 8 --out "$OUT/model_fns" --no-progress \
                        ${MODEL_WORKLOADS:+--workloads "$MODEL_WORKLOADS"} \
                        2>&1 | tail -5 ;;
-        suite) timeout "$(limit suite 540)" python3 -m autofuse tune experiments/suite_spec.py \
+        suite) timeout "$(limit suite 540)" python3 -m autofuse tune experiments/bench/suite_spec.py \
                    --trials 12 --time-budget 18 --polish 8 --out "$OUT/suite" --no-progress \
                    ${SUITE_WORKLOADS:+--workloads "$SUITE_WORKLOADS"} 2>&1 | tail -5 ;;
-        cold) timeout "$(limit cold 560)" python3 -m experiments.cold_start --out "$OUT" --trials 2 \
+        cold) timeout "$(limit cold 560)" python3 -m experiments.bench.cold_start --out "$OUT" --trials 2 \
                   --time-budget 10 --repeats "${COLD_REPEATS:-2}" \
                   --workloads "${COLD_WORKLOADS:-rmsnorm_residual,gemm_bias_gelu,decoder_block}" 2>&1 | tail -4
               mv "$OUT/cold_start.json" "$OUT/cold_start_$C.json" 2>/dev/null
               rm -rf "$OUT/cold_start_caches" ;;
-        host) timeout "$(limit host 90)" python3 -m experiments.host_overhead --out "$OUT" 2>&1 | tail -12
+        host) timeout "$(limit host 90)" python3 -m experiments.bench.host_overhead --out "$OUT" 2>&1 | tail -12
               mv "$OUT/host_overhead.json" "$OUT/host_overhead_$C.json" 2>/dev/null ;;
         models) ma=--skip-max-autotune; [ -n "${MODELS_MAX_AUTOTUNE:-}" ] && ma=
-                timeout "$(limit models 540)" python3 -m experiments.bench_models --out "$OUT" \
+                timeout "$(limit models 540)" python3 -m experiments.bench.bench_models --out "$OUT" \
                     --size realistic --models "${MODELS:-gpt2,llama_eager,llama_sdpa,bert,vit}" \
                     --modes inference,train $ma \
                     --dump-code --tag "models_$C" --budget-s "$(( $(limit models 540) - 30 ))" \
                     2>&1 | tail -14 ;;
-        bwd_sweep) timeout "$(limit bwd_sweep 150)" python3 -m experiments.attn_bwd_sweep --out "$OUT" \
+        bwd_sweep) timeout "$(limit bwd_sweep 150)" python3 -m experiments.probes.attn_bwd_sweep --out "$OUT" \
                        --variants "${BWD_VARIANTS:-causal}" --max-configs "${BWD_CONFIGS:-28}" \
                        ${BWD_WHERE:+--where "$BWD_WHERE"} 2>&1 | tail -16 ;;
-        code) timeout "$(limit code 150)" python3 -m experiments.kernel_code --out "$OUT/kernel_code" \
+        code) timeout "$(limit code 150)" python3 -m experiments.probes.kernel_code --out "$OUT/kernel_code" \
                   --mode "${CODE_MODE:-default}" --which "${CODE_WHICH:-inductor,autofuse}" \
                   ${CODE_FUNCTIONS:-column_stats lm_cross_entropy group_norm_silu gpt2_split_heads} 2>&1 | tail -8 ;;
-        serving) timeout "$(limit serving 560)" python3 -m experiments.serving --out "$OUT" \
+        serving) timeout "$(limit serving 560)" python3 -m experiments.bench.serving --out "$OUT" \
                      --tag "serving_$C" --models "${SERVING_MODELS:-decoder,encoder}" \
                      --budget-s "${SERVING_MODE_S:-40}" ${SERVING_ARGS:-} 2>&1 | grep -v Warning | tail -16 ;;
-        conv) timeout "$(limit conv 150)" python3 -m experiments.conv_layout "${KB_DIR:?set KB_DIR to a KernelBench checkout}" \
+        conv) timeout "$(limit conv 150)" python3 -m experiments.probes.conv_layout "${KB_DIR:?set KB_DIR to a KernelBench checkout}" \
                   --level 2 --problems "${CONV_PROBLEMS:-1-5}" --dtypes fp32,bf16 --out "$OUT" 2>&1 | tail -12
               mv "$OUT/conv_layout.json" "$OUT/conv_layout_$C.json" 2>/dev/null ;;
-        breakdown) timeout "$(limit breakdown 300)" python3 -m experiments.breakdown --out "$OUT" \
+        breakdown) timeout "$(limit breakdown 300)" python3 -m experiments.bench.breakdown --out "$OUT" \
                        --models "${MODELS:-gpt2,llama_eager,llama_sdpa,bert,vit}" --size realistic 2>&1 | tail -8
                    mv "$OUT/breakdown.json" "$OUT/breakdown_$C.json" 2>/dev/null ;;
         *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown)"; exit 2 ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
-done
-# at most 8 files come back from a run: each folder a stage wrote travels as one archive
-for d in "$OUT"/*/; do
-    [ -d "$d" ] || continue
-    n=$(basename "$d")
-    tar czf "$OUT/${n}_$C.tgz" -C "$OUT" "$n" && rm -rf "$d"
 done

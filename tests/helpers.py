@@ -77,6 +77,37 @@ def check_partitions(
     return len(parts), checked
 
 
+# a reduction config's classes: the row in one block (persistent; loads hoisted or not) or a
+# loop over it (two passes or one stage)
+ROW_CLASSES = {("persistent", False), ("persistent", True), ("looped", False), ("looped", True)}
+
+
+def row_class(row: int):
+    """The class of a reduction config over rows of ``row`` elements (see ``ROW_CLASSES``)."""
+    return lambda c: ("persistent", c.HOIST) if c.RBLOCK >= row else ("looped", c.ONE_STAGE)
+
+
+def check_config_classes(fn, args, dtype, label) -> set:
+    """The greedy plan, one kernel, under the first config of each class of its config space
+    (``label(config)``: e.g. persistent or looped) equals eager; returns the classes checked, for
+    the caller to require the ones it is about (a class the space lost is then a failure)."""
+    graph = capture(fn, args).graph
+    space = Partitioner(graph)
+    groups = space.greedy().groups
+    assert len(groups) == 1, f"{fn.__name__}: greedy plan of {len(groups)} kernels"
+    first = {}
+    for cfg in config_space(space.check(groups[0]), graph):
+        first.setdefault(label(cfg), cfg)
+    refs = reference(fn, args, dtype)
+    flat = [a for a in args if isinstance(a, torch.Tensor)]
+    for cls, cfg in first.items():
+        outs = execute(build_plan(graph, groups, [cfg]), flat)
+        assert len(outs) == len(refs), f"{fn.__name__} {cfg}: {len(outs)} outputs"
+        for k, (o, r) in enumerate(zip(outs, refs)):
+            assert_close(o, r, dtype, f"{fn.__name__} {cls} {cfg} out {k}")
+    return set(first)
+
+
 def fresh_runtime(monkeypatch):
     """As a new process would: no kernel imported, launched or marked broken yet."""
     from autofuse.kernels.common import loader

@@ -1,4 +1,4 @@
-"""experiments/attention_bench.py compares each eager-written variant with SDPA given "the
+"""experiments/bench/attention_bench.py compares each eager-written variant with SDPA given "the
 same mask": check on CPU that the two compute the same thing, and that autofuse's greedy plan
 for each is one fused attention kernel equal to eager (interpreter, tiny shapes)."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import autofuse
-from experiments.attention_bench import VARIANTS, make
+from experiments.bench.attention_bench import VARIANTS, make
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -22,7 +22,7 @@ def test_sdpa_twin_and_autofuse_match_the_eager_variant(variant):
 
 
 def test_backward_phase_is_the_difference_of_the_passes():
-    from experiments.attention_bench import _backward_phase
+    from experiments.bench.attention_bench import _backward_phase
 
     rec = {"passes": {
         "forward": {"us": {"eager": 100.0, "autofuse greedy": 40.0, "autofuse tuned": 30.0},

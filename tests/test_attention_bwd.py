@@ -14,7 +14,7 @@ from autofuse.kernels.attention_bwd.emit import AttentionBwdConfig
 from autofuse.kernels.attention_bwd.kind import attention_bwd_configs
 from autofuse.partition import Partitioner
 from autofuse.plan.runtime import build_plan, execute
-from experiments.model_functions import eager_attention, eager_attention_gqa
+from experiments.bench.model_functions import eager_attention, eager_attention_gqa
 from tests.helpers import assert_close
 
 B, H = 2, 2

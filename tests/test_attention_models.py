@@ -1,4 +1,4 @@
-"""The ``attention`` kind on the Hugging Face models of the suite (experiments/models.py, tiny
+"""The ``attention`` kind on the Hugging Face models of the suite (experiments/bench/models.py, tiny
 configs, fp32, Triton's interpreter): eager-written attention fuses into one kernel per layer.
 
 What kept it from firing before (and what each test guards):
@@ -22,7 +22,7 @@ from autofuse.frontend import dynamo  # noqa: E402
 from autofuse.kernels.attention.analysis import attention_parts  # noqa: E402
 from autofuse.kernels.common.base import FusionRefused  # noqa: E402
 from autofuse.partition.partitioner import Partitioner  # noqa: E402
-from experiments.models import build, max_rel_err, tolerance  # noqa: E402
+from experiments.bench.models import build, max_rel_err, tolerance  # noqa: E402
 
 FUSED = ("llama_eager", "gpt2", "bert", "vit")
 
@@ -79,7 +79,7 @@ def test_padding_mask_rows_hidden_entirely_match_eager(name):
 
 def test_two_layers_share_the_mask_and_both_fuse(monkeypatch):
     """The mask is read by both layers: it stays out of both groups (computed once, loaded)."""
-    import experiments.models as models
+    import experiments.bench.models as models
 
     monkeypatch.setitem(models._SIZES, "tiny", {**models._SIZES["tiny"], "layers": 2})
     case = build("llama_eager", "tiny")

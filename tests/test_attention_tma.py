@@ -9,7 +9,7 @@ from autofuse.capture.trace import capture
 from autofuse.kernels import config_space, default_config
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
-from experiments.model_functions import eager_attention, eager_attention_gqa
+from experiments.bench.model_functions import eager_attention, eager_attention_gqa
 from tests.helpers import assert_close, reference
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

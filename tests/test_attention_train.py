@@ -9,7 +9,7 @@ import torch
 
 from autofuse.frontend import dynamo
 from autofuse.frontend.remat import find_attention_chains
-from experiments.model_functions import eager_attention, eager_attention_gqa
+from experiments.bench.model_functions import eager_attention, eager_attention_gqa
 from tests.helpers import assert_close
 
 B, H, T, D = 2, 2, 37, 16

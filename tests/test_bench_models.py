@@ -1,4 +1,4 @@
-"""experiments/bench_models.py end to end on CPU (Triton's interpreter): one tiny model, inference
+"""experiments/bench/bench_models.py end to end on CPU (Triton's interpreter): one tiny model, inference
 and a training step, eager and autofuse, one round; the JSON has both records, correct."""
 
 import json
@@ -8,7 +8,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from experiments import bench_models, model_grads  # noqa: E402
+from experiments.bench import bench_models  # noqa: E402
+from experiments.correctness import model_grads  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
@@ -57,7 +58,7 @@ def test_16bit_gradients_are_judged_against_float32_truth():
 
 
 def test_kernel_profile_ranks_what_a_step_launches():
-    from experiments.kernel_profile import kernel_times
+    from experiments.probes.kernel_profile import kernel_times
 
     a, b = torch.randn(256, 256), torch.randn(256)
 

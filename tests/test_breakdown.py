@@ -1,4 +1,4 @@
-"""experiments.breakdown: kernel names sorted into classes, busy time as a union of intervals,
+"""experiments.bench.breakdown: kernel names sorted into classes, busy time as a union of intervals,
 and the tool on CPU (ATen ops stand in for kernels) on a tiny model's training step."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from experiments import breakdown
+from experiments.bench import breakdown
 
 NAMES = {
     "autofuse_att_fused_amax_div_exp_mm_0": "attention",

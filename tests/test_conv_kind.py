@@ -325,8 +325,8 @@ KB_EVERY_RUN = (54, 64, 67, 76, 80, 82, 86, 87)  # 3-D, transposed 1-D, 1-D, str
 
 
 def _kb_problems() -> list:
-    from experiments.kernelbench import default_dir
-    from experiments.kernelbench_problems import discover
+    from experiments.kernelbench.problems import discover
+    from experiments.kernelbench.run import default_dir
 
     root = default_dir()
     if root is None:
@@ -345,7 +345,7 @@ def _kb_params() -> list:
 
 def _kb_instance(problem):
     """The problem at the first reduced stage eager runs (``small``, then ``medium``)."""
-    from experiments.kernelbench_problems import STAGES, instantiate, load_module
+    from experiments.kernelbench.problems import STAGES, instantiate, load_module
 
     for stage in STAGES[:2]:
         model, inputs = instantiate(load_module(problem, stage)[0])

@@ -1,10 +1,10 @@
-"""experiments.conv_layout on CPU with an injected timer: the first convolution is found, every
+"""experiments.probes.conv_layout on CPU with an injected timer: the first convolution is found, every
 variant computes the model's own result, and the record holds both layout ratios."""
 
 import torch
 
-from experiments import conv_layout
-from experiments.kernelbench_problems import Problem
+from experiments.kernelbench.problems import Problem
+from experiments.probes import conv_layout
 
 PROBLEM = """
 import torch

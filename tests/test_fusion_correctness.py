@@ -20,12 +20,22 @@ def test_every_partition_fp32(name):
     assert n_parts >= 1 and n_checked >= n_parts
 
 
-@pytest.mark.parametrize(
-    "name", ["pointwise_example", "softmax", "layernorm", "rmsnorm_residual", "masked_softmax_3d"]
-)
+BF16 = ["pointwise_example", "softmax", "layernorm", "rmsnorm_residual", "masked_softmax_3d"]
+
+
+@pytest.mark.parametrize("name", BF16)
+def test_sampled_partitions_bf16(name):
+    """bf16 through every partition where there are at most 8, else the greedy one and 7 drawn
+    (every partition is checked in fp32 above, and in bf16 under -m exhaustive)."""
+    fn, args = cases(torch.bfloat16, seed=1)[name]
+    check_partitions(fn, args, torch.bfloat16, configs_per_group=1, max_enumerate=8, sample=8)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", BF16)
 def test_every_partition_bf16(name):
     fn, args = cases(torch.bfloat16, seed=1)[name]
-    check_partitions(fn, args, torch.bfloat16, configs_per_group=1, sample=8)
+    check_partitions(fn, args, torch.bfloat16, configs_per_group=1)
 
 
 def test_greedy_fuses_each_pattern_into_one_kernel():

@@ -18,6 +18,17 @@ NAMES = list(gemm_cases())
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_sampled_partitions_fp32(name):
+    """Every partition where there are at most 24 (swiglu), else the greedy one and 11 drawn."""
+    fn, args = gemm_cases(torch.float32)[name]
+    n_parts, n_checked = check_partitions(
+        fn, args, torch.float32, configs_per_group=2, max_enumerate=24, sample=12
+    )
+    assert n_parts > 1 and n_checked >= n_parts
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", NAMES)
 def test_every_partition_fp32(name):
     fn, args = gemm_cases(torch.float32)[name]
     n_parts, n_checked = check_partitions(fn, args, torch.float32, configs_per_group=2)

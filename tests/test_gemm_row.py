@@ -9,7 +9,7 @@ from autofuse.capture.trace import capture
 from autofuse.kernels.gemm.row import gemm_row_configs
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
-from experiments.workloads import attention_scores, attention_scores_causal
+from experiments.bench.workloads import attention_scores, attention_scores_causal
 
 from .helpers import assert_close, check_partitions, reference
 

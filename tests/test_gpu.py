@@ -144,7 +144,7 @@ def test_attention_backward_tma_configs_on_gpu(variant):
     from autofuse.kernels.attention_bwd.kind import attention_bwd_configs
     from autofuse.measure import Candidate, verify_candidate
     from autofuse.partition import Partitioner
-    from experiments.attention_bench import make
+    from experiments.bench.attention_bench import make
 
     fn, args, _, _ = make(variant, 2, 8, 256, 128)
     for a in args[:3]:
@@ -177,7 +177,7 @@ def test_one_stage_looped_reduction_and_kept_loads_on_cuda():
     from autofuse.kernels import config_space
     from autofuse.partition.partitioner import Partitioner
     from autofuse.plan.runtime import build_plan, execute, input_guard
-    from experiments.model_functions import rope_apply
+    from experiments.bench.model_functions import rope_apply
 
     def seed(x):
         return (x * 2.0).sum(-1) + 1.0
@@ -207,7 +207,7 @@ def test_gemm_row_configs_on_gpu(name):
     from autofuse.kernels.gemm.row import gemm_row_configs
     from autofuse.measure import Candidate, verify_candidate
     from autofuse.partition.partitioner import Partitioner
-    from experiments.workloads import attention_scores, attention_scores_causal
+    from experiments.bench.workloads import attention_scores, attention_scores_causal
 
     q, k = (torch.randn(4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     if name == "masked":

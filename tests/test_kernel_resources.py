@@ -1,4 +1,4 @@
-"""experiments/kernel_resources.py: a generated kernel compiled for sm_90 by Triton's own
+"""experiments/probes/kernel_resources.py: a generated kernel compiled for sm_90 by Triton's own
 toolchain on a machine without a GPU, with ptxas's register and spill counts."""
 
 import os
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import autofuse
-from experiments.kernel_resources import resources, signature, spec
+from experiments.probes.kernel_resources import resources, signature, spec
 
 
 def _plan(fn, *args):

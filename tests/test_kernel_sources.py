@@ -1,10 +1,10 @@
 """The generated source of every kernel of a fixed corpus, pinned by its sha256.
 
 A refactor of the kernel layer must not change one byte of what it generates. The corpus: the
-public suite (``experiments/workloads.py``) at small CPU shapes in bf16, the model functions
-(``experiments/model_functions.py``) at their CPU shapes, small functions for the kinds those
-do not reach (row GEMM, scan, scatter, the attention backward: a training step through
-the backend, its forward and backward graphs, and the convolution kind: 1-3 D, grouped,
+public suite (``experiments/bench/workloads.py``) at small CPU shapes in bf16, the model
+functions (``experiments/bench/model_functions.py``) at their CPU shapes, small functions for the
+kinds those do not reach (row GEMM, scan, scatter, the attention backward: a training step
+through the backend, its forward and backward graphs, and the convolution kind: 1-3 D, grouped,
 depthwise, transposed), and, where the shared KernelBench
 folder is present, its level 1 and level 2 problems at the runner's reduced shapes. Each is
 captured and partitioned (greedy, untuned, matmuls in cuBLAS); every group's kernel is
@@ -79,7 +79,7 @@ def _suite_inputs(name: str) -> tuple:
 
 
 def suite_cases() -> Iterator[Case]:
-    from experiments.workloads import SUITE
+    from experiments.bench.workloads import SUITE
 
     assert {w.name for w in SUITE} == set(SUITE_SHAPES), "a suite workload has no CPU shape"
     for w in SUITE:
@@ -87,7 +87,7 @@ def suite_cases() -> Iterator[Case]:
 
 
 def model_cases() -> Iterator[Case]:
-    from experiments.model_functions import MODEL_FUNCTIONS
+    from experiments.bench.model_functions import MODEL_FUNCTIONS
 
     for w in MODEL_FUNCTIONS:
         yield f"model/{w.name}", w.fn, tuple(w.inputs("cpu", torch.float32))
@@ -159,14 +159,14 @@ def kind_cases() -> Iterator[Case]:
 
 
 def kernelbench_dir() -> Path | None:
-    from experiments.kernelbench import default_dir
+    from experiments.kernelbench.run import default_dir
 
     return default_dir()
 
 
 def kernelbench_cases(level: int) -> Iterator[Case]:
     """The level's problems at the first reduced stage eager runs (as the CPU runner does)."""
-    from experiments.kernelbench_problems import STAGES, discover, instantiate, load_module
+    from experiments.kernelbench.problems import STAGES, discover, instantiate, load_module
 
     root = kernelbench_dir()
     assert root is not None

@@ -1,4 +1,4 @@
-"""The KernelBench runner (experiments/kernelbench*.py): the shape reduction, the GPU path with
+"""The KernelBench runner (experiments/kernelbench/): the shape reduction, the GPU path with
 injected timers (interleaving, the record ``autofuse report`` reads, fast_1, the geomean over the
 better torch.compile mode), and a CPU slice of the benchmark itself where it is present."""
 
@@ -12,17 +12,17 @@ import pytest
 import torch
 
 import autofuse
-from experiments.kernelbench import default_dir, main
-from experiments.kernelbench_check import check_problem, eager_steps, is_library
-from experiments.kernelbench_gpu import COMPILE, GpuOptions, time_problem
-from experiments.kernelbench_problems import (
+from experiments.kernelbench.check import check_problem, eager_steps, is_library
+from experiments.kernelbench.gpu import COMPILE, GpuOptions, time_problem
+from experiments.kernelbench.problems import (
     BY_STAGE,
     Problem,
     discover,
     load_module,
     parse_numbers,
 )
-from experiments.kernelbench_summary import level_stats, records, render
+from experiments.kernelbench.run import default_dir, main
+from experiments.kernelbench.summary import level_stats, records, render
 
 TOY = """
 import torch
@@ -91,7 +91,7 @@ def test_reduction_caps_shapes_and_keeps_coupled_ones(tmp_path):
 
 
 def test_a_stage_that_breaks_the_problem_gives_way_to_the_next(tmp_path):
-    from experiments.kernelbench_check import choose_stage
+    from experiments.kernelbench.check import choose_stage
 
     p = toy_problem(tmp_path, PATCHES, "2_Patches.py")
     stage, module, *_, info = choose_stage(p)
@@ -166,7 +166,7 @@ def test_a_wrong_compile_mode_is_not_the_better_one(tmp_path):
 def fake_record(number, tuned_us, best_compile_us, eager_us=10.0, correct=True):
     times = {"eager": eager_us, COMPILE[0]: best_compile_us, COMPILE[1]: 2 * best_compile_us,
              "autofuse greedy": tuned_us, "autofuse tuned": tuned_us}  # fmt: skip
-    from experiments.kernelbench_gpu import verdicts
+    from experiments.kernelbench.gpu import verdicts
 
     rec = {"workload": f"L2_{number}_x", "complete": True, "mode": "gpu", "level": 2,
            "number": number, "dtype": "fp32", "tuned_source": "measured", "floor_us": 1.0,
@@ -231,10 +231,10 @@ def test_runner_command_line_writes_records_and_summary(tmp_path):
 def test_worker_bounds_each_problem_and_restarts_after_a_time_out():
     import sys
 
-    from experiments.kernelbench_worker import Worker
+    from experiments.kernelbench.worker import Worker
 
     child = ("import sys, time\n"
-             "from experiments.kernelbench_worker import serve\n"
+             "from experiments.kernelbench.worker import serve\n"
              "serve(lambda n: time.sleep(60) if n == 2 else print('did', n) or True)\n")  # fmt: skip
     w = Worker([sys.executable, "-c", child])
     try:
@@ -299,7 +299,7 @@ def test_gpu_variants_time_the_library_bias_arm_beside_the_peeled_one(tmp_path):
     greedy plan is built, checked and timed with the bias in the library call; the verdicts
     are the greedy plan's; both arms under the same precision flags, which the record holds."""
     from autofuse.settings import settings
-    from experiments.kernelbench_gpu import LIBRARY_BIAS, parse_variants
+    from experiments.kernelbench.gpu import LIBRARY_BIAS, parse_variants
 
     p = toy_problem(tmp_path, CONV, "2_Conv2d_ReLU.py")
     built, during = [], []
@@ -337,7 +337,7 @@ def test_gpu_variants_time_the_own_convolution_arm_beside_cudnn(tmp_path):
     with AUTOFUSE_CONV_KERNEL=kernel (the convolution in autofuse's kernel, its epilogue
     fused), the first keeps cuDNN; own_conv_speedup compares them."""
     from autofuse.settings import settings
-    from experiments.kernelbench_gpu import OWN_CONV, parse_variants
+    from experiments.kernelbench.gpu import OWN_CONV, parse_variants
 
     p = toy_problem(tmp_path, CONV, "2_Conv2d_ReLU.py")
     built, during = [], []
@@ -364,7 +364,7 @@ def test_gpu_variants_time_the_own_convolution_arm_beside_cudnn(tmp_path):
 
 
 def test_a_variant_that_changes_precision_is_named_and_undone(tmp_path):
-    from experiments.kernelbench_gpu import parse_variants
+    from experiments.kernelbench.gpu import parse_variants
 
     p = toy_problem(tmp_path)
     before = torch.backends.cudnn.allow_tf32
@@ -387,14 +387,14 @@ def test_a_variant_that_changes_precision_is_named_and_undone(tmp_path):
 
 
 def test_variants_option_parses_short_names():
-    from experiments.kernelbench import parse_args
-    from experiments.kernelbench_gpu import DEFAULT_VARIANTS, LIBRARY_BIAS, parse_variants
+    from experiments.kernelbench.gpu import DEFAULT_VARIANTS, LIBRARY_BIAS, parse_variants
+    from experiments.kernelbench.run import parse_args
 
     assert parse_variants("") == DEFAULT_VARIANTS and LIBRARY_BIAS not in DEFAULT_VARIANTS
     assert parse_variants("tuned,greedy") == ("eager", "autofuse greedy", "autofuse tuned")
     with pytest.raises(ValueError, match="unknown variant"):
         parse_variants("greedy,fastest")
-    from experiments.kernelbench import worker_cmd
+    from experiments.kernelbench.run import worker_cmd
 
     a = parse_args([".", "--level", "2", "--mode", "gpu", "--variants", "greedy"])
     cmd = worker_cmd(a, Path("run"))

@@ -11,7 +11,7 @@ from autofuse.capture.trace import capture
 from autofuse.kernels import config_space, default_config
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
-from experiments.model_functions import causal_softmax
+from experiments.bench.model_functions import causal_softmax
 from tests.helpers import assert_close, reference
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -94,7 +94,7 @@ def test_looped_reduction_streams_what_one_loop_reads(fn, streamed):
 def test_broadcast_loads_are_kept_in_cache_and_streamed_ones_are_not():
     """RoPE's cos/sin (one row per position, read again for every head) load ``evict_last``;
     q and k (each element read by one program) keep the default policy; values as eager."""
-    from experiments.model_functions import rope_apply
+    from experiments.bench.model_functions import rope_apply
 
     q, k = torch.randn(2, 3, 5, 14), torch.randn(2, 3, 5, 14)
     cos, sin = torch.randn(2, 5, 14), torch.randn(2, 5, 14)

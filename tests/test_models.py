@@ -1,4 +1,4 @@
-"""The real-model suite (experiments/models.py, tiny configs) through torch.compile(backend=
+"""The real-model suite (experiments/bench/models.py, tiny configs) through torch.compile(backend=
 "autofuse") and through autofuse.optimize: outputs and every parameter's gradient equal eager's.
 
 Gradients are compared relative to the largest gradient of the model (``max(scale of the
@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from autofuse.frontend import dynamo  # noqa: E402
-from experiments.models import MODELS, build, max_rel_err, tolerance  # noqa: E402
+from experiments.bench.models import MODELS, build, max_rel_err, tolerance  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -508,7 +508,15 @@ def test_extreme_value_sweep(kind, dtype, pattern):
     sweep_one(kind, dtype, pattern)
 
 
-@pytest.mark.slow
+def test_the_fast_sweep_covers_every_kind_pattern_and_dtype():
+    """The default run's subset stays representative as kinds and patterns are added (the
+    whole product runs with ``-m exhaustive``)."""
+    assert {k for k, _, _ in FAST} == set(SWEEP_KINDS)
+    assert {p for _, _, p in FAST} == set(PATTERNS)
+    assert {d for _, d, _ in FAST} == set(DTYPES)
+
+
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", list(SWEEP_KINDS))

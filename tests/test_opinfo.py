@@ -1,5 +1,5 @@
 """PyTorch's OpInfo samples through the autofuse backend, compared with eager
-(``experiments/opinfo_sweep.py``; expected failures in ``experiments/opinfo_expected.py``).
+(``experiments/correctness/opinfo_sweep.py``; expected failures in ``experiments/correctness/opinfo_expected.py``).
 
 The default run takes a fixed slice: common ops, their first sample, forward and backward in
 float32 and forward in one other dtype class (rotating over bfloat16, integer and bool). The
@@ -13,15 +13,15 @@ import argparse
 import pytest
 import torch
 
-from experiments import opinfo_sweep as sweep
-from experiments.opinfo_check import (
+from experiments.correctness import opinfo_sweep as sweep
+from experiments.correctness.opinfo_check import (
     FAILING,
     compare,
     graph_mark,
     how_it_ran,
     tensor_mismatch,
 )
-from experiments.opinfo_expected import EXPECTED, expected_failure
+from experiments.correctness.opinfo_expected import EXPECTED, expected_failure
 
 CI_OPS = (
     "abs add addmm amax bmm cat clamp div.no_rounding_mode eq erf exp expand flip gather "
@@ -173,7 +173,7 @@ def test_an_out_of_bounds_access_is_a_status_of_its_own(monkeypatch):
     """A case whose compiled run raises OutOfBoundsAccess (wrapped, as Triton's interpreter
     does) is ``oob``, named in the summary's failing cases; an expected one is an xfail."""
     from autofuse.bounds import OutOfBoundsAccess
-    from experiments import opinfo_check
+    from experiments.correctness import opinfo_check
 
     def compiled(*a, **k):
         try:
@@ -196,7 +196,7 @@ def test_an_out_of_bounds_access_is_a_status_of_its_own(monkeypatch):
 def test_float64_reference_gradients_use_the_cotangents_eager_had():
     """A bfloat16 backward is judged against a float64 run with eager's (bfloat16-rounded)
     cotangents, not unrounded ones (which made cross's gradient look 7 ulps off)."""
-    from experiments.opinfo_check import run_case
+    from experiments.correctness.opinfo_check import run_case
 
     x = torch.linspace(-1, 1, 64, dtype=torch.bfloat16).requires_grad_()
     _, (g16,) = run_case(lambda t: t * 1, (x,), {}, True)
@@ -213,7 +213,7 @@ def test_how_it_ran_sees_a_new_graph_once_the_record_of_graphs_is_full(monkeypat
     import collections
     import types
 
-    from experiments import opinfo_check
+    from experiments.correctness import opinfo_check
 
     def graph(kernels):
         plan = types.SimpleNamespace(kernels=[object()] * kernels, graph={}, fallbacks=[])

@@ -1,4 +1,4 @@
-"""Regression tests for what the OpInfo sweep (``experiments/opinfo_sweep.py``) found."""
+"""Regression tests for what the OpInfo sweep (``experiments/correctness/opinfo_sweep.py``) found."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def test_an_op_with_ordered_side_effects_runs_as_traced(fresh_dynamo):
     """linalg.inv's error check is threaded through effect tokens (``with_effects``), which are
     None at run time: the forward graph runs as traced, results and errors as eager's (it failed
     in capture), and the backward is still planned."""
-    from experiments.opinfo_check import graph_mark, graphs_since
+    from experiments.correctness.opinfo_check import graph_mark, graphs_since
 
     inv = torch.compile(torch.linalg.inv, backend="autofuse")
     x = torch.randn(4, 4) + 4 * torch.eye(4)

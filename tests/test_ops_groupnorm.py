@@ -8,9 +8,16 @@ import torch.nn.functional as F
 import autofuse
 from autofuse.ir.indexing import Expr
 from autofuse.kernels.common.views import domain_of_flat
-from experiments.model_functions import group_norm_silu
+from experiments.bench.model_functions import group_norm_silu
 
-from .helpers import assert_close, check_partitions, reference
+from .helpers import (
+    ROW_CLASSES,
+    assert_close,
+    check_config_classes,
+    check_partitions,
+    reference,
+    row_class,
+)
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -36,15 +43,29 @@ def test_group_norm_silu_is_one_kernel(dtype, shape):
     assert_close(fast(x, w, b), ref, dtype, f"group_norm_silu {shape}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_group_norm_one_kernel_persistent_and_looped(dtype):
+def _looped_inputs(dtype):
     # rows of 3 * 7 * 5 = 105 elements: persistent and looped (RBLOCK < 105) configs
     x = rand(2, 12, 7, 5, dtype=dtype)
     x[1, 4:8] = float("-inf")  # a group of -inf gives NaN, as in eager
-    check_partitions(group_norm_relu_no_affine, (x,), dtype, configs_per_group=4, max_enumerate=1)
     w, b = rand(12, dtype=dtype, seed=1), rand(12, dtype=dtype, seed=2)
-    check_partitions(group_norm_silu, (x[:, :6], w[:6], b[:6]), dtype, configs_per_group=4,
+    return (x,), (x[:, :6], w[:6], b[:6])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_group_norm_one_kernel_persistent_and_looped(dtype):
+    relu_args, silu_args = _looped_inputs(dtype)
+    for fn, args in ((group_norm_relu_no_affine, relu_args), (group_norm_silu, silu_args)):
+        assert check_config_classes(fn, args, dtype, row_class(105)) == ROW_CLASSES
+        check_partitions(fn, args, dtype, configs_per_group=2, max_enumerate=1, sample=4)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_group_norm_sampled_partitions_exhaustive(dtype):
+    relu_args, silu_args = _looped_inputs(dtype)
+    check_partitions(group_norm_relu_no_affine, relu_args, dtype, configs_per_group=4,
                      max_enumerate=1)  # fmt: skip
+    check_partitions(group_norm_silu, silu_args, dtype, configs_per_group=4, max_enumerate=1)
 
 
 def test_flat_index_splits_over_a_multiple_of_the_divisor():

@@ -10,7 +10,14 @@ from autofuse.capture.trace import capture
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 
-from .helpers import assert_close, check_partitions, reference
+from .helpers import (
+    ROW_CLASSES,
+    assert_close,
+    check_config_classes,
+    check_partitions,
+    reference,
+    row_class,
+)
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -124,12 +131,18 @@ def test_split_chunk_unbind_stack_are_views_and_cats(dtype):
     check_partitions(splits, (x,), dtype, configs_per_group=1, max_enumerate=1, sample=6)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cat_along_a_reduced_dim_persistent_and_looped(dtype):
+def cat_inputs(dtype):
     x, y = rand(3, 11, dtype=dtype), rand(3, 7, dtype=dtype, seed=1)
     x[1, 2] = float("-inf")
-    check_fused(cat_softmax, (x, y), dtype, kernels=1, op="cat")
-    check_partitions(cat_softmax, (x, y), dtype, configs_per_group=6, max_enumerate=4)
+    return x, y
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cat_along_a_reduced_dim_persistent_and_looped(dtype):
+    args = cat_inputs(dtype)
+    check_fused(cat_softmax, args, dtype, kernels=1, op="cat")
+    assert check_config_classes(cat_softmax, args, dtype, row_class(18)) == ROW_CLASSES
+    check_partitions(cat_softmax, args, dtype, configs_per_group=2, max_enumerate=4, sample=8)
 
 
 def test_cat_promotes_dtypes_and_keeps_bools():
@@ -170,12 +183,18 @@ def indexing(x, i, j):
     )
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cross_entropy_target_pick_fuses(dtype):
+def target_inputs(dtype):
     x, t = rand(5, 13, dtype=dtype), torch.tensor([1, 12, 3, 0, 7])
     x[2, :3] = torch.tensor([-3e38, 3e38, float("-inf")]).to(dtype)
+    return x, t
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_target_pick_fuses(dtype):
+    x, t = target_inputs(dtype)
     check_fused(target_logprob, (x, t), dtype, kernels=1, op="gather")
-    check_partitions(target_logprob, (x, t), dtype, configs_per_group=6, max_enumerate=4)
+    assert check_config_classes(target_logprob, (x, t), dtype, row_class(13)) == ROW_CLASSES
+    check_partitions(target_logprob, (x, t), dtype, configs_per_group=2, max_enumerate=4, sample=8)
     t2 = torch.tensor([1, -100, 3, 0, -100])
     check_fused(cross_entropy, (x, t2), dtype, op="gather")
 
@@ -341,15 +360,38 @@ def test_vector_norms_are_reductions(dtype):
     check_partitions(vector_norms, (x,), dtype, configs_per_group=3, max_enumerate=1, sample=4)
 
 
+def group_norm_inputs(dtype):
+    x = rand(2, 6, 3, 5, dtype=dtype)
+    x[0, :3] = x[0, :3] * 50.0 + 1e3  # one group far from zero
+    return x, rand(6, dtype=dtype, seed=1), rand(6, dtype=dtype, seed=2)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_group_norm_silu_has_no_eager_step(dtype):
     # one kernel: the group statistics over x viewed as [N, G, C/G * HxW], and the per-channel
     # affine and SiLU over [N, C, H, W] stored at the domain's flat index (a reshape of it)
-    x = rand(2, 6, 3, 5, dtype=dtype)
-    x[0, :3] = x[0, :3] * 50.0 + 1e3  # one group far from zero
-    w, b = rand(6, dtype=dtype, seed=1), rand(6, dtype=dtype, seed=2)
-    check_fused(group_norm_silu, (x, w, b), dtype, kernels=1)
-    check_partitions(group_norm_silu, (x, w, b), dtype, configs_per_group=3, max_enumerate=1)
+    args = group_norm_inputs(dtype)
+    check_fused(group_norm_silu, args, dtype, kernels=1)
+    check_partitions(group_norm_silu, args, dtype, configs_per_group=2, max_enumerate=1, sample=4)
+
+
+# the default run's partition checks above with the sweeps as first written: more sampled
+# partitions (24), more configs each
+SWEEPS = {
+    "cat_softmax": (cat_softmax, cat_inputs, 6, 4),
+    "target_logprob": (target_logprob, target_inputs, 6, 4),
+    "group_norm_silu": (group_norm_silu, group_norm_inputs, 3, 1),
+}
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(SWEEPS))
+def test_sampled_partitions_exhaustive(case, dtype):
+    fn, make, configs, enumerate_up_to = SWEEPS[case]
+    check_partitions(
+        fn, make(dtype), dtype, configs_per_group=configs, max_enumerate=enumerate_up_to
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -369,14 +411,14 @@ def test_column_stats_and_global_average_pool(dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# The model-style functions of experiments/model_functions.py
+# The model-style functions of experiments/bench/model_functions.py
 # ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_model_functions_equal_eager_with_no_eager_step(dtype):
     import autofuse
-    from experiments.model_functions import MODEL_FUNCTIONS, NO_EAGER_STEP
+    from experiments.bench.model_functions import MODEL_FUNCTIONS, NO_EAGER_STEP
 
     steps = {}
     for w in MODEL_FUNCTIONS:

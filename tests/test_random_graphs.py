@@ -69,7 +69,11 @@ def random_program(seed):
     return program, tuple(inputs)
 
 
-@pytest.mark.parametrize("seed", range(24))
+# the default run draws 8 programs; the exhaustive tier 16 more
+SEEDS = [*range(8), *(pytest.param(s, marks=pytest.mark.exhaustive) for s in range(8, 24))]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_random_dag(seed):
     fn, args = random_program(seed)
     fn.__name__ = f"random_program_{seed}"

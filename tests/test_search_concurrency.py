@@ -127,9 +127,9 @@ def check_shared_budget(storage: str, budget: int, workers: int) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("rounds", [3, pytest.param(10, marks=pytest.mark.exhaustive)])
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
-def test_eight_processes_create_one_new_study(tmp_path, kind):
-    rounds = 10
+def test_eight_processes_create_one_new_study(tmp_path, kind, rounds):
     storages = [storage_for(kind, tmp_path, f"round{r}") for r in range(rounds)]
     results = run_driver(CREATE_DRIVER, json.dumps(storages), "8")
     assert len(results) == 8 * rounds

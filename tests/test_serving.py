@@ -1,4 +1,4 @@
-"""experiments/serving.py on CPU: tiny models, a few short lengths, an injected timer (the
+"""experiments/bench/serving.py on CPU: tiny models, a few short lengths, an injected timer (the
 kernels run in Triton's interpreter; the timer makes the figures exact, so the regret and the
 compile counts can be checked)."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments import serving
+from experiments.bench import serving
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py

@@ -5,7 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from experiments.workloads import (  # noqa: F401 - re-exported for the tests
+from experiments.bench.workloads import (  # noqa: F401 - re-exported for the tests
     attention_scores,
     gemm_bias_gelu,
     layernorm,

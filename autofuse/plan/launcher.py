@@ -9,7 +9,7 @@ call (``direct_launch.py``), or Triton's own launch of the binary (``CompiledKer
 where that one cannot. Tensors are read once per launch, for their pointers, which are passed
 as plain integers. Triton specializes tensor arguments on 16-byte alignment; the lean path keys
 its binaries on that, so a misaligned buffer gets (and keeps) its own binary.
-``experiments/host_overhead.py`` measures each layer's cost per launch.
+``experiments/bench/host_overhead.py`` measures each layer's cost per launch.
 
 A plan decoded from a cache entry carries the entry's binaries (``store``): the first launch
 for a given alignment uses the verified stored binary when there is one (no compile), and a

@@ -1,6 +1,6 @@
 """``autofuse tune SPEC``: tune a list of workloads overnight, resumably, on one or many GPUs.
 
-SPEC is a Python file (``path/to/spec.py``) or a module path (``experiments.suite_spec``) that
+SPEC is a Python file (``path/to/spec.py``) or a module path (``experiments.bench.suite_spec``) that
 defines ``WORKLOADS``, a list of records. A record is a dict (or any object with these
 attributes):
 

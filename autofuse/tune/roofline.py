@@ -1,5 +1,5 @@
 """The roofline floor of a workload and the provenance of a run (shared by ``autofuse tune``
-and ``experiments/bench.py``).
+and ``experiments/bench/suite.py``).
 
 The floor is the time a workload cannot beat on this machine: its minimum bytes (each input
 read once, each output written once) at the copy bandwidth, or its flops at the bf16 matmul

@@ -2,7 +2,7 @@
 
 Forward values, and in ``backward`` mode the gradients of the float inputs as well (the sum of
 the float outputs times fixed random cotangents). Integer and bool results exactly; float
-results at the dtype's tolerance (``experiments/opinfo_check``'s), no tighter than the
+results at the dtype's tolerance (``experiments/correctness/opinfo_check``'s), no tighter than the
 tolerance of a 16-bit type the program passes through (a float32 result of a float16 value
 carries float16's rounding). Where that fails, against a float64 run of the same program:
 autofuse's largest error from it may be no more than a few times eager's largest (plus the
@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
-from experiments.fuzz.program import Program, compile_program
-from experiments.opinfo_check import (
+from experiments.correctness.opinfo_check import (
     REFERENCE_FACTOR,
     TOLERANCES,
     CaseTimeout,
     run_case,
     with_timeout,
 )
+from experiments.fuzz.program import Program, compile_program
 
 Compiler = Callable[[Callable[..., Any], list], Callable[..., Any]]
 STATUSES = ("pass", "mismatch", "crash", "timeout")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.correctness.opinfo_sweep import parse_shard
 from experiments.fuzz.compare import COMPILERS, Verdict
 from experiments.fuzz.generate import generate, op_labels
 from experiments.fuzz.jobs import run_jobs, stop
@@ -45,7 +46,6 @@ from experiments.fuzz.record import (
 from experiments.fuzz.repro import Target, write_repro
 from experiments.fuzz.shrink import shrink
 from experiments.fuzz.worker import Worker
-from experiments.opinfo_sweep import parse_shard
 
 
 def worker_env(args: argparse.Namespace) -> dict[str, str]:

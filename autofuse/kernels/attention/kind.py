@@ -108,7 +108,7 @@ def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
     probe = AttentionEmitter(graph, info, AttentionConfig(16, 16), d)
     if attention_tma.readable(probe):  # K and V tiles by descriptors, on whole key tiles
         # (not with 2 stages: Triton 3.6's ptxas crashes on every such config of the causal
-        # d = 128 forward, error -11; experiments/kernel_resources.py)
+        # d = 128 forward, error -11; experiments/probes/kernel_resources.py)
         out += [replace(c, TMA=True) for c in out if d.tk % c.BLOCK_N == 0 and c.num_stages != 2]
     return out or [AttentionConfig(16, 16, 1, 1)]
 

@@ -5,7 +5,7 @@ The space: BLOCK_M / BLOCK_N 16..128, 4 or 8 warps, 1..3 stages, ``swap`` and ``
 orientations, ``whole`` under an exact index-expression mask, and ``TMA`` (tiles through tensor
 descriptors) where the tiles never run past the sequence. Register and shared-memory estimates
 keep out configs that would not fit; both were checked against ``ptxas`` for sm_90 on the
-causal d = 128 backward (``experiments/kernel_resources.py``, Triton 3.6, aligned buffers):
+causal d = 128 backward (``experiments/probes/kernel_resources.py``, Triton 3.6, aligned buffers):
 128 x 64 tiles with 8 warps and 2 stages compile with no spill in 182 KB of shared memory,
 64 x 64 tiles with 4 warps spill 200 bytes (outside the estimate), 3 stages of 128 x 64 do
 not fit.
@@ -75,7 +75,7 @@ def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdCon
 
 def _ptxas_fails(c: AttentionBwdConfig) -> bool:
     """``whole`` configs with pointer loads that Triton 3.6's ptxas crashes on (error -11) for
-    the causal d = 128 backward (experiments/kernel_resources.py: 17 of 360 configs, all of
+    the causal d = 128 backward (experiments/probes/kernel_resources.py: 17 of 360 configs, all of
     them these): 64 x 128 / 128 x 64 tiles and flipped key programs over wider key blocks,
     with 2 or 3 stages. Their TMA variants compile."""
     wide = c.BLOCK_M * c.BLOCK_N >= 8192 or (c.flip and c.BLOCK_M < c.BLOCK_N)

@@ -127,7 +127,7 @@ class ReductionKind(LoopKind):
             # are neighbours in memory, so a block spans up to 64 of them (128-byte bf16
             # segments), fewer where that leaves under ~128 programs; a reduced extent that fits
             # (x * r <= 32768) is loaded whole, else walked in chunks. On the H200 this took a
-            # 65536-row column statistic's chunk pass from 69.2 to 44.8 us (experiments.sweep).
+            # 65536-row column statistic's chunk pass from 69.2 to 44.8 us (experiments.probes.sweep).
             x = min(64, next_pow2(inner), max(1, prev_pow2(config_xnumel(info) // 128)))
             if x * r <= 32768:
                 return KernelConfig(x, r, 8 if x * r <= 4096 else 4)

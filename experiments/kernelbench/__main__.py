@@ -1,0 +1,5 @@
+import sys
+
+from experiments.kernelbench.run import main
+
+sys.exit(main())

@@ -1,0 +1,237 @@
+"""The CPU mode of the KernelBench runner: one problem at reduced shapes (``problems.py``)
+checked through ``autofuse.optimize`` and ``torch.compile(backend="autofuse")`` against eager,
+with the kernels each front end generated and the ops that ran as eager steps (dropout
+probabilities set to 0: random masks cannot match eager's); for level 3 (or ``train=True``) also a training step (forward and backward through the backend, every
+parameter's gradient against eager's).
+
+Correct means KernelBench's rule: ``torch.allclose(out, ref, atol=tol, rtol=tol)`` for every
+output (shapes equal), tol 1e-2 for float32 as the benchmark's original evaluation uses (its
+newer evaluation uses 1e-4 for float32 and 1e-2 for 16-bit types: ``strict`` records that one).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import warnings
+from typing import Any
+
+from experiments.kernelbench.problems import STAGES, Problem, Stage, instantiate, load_module
+
+# ops that stay library calls (cuDNN / cuBLAS / SDPA / RNN kernels): an eager step of one of
+# these does not make a problem less than fully fused
+LIBRARY_OPS = frozenset({
+    "convolution", "convolution_backward", "mm", "bmm", "addmm", "baddbmm", "matmul", "linear",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_cudnn_attention", "scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu_backward", "lstm", "gru", "rnn_tanh",
+    "rnn_relu", "_cudnn_rnn", "_cudnn_rnn_backward", "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell", "mkldnn_rnn_layer", "mkldnn_rnn_layer_backward",
+})  # fmt: skip
+TOL = {"float32": 1e-2, "bfloat16": 1e-2, "float16": 1e-2}
+STRICT_TOL = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}
+
+
+def op_name(target: Any) -> str:
+    """``aten.max_pool2d_with_indices.default`` -> ``max_pool2d_with_indices`` (``prims.x.default``
+    likewise)."""
+    parts = str(target).split(".")
+    return parts[-2] if len(parts) >= 3 else parts[-1]
+
+
+def eager_steps(plan: Any) -> collections.Counter:
+    """A plan's eager steps by ATen op; a ``getitem`` counts as the op whose output it takes."""
+    g = plan.graph
+    out: collections.Counter = collections.Counter()
+    for s in plan.fallbacks:
+        node = g[s.node]
+        if node.op == "getitem":
+            srcs = g.compute_inputs(s.node)
+            node = g[srcs[0]] if srcs else node
+            name = f"getitem({op_name(node.attr('target', node.op))})"
+        else:
+            name = op_name(node.attr("target", node.op))
+        out[name] += 1
+    return out
+
+
+def is_library(name: str) -> bool:
+    base = name[len("getitem(") : -1] if name.startswith("getitem(") else name
+    return base in LIBRARY_OPS
+
+
+def first_line(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def flat(out: Any) -> list:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in flat(o)]
+    return []
+
+
+def compare(out: Any, ref: Any, tol: float) -> dict:
+    """KernelBench's rule over every output: same shapes, ``allclose(atol=rtol=tol)``."""
+    import torch
+
+    outs, refs = flat(out), flat(ref)
+    if len(outs) != len(refs):
+        return {"correct": False, "why": f"{len(outs)} outputs, eager has {len(refs)}"}
+    worst, ok = 0.0, True
+    for o, r in zip(outs, refs):
+        if o.shape != r.shape:
+            return {"correct": False, "why": f"shape {tuple(o.shape)} != {tuple(r.shape)}"}
+        if r.is_floating_point():
+            o64, r64 = o.detach().double(), r.detach().double()
+            ok &= bool(torch.allclose(o64, r64, atol=tol, rtol=tol, equal_nan=True))
+            d = (o64 - r64).abs().nan_to_num(0.0)
+            worst = max(worst, d.max().item() if d.numel() else 0.0)
+        else:
+            ok &= bool(torch.equal(o, r))
+    return {"correct": ok, "max_abs_err": worst}
+
+
+def choose_stage(problem: Problem, start: str = "small") -> tuple[Stage, Any, Any, Any, dict]:
+    """The first stage (from ``start``) at which eager builds and runs the problem."""
+    import torch
+
+    names = [s.name for s in STAGES]
+    errors = {}
+    for stage in STAGES[names.index(start) :]:
+        try:
+            module, changed = load_module(problem, stage)
+            model, inputs = instantiate(module)
+            with torch.no_grad():
+                model(*inputs)
+            return stage, module, model, inputs, {"changed": changed, "skipped": errors}
+        except Exception as e:  # noqa: BLE001 - this stage breaks the problem: try the next
+            errors[stage.name] = first_line(e)
+    raise RuntimeError(f"eager fails at every stage: {errors}")
+
+
+def front_end(name: str, make, inputs, ref, tol: float, strict: float) -> dict:
+    """One front end built and run under no_grad, judged against eager."""
+    import torch
+
+    from autofuse.frontend import compiled_graphs
+
+    rec: dict[str, Any] = {}
+    before = {id(g) for g in compiled_graphs()}
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+            warnings.simplefilter("always")
+            fn, plans = make()
+            out = fn(*inputs)
+        rec.update(compare(out, ref, tol))
+        rec["strict_correct"] = compare(out, ref, strict)["correct"]
+        rec["warnings"] = sorted({f"{w.category.__name__}: {w.message}" for w in seen})[:10]
+    except Exception as e:  # noqa: BLE001 - recorded: the problem fails in this front end
+        rec.update({"correct": False, "error": first_line(e)})
+        plans = []
+    rec["seconds"] = time.perf_counter() - t0
+    plans = list(plans) + [g.plan for g in compiled_graphs() if id(g) not in before]
+    steps: collections.Counter = collections.Counter()
+    for p in plans:
+        steps += eager_steps(p)
+    rec["kernels"] = sum(len(p.kernels) for p in plans)
+    rec["graphs"] = len(plans)
+    rec["eager_ops"] = dict(sorted(steps.items()))
+    rec["unfused_ops"] = {k: v for k, v in rec["eager_ops"].items() if not is_library(k)}
+    return rec
+
+
+def no_dropout(model) -> None:
+    """Dropout probabilities set to 0: random masks cannot match eager's (recorded as such)."""
+    import torch
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout | torch.nn.Dropout1d | torch.nn.Dropout2d |
+                      torch.nn.Dropout3d | torch.nn.AlphaDropout):  # fmt: skip
+            m.p = 0.0
+
+
+def train_step(model, inputs, tol: float) -> dict:
+    """Forward and backward of ``sum(out * r)`` (``r`` fixed) through the backend against
+    eager: the output and every parameter's gradient. Both steps run on the same module (a
+    copy would not do: a forward that closes over a submodule, ``self.f = lambda x:
+    m.c_fc(x)``, keeps reading the original's parameters), each from the same random state (a
+    forward that draws ``torch.randn`` draws the same values)."""
+    import torch
+
+    torch.manual_seed(1)
+    ref_out = model(*inputs)
+    weights = [torch.randn_like(t) for t in flat(ref_out)]
+
+    def step(fn):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(2)
+        out = fn(*inputs)
+        sum(((o.float() * w.float()).sum() for o, w in zip(flat(out), weights))).backward()
+        return out, [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+    ref, ref_grads = step(model)
+    rec: dict[str, Any] = {}
+    try:
+        out, grads = step(torch.compile(model, backend="autofuse"))
+    except Exception as e:  # noqa: BLE001 - recorded
+        return {"correct": False, "error": first_line(e)}
+    rec.update(compare(out, ref, tol))
+    bad = [n for (n, _), g, r in zip(model.named_parameters(), grads, ref_grads)
+           if (g is None) != (r is None) or (r is not None and not compare(g, r, tol)["correct"])]  # fmt: skip
+    rec["wrong_grads"] = bad[:10]
+    rec["correct"] = rec["correct"] and not bad
+    return rec
+
+
+def check_problem(problem: Problem, train: bool | None = None, start: str = "small") -> dict:
+    """The CPU record of one problem (see the module docstring)."""
+    import torch
+
+    import autofuse
+
+    t0 = time.perf_counter()
+    stage, module, model, inputs, info = choose_stage(problem, start)
+    no_dropout(model)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        ref = model(*inputs)
+    tol, strict = TOL["float32"], STRICT_TOL["float32"]
+    rec: dict[str, Any] = {"stage": stage.name, "shapes_changed": info["changed"],
+                           "stages_skipped": info["skipped"],
+                           "input_shapes": [list(x.shape) for x in inputs if hasattr(x, "shape")]}  # fmt: skip
+
+    def via_optimize():
+        opt = autofuse.optimize(model, inputs)
+        return opt, [opt.plan] if getattr(opt, "plan", None) is not None else []
+
+    def via_compile():
+        torch._dynamo.reset()
+        return torch.compile(model, backend="autofuse"), []
+
+    rec["optimize"] = front_end("optimize", via_optimize, inputs, ref, tol, strict)
+    rec["compile"] = front_end("compile", via_compile, inputs, ref, tol, strict)
+    if train if train is not None else problem.level == 3:
+        torch._dynamo.reset()
+        rec["train"] = train_step(model, inputs, tol)
+    fronts = [rec["optimize"], rec["compile"], *([rec["train"]] if "train" in rec else [])]
+    rec["correct"] = all(f["correct"] for f in fronts)
+    rec["status"] = "ok" if rec["correct"] else (
+        "error" if any("error" in f for f in fronts) else "wrong")  # fmt: skip
+    # per op, the larger count of the two front ends (the same steps seen twice)
+    unfused = collections.Counter(rec["optimize"]["unfused_ops"]) | collections.Counter(
+        rec["compile"]["unfused_ops"]
+    )
+    rec["unfused_ops"] = dict(sorted(unfused.items()))
+    rec["fully_fused"] = rec["correct"] and not unfused
+    rec["kernels"] = rec["optimize"]["kernels"]
+    rec["seconds"] = time.perf_counter() - t0
+    return rec

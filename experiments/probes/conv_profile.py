@@ -1,0 +1,110 @@
+"""Where a convolution problem's time goes: the GPU kernels of eager, torch.compile's default
+mode and autofuse's greedy plan (and the greedy plan with every convolution forced
+channels-last), each kernel's device time per call from the profiler.
+
+    python -m experiments.probes.conv_profile KB --level 2 --problems 4,32,52 --out OUT.json
+
+KB is a KernelBench folder (as for ``experiments.kernelbench``). Per problem and arm the record
+lists ``(kernel name, µs per call)`` sorted by time, and the total; with ``TORCH_LOGS=
+output_code`` set, the compiled arm's generated code goes to stderr (which convolution it calls,
+in which layout). Precision flags are left as they are, the same in every arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from experiments.kernelbench.problems import (
+    BY_STAGE,
+    discover,
+    instantiate,
+    load_module,
+    parse_numbers,
+)
+
+ARMS = ("eager", "compile default", "autofuse greedy", "autofuse channels_last")
+
+
+def kernel_times(fn: Any, inputs: list, calls: int = 5) -> list[tuple[str, float]]:
+    """(kernel name, µs per call) of ``fn(*inputs)``'s GPU kernels, the longest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*inputs)
+        torch.cuda.synchronize()
+    total: collections.Counter = collections.Counter()
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            total[ev.name[:140]] += ev.device_time_total / calls
+    return [(k, round(v, 2)) for k, v in total.most_common()]
+
+
+def build(arm: str, model: Any, inputs: list) -> Any:
+    import torch
+
+    import autofuse
+    from autofuse.settings import reload_settings
+
+    if arm == "eager":
+        return model
+    if arm == "compile default":
+        return torch.compile(model)
+    os.environ["AUTOFUSE_CONV_LAYOUT"] = "channels_last" if arm.endswith("last") else "measure"
+    reload_settings()
+    return autofuse.optimize(model, inputs)
+
+
+def profile_problem(problem: Any, dtype: str) -> dict:
+    import torch
+
+    dt = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
+    module, _ = load_module(problem, BY_STAGE["shipped"])
+    model, inputs = instantiate(module, 0, dt, "cuda")  # the mode KernelBench runs it in
+    rec: dict = {"problem": problem.key, "arms": {}}
+    for arm in ARMS:
+        torch._dynamo.reset()
+        try:
+            with torch.no_grad():
+                fn = build(arm, model, inputs)
+                kernels = kernel_times(fn, inputs)
+            rec["arms"][arm] = {"total_us": round(sum(t for _, t in kernels), 1),
+                                "kernels": kernels[:12]}  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - recorded; the other arms still run
+            rec["arms"][arm] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.probes.conv_profile", description=__doc__
+    )
+    p.add_argument("dir", type=Path)
+    p.add_argument("--level", type=int, default=2)
+    p.add_argument("--problems", default="")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    from autofuse.tune.roofline import stamp
+
+    doc: dict = {"stamp": stamp(), "records": []}
+    for problem in discover(a.dir, a.level, parse_numbers(a.problems)):
+        doc["records"].append(profile_problem(problem, a.dtype))
+        a.out.write_text(json.dumps(doc, indent=1))
+        r = doc["records"][-1]
+        print(problem.key, {k: v.get("total_us", v.get("error")) for k, v in r["arms"].items()},
+              flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
