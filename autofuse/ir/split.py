@@ -57,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autofuse.ir.graph import Graph, Node, numel
+from autofuse.ir.split_arg import ARG_BEST, rewrite_arg
 from autofuse.ir.split_chunks import SplitDecision, chunk_layout
 from autofuse.ir.split_chunks import new_node as _node
 from autofuse.ir.split_variance import VarianceStats, annotate, find_variances, prune
@@ -73,9 +74,9 @@ __all__ = [
     "split_reductions",
 ]
 
-# associative reductions whose partial results combine with the same op (cumsum / cumprod are
-# scans and argmax / argmin return indices: never split)
-SPLITTABLE = frozenset({"sum", "mean", "amax", "amin", "prod", "any"})
+# associative reductions whose partial results combine with the same op, and argmax / argmin
+# (from per-chunk winners: ir/split_arg.py); cumsum / cumprod are scans, never split
+SPLITTABLE = frozenset({"sum", "mean", "amax", "amin", "prod", "any", *ARG_BEST})
 _WIDEN = frozenset({"sum", "mean", "prod"})  # 16-bit float partials are kept in float32
 
 
@@ -161,7 +162,7 @@ def _cut(shape: tuple[int, ...], dims: tuple[int, ...], k: int) -> tuple[int, in
 def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
     node = graph[i]
     if node.op not in SPLITTABLE:
-        return SplitDecision(i, 1, f"{node.op} is not split (not an associative reduction)")
+        return SplitDecision(i, 1, f"{node.op} is not split (a scan or not a reduction)")
     shape = graph[node.inputs[0]].shape
     if not shape or not node.attr("dims"):
         return SplitDecision(i, 1, "not split: nothing is reduced")
@@ -241,6 +242,8 @@ def split_reductions(graph: Graph, policy: SplitPolicy | None = None) -> Graph:
             remap[i] = replaced[i].replace(i, remap)
         elif dec is None or dec.k == 1:
             remap[i] = add(node)
+        elif node.op in ARG_BEST:
+            remap[i] = rewrite_arg(node, add.nodes[node.inputs[0]].shape, node.inputs[0], dec, add)
         else:
             remap[i] = _rewrite(node, add.nodes[node.inputs[0]], node.inputs[0], dec, add)
     out = Graph(
