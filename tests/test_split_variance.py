@@ -93,8 +93,8 @@ def test_variance_split_equals_eager(split_on, fn, shape, dtype):
     opt = autofuse.optimize(fn, (x,))
     readers = _x_readers(opt.plan)
     # the chunk moments in one pass over x; a float32 variance's overflow rescue (the sum of
-    # (diff * 2^-k)^2, in the decomposition) may take a second pass; a bf16 one never does
-    assert len(readers) <= (2 if dtype == torch.float32 else 1)
+    # (diff * 2^-k)^2, in the decomposition) is one more chunk M2 of that pass
+    assert len(readers) == 1
     assert any(_moments_in(r, opt.plan.graph) for r in readers)
     _close(opt(x), fn(x.double()), dtype, fn.__name__)
 
@@ -119,15 +119,16 @@ def test_naive_moments_would_fail_these_tolerances():
 
 def test_column_stats_reads_x_once(split_on):
     """The chunk means and M2s are one kernel reading x; the combine reads the partials. The
-    float32 variance's overflow rescue (the sum of (diff * 2^-k)^2) is the one other reader."""
+    float32 variance's overflow rescue (the sum of (diff * 2^-k)^2) is a scaled chunk M2 of the
+    same kernel, combined as the M2 is (it was a second pass over x)."""
     x = _large((6000, 7), torch.float32)
     plan = autofuse.optimize(column_stats, (x,)).plan
     g = plan.graph
-    readers = _x_readers(plan)
-    assert len(readers) == 2
-    (reader,) = [r for r in readers if _moments_in(r, g)]
+    (reader,) = _x_readers(plan)
+    assert _moments_in(reader, g)
     ops = {g[n].name: n for n in range(len(g))}
-    assert {ops["sum_2.chunk_mean.sum"], ops["sum_2.chunk_m2"]} <= set(reader.info.nodes)
+    m2s = {ops["sum_2.chunk_mean.sum"], ops["sum_2.chunk_m2"], ops["sum_2.scaled1.chunk_m2"]}
+    assert m2s <= set(reader.info.nodes)
     k = g[ops["sum_2.chunk_m2"]].shape[0]
     assert 2 <= k < 6000 and 6000 % k == 0
 
@@ -171,7 +172,7 @@ def test_other_centres_are_split_as_before():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_variance_near_the_dtypes_max_is_rescued_as_unsplit(split_on, dtype):
     """(x - mean)^2 past the dtype's max: Chan's M2 overflows, and the decomposition's rescue
-    (the sum of (diff * 2^-k)^2, split beside the chunk moments) gives eager's finite value."""
+    (the sum of (diff * 2^-k)^2, a scaled M2 of the same chunks) gives eager's finite value."""
     g = torch.Generator().manual_seed(1)
     x = ((torch.rand(3, 4096, generator=g, dtype=torch.float64) * 2 - 1) * 2e19).to(dtype)
     for fn in (lambda x: x.var(-1), lambda x: x.std(-1)):

@@ -22,8 +22,20 @@ and one cast back rounds the result once, as eager does. ``mean`` stays ``mean``
 every chunk holds ``R / k`` elements, so the mean of the chunks' means is the mean.
 
 The reduced dims are merged when they are adjacent (``(H, W)`` of NCHW, every dim of
-``x.sum()``); otherwise only the first reduced dim is cut. ``k`` must divide the extent it cuts:
-an extent with no divisor near the wanted ``k`` (a prime ``R``) is left alone, with its reason.
+``x.sum()``); otherwise the first reduced dim is cut or, where it has no divisor near the wanted
+``k``, the last run of adjacent reduced dims, merged (BatchNorm's ``(N, [D,] H, W)``: N whole in
+every chunk, the spatial run cut). ``k`` must divide the extent it cuts: an extent with no
+divisor near the wanted ``k`` (a prime ``R``) is left alone, with its reason.
+
+Few, long rows: BatchNorm's training statistics are one row per channel over N x spatial. On
+an H100 (132 SMs), KernelBench level 2's L2_72 (ConvTranspose3d -> BatchNorm: 16 channels of
+64 x 63^3 = 16M elements) ran one program per channel (XBLOCK=1, RBLOCK=4096: 16 programs on
+132 SMs, ~85 % of the time, 0.23x torch.compile) because N = 64 has no divisor near the ~122
+chunks wanted and only N was cut; the spatial run (250047 = 3^6 x 7^3) is cut in 147 now, 2352
+programs. L2_52 (Conv2d -> BatchNorm, 128 channels of 64 x 126^2) splits in 8 along N. The rule
+for an inner reduction: fewer rows than SMs (below, one program per row leaves SMs idle) and at
+least two chunks of ``2 x min_rnumel`` (8192) elements per row; GroupNorm's (N, group) rows in
+L2_60 (512 rows of 492156) and L2_92 (2048 rows of 63504) fill the SMs and stay whole.
 The heuristic follows Inductor's (read, not copied): split only where the outputs are too few to
 fill the GPU; an *outer* reduction (a kept dim of size > 1 after the reduced ones: column sums)
 aims at ~8 programs of 128 outputs per SM with 128..2048 rows per chunk, an *inner* one (the
@@ -45,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autofuse.ir.graph import Graph, Node, numel
+from autofuse.ir.split_arg import ARG_BEST, rewrite_arg
 from autofuse.ir.split_chunks import SplitDecision, chunk_layout
 from autofuse.ir.split_chunks import new_node as _node
 from autofuse.ir.split_variance import VarianceStats, annotate, find_variances, prune
@@ -61,9 +74,9 @@ __all__ = [
     "split_reductions",
 ]
 
-# associative reductions whose partial results combine with the same op (cumsum / cumprod are
-# scans and argmax / argmin return indices: never split)
-SPLITTABLE = frozenset({"sum", "mean", "amax", "amin", "prod", "any"})
+# associative reductions whose partial results combine with the same op, and argmax / argmin
+# (from per-chunk winners: ir/split_arg.py); cumsum / cumprod are scans, never split
+SPLITTABLE = frozenset({"sum", "mean", "amax", "amin", "prod", "any", *ARG_BEST})
 _WIDEN = frozenset({"sum", "mean", "prod"})  # 16-bit float partials are kept in float32
 
 
@@ -120,10 +133,36 @@ def _divisor_near(n: int, k: int) -> int | None:
     return None if best is None else best[1]
 
 
+def _runs(dims: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The runs of adjacent dims of sorted ``dims``, as (first, last)."""
+    runs: list[tuple[int, int]] = []
+    for d in dims:
+        if runs and runs[-1][1] == d - 1:
+            runs[-1] = (runs[-1][0], d)
+        else:
+            runs.append((d, d))
+    return runs
+
+
+def _cut(shape: tuple[int, ...], dims: tuple[int, ...], k: int) -> tuple[int, int, int] | None:
+    """Where to cut a reduction over ``dims`` in about ``k`` chunks: (chunks, first, last dim
+    of the merged run cut), or None. All the dims when they are adjacent; otherwise the first
+    reduced dim, else the last run of adjacent reduced dims (BatchNorm's (N, D, H, W) of
+    ConvTranspose3d's (64, 16, 63, 63, 63) result wants ~122 chunks: N = 64 has no divisor
+    near 122, D x H x W = 250047 has 147), each with a divisor within a factor two of ``k``."""
+    runs = _runs(dims)
+    options = runs if len(runs) == 1 else [(dims[0], dims[0]), runs[-1]]
+    for first, last in options:
+        kk = _divisor_near(numel(shape[first : last + 1]), k)
+        if kk is not None:
+            return kk, first, last
+    return None
+
+
 def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
     node = graph[i]
     if node.op not in SPLITTABLE:
-        return SplitDecision(i, 1, f"{node.op} is not split (not an associative reduction)")
+        return SplitDecision(i, 1, f"{node.op} is not split (a scan or not a reduction)")
     shape = graph[node.inputs[0]].shape
     if not shape or not node.attr("dims"):
         return SplitDecision(i, 1, "not split: nothing is reduced")
@@ -134,13 +173,12 @@ def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
     k, why = policy.wanted_k(rnumel, outputs, inner)
     if k == 1:
         return SplitDecision(i, 1, f"not split: {why}")
-    merged = dims == tuple(range(dims[0], dims[-1] + 1))
-    extent = rnumel if merged else shape[dims[0]]
-    kk = _divisor_near(extent, k)
-    if kk is None:
-        return SplitDecision(i, 1, f"not split: {why}, but {extent} has no divisor near {k}")
+    cut = _cut(shape, dims, k)
+    if cut is None:
+        return SplitDecision(i, 1, f"not split: {why}, but no divisor near {k} cuts it")
+    kk, first, last = cut
     kind = "inner" if inner else "outer"
-    return SplitDecision(i, kk, f"split in {kk} ({kind}): {why}", dims[0], merged)
+    return SplitDecision(i, kk, f"split in {kk} ({kind}): {why}", first, last)
 
 
 def _plain_splits(graph: Graph, policy: SplitPolicy | None) -> dict[int, SplitDecision]:
@@ -204,6 +242,8 @@ def split_reductions(graph: Graph, policy: SplitPolicy | None = None) -> Graph:
             remap[i] = replaced[i].replace(i, remap)
         elif dec is None or dec.k == 1:
             remap[i] = add(node)
+        elif node.op in ARG_BEST:
+            remap[i] = rewrite_arg(node, add.nodes[node.inputs[0]].shape, node.inputs[0], dec, add)
         else:
             remap[i] = _rewrite(node, add.nodes[node.inputs[0]], node.inputs[0], dec, add)
     out = Graph(

@@ -15,8 +15,8 @@ class SplitDecision:
     node: int
     k: int
     reason: str
-    dim: int = 0  # the dim of the reduction's input that is cut (the first reduced dim)
-    merged: bool = False  # the reduced dims are adjacent and merged into one before the cut
+    dim: int = 0  # the first dim of the run of adjacent reduced dims that is cut
+    last: int = -1  # the run's last dim (-1: ``dim`` alone), merged with ``dim`` before the cut
     # "m2": a sum((x - mean(x))^2) computed as chunk means and M2s combined by Chan's formula
     # (ir/split_variance.py); "mean": a mean of that x replaced by the combined mean
     role: str = ""
@@ -37,14 +37,15 @@ def chunk_layout(
     """How ``dec`` cuts a reduction of ``shape`` over (sorted) ``dims``: the chunked view's
     shape, the dims of that view a chunk's partial reduces, and the shape of the partials
     viewed for the second stage (``shape`` with k at ``dec.dim``, 1 at the other reduced dims,
-    reduced over ``dims`` again)."""
+    reduced over ``dims`` again). The run ``dec.dim .. dec.last`` (adjacent reduced dims) is
+    merged and cut in ``(k, run / k)``; the reduced dims outside it are reduced whole by each
+    chunk's partial (BatchNorm's ``(N, H, W)``: N whole, ``H * W`` cut)."""
     k, d = dec.k, dec.dim
-    if dec.merged:
-        extent = numel(shape[j] for j in dims)
-        cut = shape[:d] + (k, extent // k) + shape[dims[-1] + 1 :]
-        part_dims: tuple[int, ...] = (d + 1,)
-    else:
-        cut = shape[:d] + (k, shape[d] // k) + shape[d + 1 :]
-        part_dims = (d + 1,) + tuple(j + 1 for j in dims[1:])
+    e = max(dec.last, d)
+    extent = numel(shape[d : e + 1])
+    cut = shape[:d] + (k, extent // k) + shape[e + 1 :]
+    part_dims = tuple(
+        sorted({j for j in dims if j < d} | {d + 1} | {j + 1 - e + d for j in dims if j > e})
+    )
     q_shape = tuple(k if j == d else 1 if j in dims else s for j, s in enumerate(shape))
     return cut, part_dims, q_shape

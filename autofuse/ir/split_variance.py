@@ -25,6 +25,11 @@ Means are moment means at both levels (finite wherever the true mean is). Everyt
 computed in float32 (float64 for float64 values) from ``x`` with widening casts stripped, and
 cast once to each replaced node's dtype: a 16-bit variance is rounded once, as eager's.
 
+A sum of ``((x - m) * c)^2`` for a constant ``c`` (the var decomposition's overflow rescue,
+``c = 2^-k``) is the same statistic scaled: it takes one more chunk M2, of ``(x_j - mean_j) *
+c``, in the same pass, combined with ``n_c * ((mean_j - mean) * c)^2`` (unsplit it was a second
+pass over x: on the H100's KernelBench L2_52 that pass was the longest kernel, 6.1 of 16 ms).
+
 Only exact matches are rewritten (``x`` the sub's full-shaped operand, the mean over the same
 dims of the same ``x`` up to widening casts, broadcast through views that only add or drop unit
 dims, and a sum the policy splits); anything else is split as before.
@@ -52,14 +57,18 @@ class VarianceGroup:
     """Variances of one ``x`` over one set of dims, computed from one set of chunk statistics.
 
     ``source``: ``x`` with widening float casts stripped (the chunks read it); ``sums``: the
-    ``sum((x - mean)^2)`` nodes (replaced by M2); ``means``: the nodes that hold the mean of
-    ``x`` over ``dims`` (replaced by the combined mean); ``dtype``: the statistics' dtype."""
+    ``sum(((x - mean) * c)^2)`` nodes (replaced by M2 of that scale), ``scales`` their ``c``
+    (1.0 for ``sum((x - mean)^2)``; ``2^-k`` for the overflow rescue of the var decomposition,
+    computed from the same chunks rather than by a second pass over x); ``means``: the nodes
+    that hold the mean of ``x`` over ``dims`` (replaced by the combined mean); ``dtype``: the
+    statistics' dtype."""
 
     source: int
     dims: tuple[int, ...]
     sums: tuple[int, ...]
     means: tuple[int, ...]
     dtype: str
+    scales: tuple[float, ...] = ()
 
 
 def _dims(node: Node, rank: int) -> tuple[int, ...]:
@@ -155,12 +164,19 @@ def _mean_core(graph: Graph, b: int, shape: tuple[int, ...], dims: tuple[int, ..
             return b
 
 
-def _square_of(graph: Graph, f: Node) -> int | None:
+def _square_of(graph: Graph, f: Node) -> tuple[int, float] | None:
+    """(d, c) when ``f`` is ``(d * c)^2`` for a scalar constant ``c`` (1.0: ``d^2``)."""
     if f.op == "mul" and f.inputs[0] == f.inputs[1]:
-        return f.inputs[0]
-    if f.op == "pow_scalar" and f.attr("exponent") == 2:
-        return f.inputs[0]
-    return None
+        d = f.inputs[0]
+    elif f.op == "pow_scalar" and f.attr("exponent") == 2:
+        d = f.inputs[0]
+    else:
+        return None
+    m = graph[d]
+    c = _const(graph, m.inputs[1]) if m.op == "mul" else None
+    if c is not None and math.isfinite(c) and c != 0.0 and m.dtype in FLOAT_DTYPES:
+        return m.inputs[0], c
+    return d, 1.0
 
 
 def find_variances(graph: Graph, decisions: dict[int, SplitDecision]) -> tuple[VarianceGroup, ...]:
@@ -170,7 +186,8 @@ def find_variances(graph: Graph, decisions: dict[int, SplitDecision]) -> tuple[V
         dec = decisions.get(i)
         if n.op != "sum" or dec is None or dec.k < 2:
             continue
-        d = _square_of(graph, graph[n.inputs[0]])
+        sq = _square_of(graph, graph[n.inputs[0]])
+        d, scale = sq if sq is not None else (None, 1.0)
         if d is None or graph[d].op != "sub" or graph[d].shape != graph[n.inputs[0]].shape:
             continue
         a, b = graph[d].inputs
@@ -186,7 +203,7 @@ def find_variances(graph: Graph, decisions: dict[int, SplitDecision]) -> tuple[V
         if _widened(graph, mean[0]) != source or graph[source].dtype not in FLOAT_DTYPES:
             continue
         sums, cores, dtypes = found.setdefault((source, dims), ([], set(), set()))
-        sums.append(i)
+        sums.append((i, scale))
         cores.add(core)
         dtypes.update((graph[a].dtype, graph[source].dtype))
     if not found:
@@ -199,9 +216,10 @@ def find_variances(graph: Graph, decisions: dict[int, SplitDecision]) -> tuple[V
         VarianceGroup(
             source,
             dims,
-            tuple(sums),
+            tuple(i for i, _ in sums),
             tuple(sorted(cores)),
             "float64" if "float64" in dtypes else "float32",
+            tuple(c for _, c in sums),
         )
         for (source, dims), (sums, cores, dtypes) in sorted(found.items())
     )
@@ -245,7 +263,7 @@ class VarianceStats:
 
     def __init__(self, graph: Graph, group: VarianceGroup, dec: SplitDecision, add) -> None:
         self.graph, self.group, self.dec, self.add = graph, group, dec, add
-        self.stats: tuple[int, int] | None = None
+        self.stats: tuple[int, dict[float, int]] | None = None
 
     def _c(self, value: float, name: str) -> int:
         return self.add(_node("const", (), (), self.group.dtype, name, value=value))
@@ -277,7 +295,35 @@ class VarianceStats:
         c = add(_node("clamp", (m,), keep, dt, f"{name}.clamp", lo=fi.min, hi=fi.max))
         return add(_node("where", (e, m, c), keep, dt, name))
 
-    def _emit(self, remap: dict[int, int]) -> tuple[int, int]:
+    def _m2(self, v: int, mj: int, mq: int, mean: int, scale: float, tag: str) -> int:
+        """M2 of ``(x - mean) * scale`` over the group's dims: the chunks' own (one more sum
+        in the chunk moments' pass over ``v``) combined with ``n_c * ((mean_j - mean) *
+        scale)^2`` by Chan's formula."""
+        g, dec, add, dt = self.group, self.dec, self.add, self.group.dtype
+        shape = self.graph[g.source].shape
+        cut, part_dims, q_shape = chunk_layout(shape, g.dims, dec)
+        n_c = numel(cut[j] for j in part_dims)
+        cut_keep = tuple(1 if j in part_dims else s for j, s in enumerate(cut))
+        dj = add(_node("sub", (v, mj), cut, dt, f"{tag}.chunk_dev"))
+        dm = add(_node("sub", (mq, mean), q_shape, dt, f"{tag}.mean_dev"))
+        if scale != 1.0:
+            dj = add(_node("mul", (dj, self._c(scale, f"{tag}.c")), cut, dt, f"{tag}.chunk_scaled"))
+            dm = add(
+                _node("mul", (dm, self._c(scale, f"{tag}.cm")), q_shape, dt, f"{tag}.mean_scaled")
+            )
+        sq = add(_node("mul", (dj, dj), cut, dt, f"{tag}.chunk_sq"))
+        m2j = add(
+            _node("sum", (sq,), cut_keep, dt, f"{tag}.chunk_m2", dims=part_dims, keepdim=True)
+        )
+        m2q = add(_node("reshape", (m2j,), q_shape, dt, f"{tag}.chunk_m2s", shape=q_shape))
+        dm2 = add(_node("mul", (dm, dm), q_shape, dt, f"{tag}.mean_sq"))
+        w = add(_node("mul", (dm2, self._c(float(n_c), f"{tag}.n_c")), q_shape, dt, f"{tag}.w"))
+        t = add(_node("add", (m2q, w), q_shape, dt, f"{tag}.chan"))
+        keep = tuple(1 if j in g.dims else s for j, s in enumerate(shape))
+        return add(_node("sum", (t,), keep, dt, f"{tag}.m2", dims=g.dims, keepdim=True))
+
+    def _emit(self, remap: dict[int, int]) -> tuple[int, dict[float, int]]:
+        """The combined mean and, per scale of the group's sums, the combined M2."""
         g, dec, add, dt = self.group, self.dec, self.add, self.group.dtype
         name = self.graph[g.sums[0]].name or "var"
         x = remap[g.source]
@@ -287,30 +333,25 @@ class VarianceStats:
         cut, part_dims, q_shape = chunk_layout(shape, g.dims, dec)
         n_c = numel(cut[j] for j in part_dims)
         v = add(_node("reshape", (x,), cut, dt, f"{name}.chunks", shape=cut))
-        cut_keep = tuple(1 if j in part_dims else s for j, s in enumerate(cut))
         mj = self._moment(v, cut, part_dims, n_c, f"{name}.chunk_mean")
-        dj = add(_node("sub", (v, mj), cut, dt, f"{name}.chunk_dev"))
-        sq = add(_node("mul", (dj, dj), cut, dt, f"{name}.chunk_sq"))
-        m2j = add(
-            _node("sum", (sq,), cut_keep, dt, f"{name}.chunk_m2", dims=part_dims, keepdim=True)
-        )
         mq = add(_node("reshape", (mj,), q_shape, dt, f"{name}.chunk_means", shape=q_shape))
-        m2q = add(_node("reshape", (m2j,), q_shape, dt, f"{name}.chunk_m2s", shape=q_shape))
         mean = self._moment(mq, q_shape, g.dims, dec.k, f"{name}.mean")
-        dm = add(_node("sub", (mq, mean), q_shape, dt, f"{name}.mean_dev"))
-        dm2 = add(_node("mul", (dm, dm), q_shape, dt, f"{name}.mean_sq"))
-        w = add(_node("mul", (dm2, self._c(float(n_c), f"{name}.n_c")), q_shape, dt, f"{name}.w"))
-        t = add(_node("add", (m2q, w), q_shape, dt, f"{name}.chan"))
-        keep = tuple(1 if j in g.dims else s for j, s in enumerate(shape))
-        m2 = add(_node("sum", (t,), keep, dt, f"{name}.m2", dims=g.dims, keepdim=True))
-        return mean, m2
+        m2s: dict[float, int] = {}
+        for c in sorted(set(g.scales or (1.0,)), key=lambda c: (c != 1.0, c)):
+            tag = name if c == 1.0 else f"{name}.scaled{len(m2s)}"
+            m2s[c] = self._m2(v, mj, mq, mean, c, tag)
+        return mean, m2s
 
     def replace(self, i: int, remap: dict[int, int]) -> int:
         """The node that replaces node ``i`` (one of the group's sums or means)."""
         if self.stats is None:
             self.stats = self._emit(remap)
         node = self.graph[i]
-        v = self.stats[1] if i in self.group.sums else self.stats[0]
+        g = self.group
+        if i in g.sums:
+            v = self.stats[1][g.scales[g.sums.index(i)] if g.scales else 1.0]
+        else:
+            v = self.stats[0]
         if node.dtype != self.group.dtype:
             shape = self.add.nodes[v].shape
             v = self.add(
