@@ -115,14 +115,14 @@ def test_backend_forward_and_backward_equal_eager(name, conv, shape, dtype):
     want, want_grads = _train_step(model, x)
     want_dx = x.grad.clone()
     x.grad = None
-    before = len(dynamo.compiled_graphs())
+    before = dynamo.compiled_count()
     fast = torch.compile(model, backend="autofuse")
     got, got_grads = _train_step(fast, x)
     assert_close(got, want, dtype, f"{name} forward")
     assert_close(x.grad, want_dx, dtype, f"{name} input grad")
     for k in want_grads:
         assert_close(got_grads[k], want_grads[k], dtype, f"{name} grad {k}")
-    graphs = [c.plan.graph for c in dynamo.compiled_graphs()[before:]]
+    graphs = [c.plan.graph for c in dynamo.compiled_since(before)]
     convs = [n for g in graphs for n in _conv_nodes(g)]
     assert convs and all(n.attr("args")[2][2] is None for n in convs)
     bwd = [
@@ -140,12 +140,12 @@ def test_backend_library_setting_keeps_eager_calls(library_bias):
     model = _model(torch.nn.Conv2d(3, 4, 3), torch.float32)
     x = torch.randn(2, 3, 6, 6)
     want, want_grads = _train_step(model, x)
-    before = len(dynamo.compiled_graphs())
+    before = dynamo.compiled_count()
     got, got_grads = _train_step(torch.compile(model, backend="autofuse"), x)
     assert_close(got, want, torch.float32)
     for k in want_grads:
         assert_close(got_grads[k], want_grads[k], torch.float32, k)
-    convs = [n for c in dynamo.compiled_graphs()[before:] for n in _conv_nodes(c.plan.graph)]
+    convs = [n for c in dynamo.compiled_since(before) for n in _conv_nodes(c.plan.graph)]
     assert convs and all(len(n.inputs) == 3 for n in convs)
 
 

@@ -61,12 +61,12 @@ def test_eval_batchnorm_is_folded_and_equals_eager(kind, dtype):
     assert not any(n.op == "mul" and n.shape == conv.shape for n in graph.nodes)
     from autofuse.frontend import dynamo
 
-    before = len(dynamo.compiled_graphs())
+    before = dynamo.compiled_count()
     with torch.no_grad():
         want = net(x)
         assert_close(autofuse.optimize(net, (x,))(x), want, dtype, f"{kind} optimize")
         assert_close(torch.compile(net, backend="autofuse")(x), want, dtype, f"{kind} backend")
-    assert [len(_folded(c.plan.graph)) for c in dynamo.compiled_graphs()[before:]] == [1]
+    assert [len(_folded(c.plan.graph)) for c in dynamo.compiled_since(before)] == [1]
 
 
 def test_eval_mode_with_autograd_equals_eager():
@@ -149,11 +149,11 @@ def test_training_mode_keeps_batch_statistics(kind):
     net.train()
     from autofuse.frontend import dynamo
 
-    before = len(dynamo.compiled_graphs())
+    before = dynamo.compiled_count()
     ref = _net(kind)[0].train()
     ref.load_state_dict(net.state_dict())
     y = torch.compile(net, backend="autofuse")(x)
-    graphs = [c.plan.graph for c in dynamo.compiled_graphs()[before:]]
+    graphs = [c.plan.graph for c in dynamo.compiled_since(before)]
     assert graphs and not any(find_folds(g) or _folded(g) for g in graphs)
     want = ref(x)
     y.square().sum().backward()
@@ -202,9 +202,9 @@ def test_explain_and_reports_say_what_was_done_with_each_convolution(monkeypatch
     assert str(explanation).count("BatchNorm folded") == 2  # the unfused plan's row, the list
     with torch.no_grad():
         assert "BatchNorm folded into its weight" in autofuse.optimize(net, (x,)).report()
-        before = len(dynamo.compiled_graphs())
+        before = dynamo.compiled_count()
         torch.compile(net, backend="autofuse")(x)
-    (compiled,) = dynamo.compiled_graphs()[before:]
+    (compiled,) = dynamo.compiled_since(before)
     assert summarize(compiled.plan).convolutions[0].endswith(folded)
     monkeypatch.setenv("AUTOFUSE_CONV_BIAS", "library")
     reload_settings()

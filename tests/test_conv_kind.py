@@ -117,13 +117,13 @@ def test_backend_forward_and_backward_equal_eager(conv_kernel, name, conv, shape
     want_grads = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
     x.grad = None
     model.zero_grad()
-    before = len(dynamo.compiled_graphs())
+    before = dynamo.compiled_count()
     got = torch.compile(model, backend="autofuse")(x)
     got.float().square().sum().backward()
     assert_close(got, want, dtype, f"{name} forward")
     for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in model.parameters()], want_grads)):
         assert_close(a, b, dtype, f"{name} grad {k}")
-    forward, backward = [c.plan for c in dynamo.compiled_graphs()[before:]]
+    forward, backward = [c.plan for c in dynamo.compiled_since(before)]
     assert _conv_kernels(forward) and not _conv_kernels(backward)
 
 
@@ -132,10 +132,10 @@ def test_inference_through_the_backend(conv_kernel):
     model, x = _model(torch.nn.Conv2d(4, 4, 3, groups=4), torch.float32), torch.randn(1, 4, 6, 6)
     from autofuse.frontend import dynamo
 
-    before = len(dynamo.compiled_graphs())
+    before = dynamo.compiled_count()
     with torch.no_grad():
         assert_close(torch.compile(model, backend="autofuse")(x), model(x), torch.float32)
-    (compiled,) = dynamo.compiled_graphs()[before:]
+    (compiled,) = dynamo.compiled_since(before)
     assert _conv_kernels(compiled.plan)
 
 

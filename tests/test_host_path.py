@@ -389,3 +389,18 @@ def test_an_eager_fallback_never_hands_back_memory_it_read(monkeypatch):
     out = run.env[s]
     assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     assert torch.equal(out, x) and out.is_contiguous()
+
+
+def test_graphs_compiled_since_a_count_past_the_kept_512(monkeypatch):
+    """compiled_graphs() keeps the last 512: a test marks the count, not the list's length."""
+    import collections
+
+    from autofuse.frontend import dynamo
+
+    monkeypatch.setattr(dynamo, "_COMPILED", collections.deque(range(512), maxlen=512))
+    monkeypatch.setattr(dynamo, "_COUNT", [700])
+    mark = dynamo.compiled_count()
+    assert dynamo.compiled_since(mark) == []
+    dynamo._COMPILED.append("new")
+    dynamo._COUNT[0] += 1
+    assert dynamo.compiled_since(mark) == ["new"] and len(dynamo.compiled_graphs()) == 512

@@ -44,9 +44,9 @@ def _run(fn, args, front):
         records = lambda: opt.autograd.records if opt.autograd is not None else []  # noqa: E731
         return out, lambda: [_split(r.plan.graph) for r in records()] or [_split(opt.plan.graph)]
     torch._dynamo.reset()
-    before = len(dynamo.compiled_graphs())
+    before = dynamo.compiled_count()
     out = torch.compile(fn, backend="autofuse", dynamic=False)(*args)
-    return out, lambda: [_split(c.plan.graph) for c in dynamo.compiled_graphs()[before:]]
+    return out, lambda: [_split(c.plan.graph) for c in dynamo.compiled_since(before)]
 
 
 def _grads(out, args):

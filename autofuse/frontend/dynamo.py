@@ -75,7 +75,9 @@ __all__ = [
     "CompiledGraph",
     "autofuse_backend",
     "backend_decompositions",
+    "compiled_count",
     "compiled_graphs",
+    "compiled_since",
     "make_backend",
 ]
 
@@ -207,12 +209,25 @@ class CompiledGraph:
 _PLANS: dict[tuple, tuple[Plan, Any, Any]] = {}
 _PLANS_LOCK = threading.Lock()
 _COMPILED: collections.deque[CompiledGraph] = collections.deque(maxlen=512)
+_COUNT = [0]  # every graph compiled (the deque keeps the last 512)
 _BUCKETS = BucketPlans()  # (bucket, graph structure, kind, device, tuned) -> a partition
 
 
 def compiled_graphs() -> list[CompiledGraph]:
     """The graphs this process compiled through the backend, oldest first (the last 512)."""
     return list(_COMPILED)
+
+
+def compiled_count() -> int:
+    """How many graphs this process compiled through the backend (all, not only those kept)."""
+    return _COUNT[0]
+
+
+def compiled_since(count: int) -> list[CompiledGraph]:
+    """The graphs compiled after :func:`compiled_count` returned ``count``, oldest first (of
+    those still kept: the last 512)."""
+    new = _COUNT[0] - count
+    return list(_COMPILED)[-new:] if new > 0 else []
 
 
 def _realize(meta: Any) -> Any:
@@ -322,6 +337,7 @@ class AutofuseBackend:
             compiled.replay = GraphReplay(plan) if compiled.graph_choice.replay else None
         self.records.append(compiled)
         _COMPILED.append(compiled)
+        _COUNT[0] += 1
         logs.log.info(
             "autofuse backend: %s graph, %d nodes -> %d kernels, %d library calls, %d eager steps",
             kind,
