@@ -36,6 +36,30 @@ def assert_close(out, ref, dtype, what=""):
         )
 
 
+def backend_training_matches(net, x, dtype, what="", strides=False) -> int:
+    """``torch.compile(net, backend="autofuse")`` forward and backward against eager: the
+    output's values (and, with ``strides``, its strides) and every gradient (of ``x`` and the
+    parameters); returns ``dynamo.compiled_count()`` from before its graphs were compiled."""
+    from autofuse.frontend import dynamo
+
+    x = x.detach().requires_grad_(True)
+    want = net(x)
+    want.float().square().sum().backward()
+    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
+    x.grad = None
+    net.zero_grad()
+    before = dynamo.compiled_count()
+    got = torch.compile(net, backend="autofuse")(x)
+    got.float().square().sum().backward()
+    assert_close(got, want, dtype, f"{what} backend forward")
+    if strides:
+        assert got.stride() == want.stride()
+    got_grads = [x.grad] + [p.grad for p in net.parameters()]
+    for k, (a, b) in enumerate(zip(got_grads, want_grads, strict=True)):
+        assert_close(a, b, dtype, f"{what} grad {k}")
+    return before
+
+
 def reference(fn, args, dtype):
     ref = fn(*upcast(args)) if dtype != torch.float32 else fn(*args)
     ref = ref if isinstance(ref, tuple) else (ref,)

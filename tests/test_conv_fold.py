@@ -11,7 +11,7 @@ import autofuse
 from autofuse.capture.trace import capture
 from autofuse.ir.conv_fold import find_folds
 from autofuse.settings import reload_settings
-from tests.helpers import assert_close
+from tests.helpers import assert_close, backend_training_matches
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
@@ -73,18 +73,7 @@ def test_eval_mode_with_autograd_equals_eager():
     """An eval-mode network called with gradients on (the backend's joint graphs): forward and
     gradients equal eager's, folded or not."""
     net, x = _net("conv2d")
-    x.requires_grad_(True)
-    want = net(x)
-    want.square().sum().backward()
-    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
-    x.grad = None
-    net.zero_grad()
-    got = torch.compile(net, backend="autofuse")(x)
-    got.square().sum().backward()
-    assert_close(got, want, torch.float32, "forward")
-    got_grads = [x.grad] + [p.grad for p in net.parameters()]
-    for k, (a, b) in enumerate(zip(got_grads, want_grads, strict=True)):
-        assert_close(a, b, torch.float32, f"grad {k}")
+    backend_training_matches(net, x, torch.float32)
 
 
 def test_fold_without_conv_bias_and_library_bias(monkeypatch):

@@ -17,7 +17,7 @@ from autofuse.kernels.conv.rule import DEPTHWISE
 from autofuse.kernels.conv.spec import conv_refusal
 from autofuse.partition.partitioner import Partitioner
 from autofuse.settings import reload_settings
-from tests.helpers import assert_close
+from tests.helpers import assert_close, backend_training_matches
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
@@ -111,18 +111,8 @@ def test_backend_forward_and_backward_equal_eager(conv_kernel, name, conv, shape
     from autofuse.frontend import dynamo
 
     conv_kernel("kernel")
-    model, x = _model(conv, dtype), _input(shape, dtype, cl).requires_grad_(True)
-    want = model(x)
-    want.float().square().sum().backward()
-    want_grads = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
-    x.grad = None
-    model.zero_grad()
-    before = dynamo.compiled_count()
-    got = torch.compile(model, backend="autofuse")(x)
-    got.float().square().sum().backward()
-    assert_close(got, want, dtype, f"{name} forward")
-    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in model.parameters()], want_grads)):
-        assert_close(a, b, dtype, f"{name} grad {k}")
+    model, x = _model(conv, dtype), _input(shape, dtype, cl)
+    before = backend_training_matches(model, x, dtype, name)
     forward, backward = [c.plan for c in dynamo.compiled_since(before)]
     assert _conv_kernels(forward) and not _conv_kernels(backward)
 

@@ -13,7 +13,7 @@ from autofuse.ir.conv_layout import channels_last_strides, choose_layouts, relay
 from autofuse.ir.eager import bind_node
 from autofuse.kernels.reduction.kind import inner_rows
 from autofuse.settings import reload_settings
-from tests.helpers import assert_close
+from tests.helpers import assert_close, backend_training_matches
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
@@ -31,27 +31,6 @@ def _net(kind, dtype=torch.float32):
 
 def _convs(graph):
     return [i for i, n in enumerate(graph.nodes) if is_convolution(n)]
-
-
-def _backend_training_matches(net, x, dtype, what: str) -> int:
-    """``torch.compile(net, backend="autofuse")`` forward and backward against eager (values,
-    the output's strides, every gradient); the index of its first compiled graph."""
-    from autofuse.frontend import dynamo
-
-    x = x.detach().requires_grad_(True)
-    want = net(x)
-    want.float().square().sum().backward()
-    want_grads = [x.grad.clone()] + [p.grad.clone() for p in net.parameters()]
-    x.grad = None
-    net.zero_grad()
-    before = dynamo.compiled_count()
-    got = torch.compile(net, backend="autofuse")(x)
-    got.float().square().sum().backward()
-    assert_close(got, want, dtype, f"{what} backend forward")
-    assert got.stride() == want.stride()
-    for k, (a, b) in enumerate(zip([x.grad] + [p.grad for p in net.parameters()], want_grads)):
-        assert_close(a, b, dtype, f"{what} grad {k}")
-    return before
 
 
 @pytest.fixture
@@ -149,7 +128,7 @@ def test_forced_channels_last_equals_eager_through_both_front_ends(kind, dtype, 
     assert [graph[i].attr("layout") for i in _convs(graph)] == ["channels_last"]
     with torch.no_grad():
         assert_close(autofuse.optimize(net, (x,))(x), net(x), dtype, f"{kind} optimize")
-    before = _backend_training_matches(net, x, dtype, kind)
+    before = backend_training_matches(net, x, dtype, kind, strides=True)
     forward = dynamo.compiled_since(before)[0].plan.graph
     assert [forward[i].attr("layout") for i in _convs(forward)] == ["channels_last"]
 
@@ -181,7 +160,7 @@ def test_kept_channels_last_is_read_by_a_two_axis_tile(dims, dtype, layout_rule)
     assert got.stride() == net(x).stride()
     tiled = [k for k in f.plan.kernels if k.config.RBLOCK == 16]
     assert tiled, [k.name for k in f.plan.kernels]
-    before = _backend_training_matches(net, x, dtype, "tiled")
+    before = backend_training_matches(net, x, dtype, "tiled", strides=True)
     assert dynamo.compiled_count() > before
 
 
@@ -271,4 +250,4 @@ def test_a_chain_of_convolutions_converts_nothing_between_them(dtype, layout_rul
         got = f(x)
     assert_close(got, net(x), dtype, "optimize")
     assert got.stride() == net(x).stride() and set(f.plan.layouts) >= set(relu)
-    _backend_training_matches(net, x, dtype, "chain")
+    backend_training_matches(net, x, dtype, "chain", strides=True)

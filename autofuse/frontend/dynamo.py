@@ -230,6 +230,12 @@ def compiled_since(count: int) -> list[CompiledGraph]:
     return list(_COMPILED)[-new:] if new > 0 else []
 
 
+def _timing_inputs(metas: Sequence[Any]) -> tuple[bool, Callable[[], list[Any]]]:
+    """(whether the graph runs on CUDA, a function making real inputs of ``metas``' shapes):
+    what the planner times plans on, the inputs made only if it times."""
+    return _device_of(metas).startswith("cuda"), lambda: [_realize(m) for m in metas]
+
+
 def _realize(meta: Any) -> Any:
     """A real tensor with ``meta``'s shape, strides, dtype and device (for tuning and timing);
     a value that is not a tensor (a size, a flag) as it is."""
@@ -331,9 +337,7 @@ class AutofuseBackend:
             compiled.replay = GraphReplay(plan)
         elif kind == "inference" and mode == "auto":
             with unset_fake_temporarily():
-                on_cuda = _device_of(metas).startswith("cuda")
-                realized = lambda: [_realize(m) for m in metas]  # noqa: E731
-                compiled.graph_choice = Planner.replay(plan, on_cuda, realized)
+                compiled.graph_choice = Planner.replay(plan, *_timing_inputs(metas))
             compiled.replay = GraphReplay(plan) if compiled.graph_choice.replay else None
         self.records.append(compiled)
         _COMPILED.append(compiled)
@@ -368,9 +372,7 @@ class AutofuseBackend:
         if tuned:
             planned = self._tuned(planner, kind, metas)
         else:  # inputs of the graph's shapes are made only if two plans are timed
-            on_cuda = _device_of(metas).startswith("cuda")
-            realized = lambda: [_realize(m) for m in metas]  # noqa: E731
-            planned = planner.untuned(f"greedy {kind}", on_cuda, realized)
+            planned = planner.untuned(f"greedy {kind}", *_timing_inputs(metas))
         plan, tuning, choice = planned.plan, planned.tuning, planned.choice
         with _PLANS_LOCK:
             _PLANS[key] = (plan, tuning, choice)

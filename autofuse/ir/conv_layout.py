@@ -71,20 +71,24 @@ def relayout(graph: Graph, layout: str) -> Graph:
         if node.attr("layout_copy"):
             continue  # removed below (contiguous), kept as it is (channels-last)
         if not is_convolution(node) and node.attr("eager_strides") is not None:  # a kept input
-            attrs = {k: v for k, v in node.attrs if k != "eager_strides"}
-            nodes[i] = replace(node, attrs=make_attrs(**attrs), strides=node.attr("eager_strides"))
+            nodes[i] = _in_eager_layout(node)
             continue
         if not is_convolution(node) or not node.attr("layout") or node.attr("layout") == layout:
             continue
-        kept = node.attr("eager_strides")
-        attrs = {k: v for k, v in node.attrs if k != "eager_strides"}
-        attrs["layout_by"] = "plan"  # the whole plans timed: the report says so
-        plain = replace(node, attrs=make_attrs(**attrs), strides=kept or node.strides)
+        plain = _in_eager_layout(node, layout_by="plan")  # the whole plans timed: reported
         nodes[i] = _with_layout(plain, layout, keep=_keepable(graph, i))
     out = Graph(tuple(nodes), graph.inputs, graph.outputs)
     if layout == "channels_last":
         return keep_inputs(convert_inputs(out))
     return _without_copies(out)
+
+
+def _in_eager_layout(node: Node, **extra: str) -> Node:
+    """``node`` with the layout it kept undone (eager's strides back, ``eager_strides``
+    dropped) and ``extra`` attributes added."""
+    attrs = {k: v for k, v in node.attrs if k != "eager_strides"}
+    strides = node.attr("eager_strides") or node.strides
+    return replace(node, attrs=make_attrs(**{**attrs, **extra}), strides=strides)
 
 
 def _keepable(graph: Graph, i: int) -> bool:
@@ -158,8 +162,8 @@ def choose_layouts(graph: Graph, cuda: bool, rule: str | None = None,
 
 
 def _remapped(graph: Graph, visit) -> Graph:
-    """``graph`` rebuilt node by node: ``visit(node, remap, nodes)`` appends what replaces it
-    (its inputs already renumbered) and returns its new index."""
+    """``graph`` rebuilt node by node: ``visit(node, nodes)`` appends what replaces ``node``
+    (its inputs already renumbered) to ``nodes`` and returns its new index."""
     nodes: list[Node] = []
     remap: dict[int, int] = {}
     for i, node in enumerate(graph.nodes):

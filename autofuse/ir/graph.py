@@ -21,6 +21,7 @@ __all__ = [
     "Graph",
     "Node",
     "buffer_strides",
+    "kept_strides",
     "contiguous_strides",
     "dedupe",
     "make_attrs",
@@ -112,9 +113,15 @@ def buffer_strides(node: Node) -> tuple[int, ...]:
         return node.strides
     if node.op in EAGER_LAYOUT_OPS and node.strides and dense(node.shape, node.strides):
         return node.strides
+    return kept_strides(node) or contiguous_strides(node.shape)
+
+
+def kept_strides(node: Node) -> tuple[int, ...] | None:
+    """The strides of a layout the plan keeps for ``node``'s buffer (``eager_strides``
+    recorded, ``ir/conv_layout.py``: kernels write and read it so), None where it keeps none."""
     if node.attr("eager_strides") is not None and dense(node.shape, node.strides):
-        return node.strides  # a layout the plan keeps (ir/conv_layout.py): kernels write it so
-    return contiguous_strides(node.shape)
+        return tuple(node.strides)
+    return None
 
 
 def make_attrs(**kwargs: Any) -> tuple[tuple[str, Any], ...]:

@@ -189,8 +189,8 @@ class Plan:
     def layouts(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """The layout map: each buffer the plan holds in memory in another layout than eager's
         (a convolution's result or input kept channels-last, ``ir/conv_layout.py``) -> (its
-        strides in the plan, eager's strides). Kernels read such a buffer in the plan's layout; a graph output
-        is never in the map (outputs keep eager's strides)."""
+        strides in the plan, eager's strides). Kernels read such a buffer in the plan's layout;
+        a graph output is never in the map (outputs keep eager's strides)."""
         made = {s.node for s in self.fallbacks} | {s.call.out for s in self.library}
         made |= {i for k in self.kernels for i in k.info.stored}  # a buffer in memory
         out = {}

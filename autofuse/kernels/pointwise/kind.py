@@ -10,7 +10,7 @@ along the rows), where a flat loop would read the buffer at a stride of the chan
 
 from __future__ import annotations
 
-from autofuse.ir.graph import Graph, buffer_strides, numel
+from autofuse.ir.graph import Graph, kept_strides, numel
 from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
@@ -107,10 +107,9 @@ def tile_dim(graph: Graph, domain: tuple[int, ...], buffers: tuple[int, ...]) ->
     if len(domain) < 2 or domain[-1] == 1:
         return None
     for j in buffers:
-        node = graph[j]
-        if node.attr("eager_strides") is None or tuple(node.shape) != domain:
+        strides = kept_strides(graph[j])
+        if strides is None or tuple(graph[j].shape) != domain:
             continue
-        strides = buffer_strides(node)
         inner = [d for d, (st, n) in enumerate(zip(strides, domain)) if st == 1 and n > 1]
         if inner and inner[0] != len(domain) - 1 and 8 <= domain[inner[0]] <= MAX_TILE_COLUMNS:
             return inner[0]

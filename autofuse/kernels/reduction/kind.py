@@ -4,7 +4,7 @@ by dependency level (softmax: max, then sum)."""
 
 from __future__ import annotations
 
-from autofuse.ir.graph import Graph, buffer_strides, numel
+from autofuse.ir.graph import Graph, kept_strides, numel
 from autofuse.kernels.common import load_hints
 from autofuse.kernels.common.base import (
     FusionRefused,
@@ -170,11 +170,10 @@ def inner_rows(graph: Graph, info: GroupInfo) -> int:
     convolution's channels-last result, ``ir/conv_layout.py``), the kept dims that buffer holds
     closer together than any reduced one (its channels, for a reduction over H x W)."""
     dom, red = info.domain, info.reduce_dims
-    for j in info.loads:
-        node = graph[j]
-        if node.attr("eager_strides") is None or tuple(node.shape) != tuple(dom) or not red:
+    for j in info.loads if red else ():
+        strides = kept_strides(graph[j])
+        if strides is None or tuple(graph[j].shape) != tuple(dom):
             continue
-        strides = buffer_strides(node)
         low = min(strides[d] for d in red)
         return numel(s for d, s in enumerate(dom) if d not in red and strides[d] < low)
     last = max(red, default=len(dom))
