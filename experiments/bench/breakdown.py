@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -136,10 +135,12 @@ def training_phases(case, fn, optimizer=None) -> list[tuple[str, Callable[[], An
 
 
 def backends(model, names: Sequence[str]) -> dict[str, Any]:
-    """The callables compared: eager (the model), torch.compile default, autofuse's backend."""
+    """The callables compared: eager (the model), torch.compile default and max-autotune,
+    autofuse's backend."""
     import torch
 
     made = {"eager": lambda m: m, "compile_default": torch.compile,
+            "compile_max_autotune": lambda m: torch.compile(m, mode="max-autotune"),
             "autofuse": lambda m: torch.compile(m, backend="autofuse")}  # fmt: skip
     unknown = [n for n in names if n not in made]
     if unknown:
@@ -163,6 +164,16 @@ def run_model(name: str, size: str, device: str, names: Sequence[str], runs: int
     return out
 
 
+def _header(device: str, size: str) -> dict[str, Any]:
+    """The record's stamp: commit, GPU, torch, Triton, cuDNN, CUDA and the precision flags
+    (the same in every arm: the process's)."""
+    from experiments.bench.bench_models import stamp
+    from experiments.kernelbench.gpu import library_versions, precision_flags
+
+    return {**stamp(device), **library_versions(), "precision": precision_flags(),
+            "device": device, "size": size, "models": {}}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="gpt2,llama_eager,llama_sdpa,bert,vit")
@@ -174,9 +185,9 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     if a.runs < 1:
         p.error(f"--runs must be at least 1, got {a.runs}")
-    record: dict[str, Any] = {"commit": os.environ.get("AUTOFUSE_COMMIT", "unknown"),
-                              "device": a.device, "size": a.size, "models": {}}  # fmt: skip
+    record = _header(a.device, a.size)
     path = Path(a.out) / "breakdown.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     for model in a.models.split(","):
         record["models"][model] = run_model(model, a.size, a.device, a.backends.split(","), a.runs)
         path.write_text(json.dumps(record, indent=1))

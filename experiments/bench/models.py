@@ -2,7 +2,8 @@
 weights (nothing is downloaded), each as an inference call and as a training step.
 
 Models: ``llama_eager`` / ``llama_sdpa`` (``LlamaModel`` with that attention implementation),
-``gpt2`` (``GPT2Model``), ``bert`` (``BertModel``), ``vit`` (``ViTModel``). Sizes: ``tiny`` for the
+``gpt2`` (``GPT2Model``), ``bert`` (``BertModel``), ``vit`` (``ViTModel``); on request ``t5``
+(``T5EncoderModel``: relative position bias added to the attention scores). Sizes: ``tiny`` for the
 CPU tests (hidden 32-64, 1-2 layers, sequence 8-16, fp32; the kernels run in Triton's
 interpreter) and ``realistic`` for the GPU bench (hidden 2048, sequence 1024, bf16, 2 layers).
 Dropout probabilities are 0, so train and eval mode compute the same function and outputs can
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 MODELS = ("llama_eager", "llama_sdpa", "gpt2", "bert", "vit")
+EXTRA = ("t5",)  # built on request (``--models t5``), not in the default sets
 SIZES = ("tiny", "realistic")
 
 
@@ -176,7 +178,19 @@ def _config(name: str, s: dict) -> Any:
         )
         cfg._attn_implementation = "eager"
         return tf.ViTModel, cfg
-    raise KeyError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
+    if name == "t5":
+        cfg = tf.T5Config(
+            d_model=s["hidden"],
+            d_kv=s["hidden"] // s["heads"],
+            d_ff=s["ffn"],
+            num_layers=s["layers"],
+            num_heads=s["heads"],
+            vocab_size=s["vocab"],
+            dropout_rate=0.0,
+            use_cache=False,
+        )
+        return tf.T5EncoderModel, cfg
+    raise KeyError(f"unknown model {name!r}: expected one of {', '.join(MODELS + EXTRA)}")
 
 
 def build(
