@@ -31,7 +31,7 @@ CLASSES = ("gemm", "attention", "conv", "fused", "copy", "eager")
 _RULES = (  # first match wins; names lower-cased
     ("attention", r"autofuse_att|fmha|flash|attention|sdpa|_mha"),
     ("conv", r"conv|fprop|dgrad|wgrad|implicit_gemm"),
-    ("gemm", r"autofuse_mm|gemm|xmma|cutlass|cublas|wgmma|"
+    ("gemm", r"autofuse_mm|gemm|xmma|cutlass|cublas|wgmma|nvjet|"
              r"triton_tem_fused_(?:.*_)?(?:mm|bmm|addmm)|^aten::(?:mm|bmm|addmm|matmul|linear)$"),
     ("fused", r"^autofuse_|^triton_"),
     ("copy", r"copy|memcpy|memset|^aten::(?:cat|fill_|zero_|clone|contiguous)$"),
@@ -69,8 +69,20 @@ def summarize(phases: dict[str, float], kernels: list[tuple[str, str, float, flo
             by_class[classify(n)] += (e - s) / runs
         busy = busy_us([(s, e) for _, s, e in mine]) / runs
         out[phase] = {"wall_us": wall / runs, "kernel_us": by_class, "busy_us": busy,
-                      "host_gap_us": max(0.0, wall / runs - busy), "launches": len(mine) / runs}  # fmt: skip
+                      "host_gap_us": max(0.0, wall / runs - busy), "launches": len(mine) / runs,
+                      "top": top_kernels(mine, runs)}  # fmt: skip
     return out
+
+
+def top_kernels(kernels: Sequence[tuple[str, float, float]], runs: int, n: int = 12) -> list:
+    """The ``n`` kernels (by name) taking the most time per step: [name, class, µs, count]."""
+    total: dict[str, list[float]] = {}
+    for name, s, e in kernels:
+        t = total.setdefault(name, [0.0, 0.0])
+        t[0] += (e - s) / runs
+        t[1] += 1 / runs
+    ranked = sorted(total.items(), key=lambda kv: -kv[1][0])[:n]
+    return [[name[:120], classify(name), round(us, 1), round(c, 2)] for name, (us, c) in ranked]
 
 
 def profile_phases(phases: Sequence[tuple[str, Callable[[], Any]]], runs: int = 3,
@@ -189,6 +201,10 @@ def main(argv: list[str] | None = None) -> dict:
     path = Path(a.out) / "breakdown.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     for model in a.models.split(","):
+        import torch
+
+        torch._dynamo.reset()  # models share code objects (transformers' wrappers): a fresh
+        # recompile budget for each, or the later models run eager in every compiled arm
         record["models"][model] = run_model(model, a.size, a.device, a.backends.split(","), a.runs)
         path.write_text(json.dumps(record, indent=1))
         print(model, json.dumps(record["models"][model])[:400])
