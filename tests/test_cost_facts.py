@@ -12,6 +12,7 @@ import torch
 from autofuse.capture.trace import capture
 from autofuse.kernels import KINDS, config_space, generate, kind_of
 from autofuse.kernels.common.emitter import Emitter
+from autofuse.kernels.common.reads import streamed_loads
 from autofuse.measure import Candidate, CostModel
 from autofuse.partition.partitioner import Partitioner
 from autofuse.tune.prune import ModelPrune
@@ -91,3 +92,19 @@ def test_row_gemm_reads_are_what_its_emitter_records(skip):
             assert got == (kernel.meta.load_passes, kernel.meta.dots), config
             seen += 1
     assert seen > 40
+
+
+def test_streamed_loads_are_those_one_loop_alone_reads():
+    """A looped reduction's loads read by one column loop alone (streamed ``evict_first``),
+    found with no render, are those its emitter reads in one loop alone."""
+    seen = 0
+    for graph, info, config, _ in _corpus():
+        if info.kind not in ("reduction", "scan") or config.RBLOCK >= info.rnumel:
+            continue
+        probe = Emitter(graph, info, config)
+        probe.emit()
+        regions = probe.regions
+        want = {i for i in info.loads if i not in regions[0] and sum(i in r for r in regions) == 1}
+        assert streamed_loads(graph, info) == want, config
+        seen += 1
+    assert seen > 20

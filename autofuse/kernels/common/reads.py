@@ -157,11 +157,26 @@ def walk_loop_kernel(reads: Reads, in_loop: Callable[[Callable[[], Any]], None])
         in_loop(lambda: [reads.value(s) for s in fulls])
 
 
+def looped_reads(graph: Graph, info: GroupInfo) -> Reads:
+    """The walk of a looped pointwise, reduction, scan or scatter kernel (the row in chunks)."""
+    reads = Reads(graph, info, True)
+    walk_loop_kernel(reads, reads.loop)
+    return reads
+
+
 def loop_reads(graph: Graph, info: GroupInfo, rblock: int) -> tuple[tuple[int, ...], int]:
     """(load passes, dots) of a pointwise, reduction, scan or scatter kernel of ``rblock``
     columns a step: every load read once unless the row is looped."""
     if not info.reduces or rblock >= info.rnumel:
         return (1,) * len(info.loads), 0
-    reads = Reads(graph, info, True)
-    walk_loop_kernel(reads, reads.loop)
+    reads = looped_reads(graph, info)
     return reads.passes(), reads.dots
+
+
+def streamed_loads(graph: Graph, info: GroupInfo) -> frozenset[int]:
+    """The loaded nodes a looped kernel reads inside exactly one column loop and nowhere else
+    (streamed through the cache: what later loops re-read stays in L2)."""
+    regions = looped_reads(graph, info).regions
+    return frozenset(
+        i for i in info.loads if i not in regions[0] and sum(i in r for r in regions[1:]) == 1
+    )
