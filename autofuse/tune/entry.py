@@ -23,6 +23,7 @@ from autofuse.files import ensure_writable
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan
 from autofuse.settings import cache_home
+from autofuse.tune.record import TuneResult
 
 
 class CacheStore:
@@ -161,8 +162,6 @@ def cache_result(
 def cached_result(plan: Plan, meta: dict) -> Any:
     """The search record of a cached plan, as its entry keeps it (times, trials, baselines), for
     the report of a cache hit; None where the entry has no times."""
-    from autofuse.tune.tuner import TuneResult
-
     value, source = meta.get("value_s"), str(meta.get("source") or "modeled")
     times, base = meta.get("kernel_times_s"), meta.get("baselines_s") or {}
     if not isinstance(value, (int, float)) or not isinstance(times, dict):
