@@ -23,12 +23,7 @@ from autofuse.capture import CaptureError, TraceUnsupported
 from autofuse.capture.state import buffers_kept
 from autofuse.capture.trace import capture, check_callable, check_real
 from autofuse.interpreter import InterpreterNote, interpreting
-from autofuse.plan.graph_choice import (
-    GraphChoice,
-    choose_replay,
-    cuda_inputs,
-    parse_cuda_graph,
-)
+from autofuse.plan.graph_choice import GraphChoice, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.planner import Planner
 from autofuse.report import Explanation, summarize
@@ -156,27 +151,15 @@ def note_interpreter_size(fn: Any, example_inputs: Any) -> None:
         )
 
 
-def _choose_graphs(opt: OptimizedFunction, args: tuple, timer: Any = None) -> None:
-    """``cuda_graph="auto"``: replay only where it times faster end to end (a fresh replay
-    is kept: the timing one was captured over the example inputs' buffers)."""
+def _choose_graphs(opt: OptimizedFunction, args: tuple) -> None:
+    """``cuda_graph="auto"``: the planner's choice (:meth:`Planner.replay`) of whether the plan
+    replays a CUDA graph, timed on the call's inputs (a fresh replay is kept: the timing one
+    was captured over the example inputs' buffers)."""
     if not opt.plain_call:  # a module's (or nested inputs') call takes the checked path
         opt.graph_choice = GraphChoice(False, None, None, "only plain tensor calls replay")
         return
-    probe = GraphReplay(opt.plan)
-
-    def plain() -> Any:
-        opt.graphs = None
-        return opt(*args)
-
-    def replayed() -> Any:
-        opt.graphs = probe
-        return opt(*args)
-
-    kw = {} if timer is None else {"timer": timer}
-    with torch.no_grad():
-        choice = choose_replay(plain, replayed, cuda_inputs(args), **kw)
-    opt.graphs = GraphReplay(opt.plan) if choice.replay and probe.off is None else None
-    opt.graph_choice = choice
+    opt.graph_choice = Planner.replay(opt.plan, cuda_inputs(args), lambda: opt.flat_inputs(args))
+    opt.graphs = GraphReplay(opt.plan) if opt.graph_choice.replay else None
 
 
 def _tuned_bucket(fn: Any, example_inputs: Sequence[Any], dims: dict, options: dict) -> Any:

@@ -23,7 +23,7 @@ def modeled_costs() -> dict[str, str]:
     model, out = CostModel(), {}
     for name, key, graph, kernel in default_corpus_kernels():
         if not isinstance(kernel, str):
-            out[f"{name} {key}"] = repr(model.kernel_time(graph, kernel.info, kernel))
+            out[f"{name} {key}"] = repr(model.kernel_time(graph, kernel.info, kernel.config))
     return out
 
 

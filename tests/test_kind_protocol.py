@@ -55,7 +55,7 @@ def test_cost_facts_come_from_the_kind():
     the runtime-size answer reaches the bucket rule."""
     x, w = torch.randn(16, 32), torch.randn(32, 24)
     facts = {
-        info.kind: (cost_facts(g, info, k), bucket_config_fits(info))
+        info.kind: (cost_facts(g, info, k.config), bucket_config_fits(info))
         for g, info, k in _kernels(lambda a, b: (torch.relu(a @ b) + 1.0, a.sum(-1)), x, w)
     }
     (gemm,) = [v for v in facts.values() if isinstance(v[0], TileCost)]

@@ -260,7 +260,7 @@ def test_no_package_import_loops():
 # (the backend, frontend/optimized and frontend/options) or Triton (a measurement worker before
 # its environment is set) out of a process that does not need them. This number may only go
 # down.
-MAX_DEFERRED_IMPORTS = 9
+MAX_DEFERRED_IMPORTS = 8
 
 
 def _deferred_imports() -> list[tuple[str, int]]:

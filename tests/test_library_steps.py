@@ -195,11 +195,12 @@ def test_an_entry_naming_an_unknown_call_is_corrupt(tmp_path, field, value, prob
 
 def test_a_bucket_keeps_its_library_calls():
     from autofuse.plan.buckets import BucketPlans
+    from autofuse.plan.planner import Planner
 
     args = linear_args()
     plan = _plan(args)
     buckets = BucketPlans()
     buckets.remember(("b",), plan)
-    again = buckets.instantiate(("b",), plan.graph, "again")
+    again = Planner(plan.graph).rebuilt(buckets.partition(("b",)), "again")
     assert again is not None and [s.call for s in again.library] == [s.call for s in plan.library]
     assert isinstance(again, Plan)

@@ -1,5 +1,5 @@
 """One planner (``autofuse/plan/planner.py``): ``optimize``, ``explain``, the torch.compile
-backend and the overnight runner arrive at their plans through it; it is handed the cache and
+backend, the overnight runner and ``load`` arrive at their plans through it; it is handed the cache and
 the search behind two small interfaces, and builds the graph's Partitioner."""
 
 import ast
@@ -13,7 +13,12 @@ from autofuse.plan.planner import Planner
 
 PACKAGE = Path(__file__).resolve().parents[1] / "autofuse"
 PLANNER = "autofuse/plan/planner.py"
-FRONT_ENDS = ("autofuse/api.py", "autofuse/frontend/dynamo.py", "autofuse/tune/results.py")
+FRONT_ENDS = (
+    "autofuse/api.py",
+    "autofuse/frontend/dynamo.py",
+    "autofuse/tune/results.py",
+    "autofuse/cache/load.py",
+)
 
 
 def _calls(name: str) -> set[str]:
@@ -34,9 +39,17 @@ def test_the_partitioner_is_built_in_the_planner_alone():
 
 
 def test_plans_are_built_from_partitions_in_one_place():
-    """``planner.assemble``, which the search and the bucket plans call too."""
+    """``planner.assemble``, which the search calls too; a cached plan made at another size of
+    its bucket is rebuilt by the planner (``Planner.fitted``), and the CUDA graph choice is the
+    planner's (``Planner.replay``) in ``optimize`` as in the backend."""
     assert _calls("build_plan") == {PLANNER}
-    assert _calls("assemble") == {PLANNER, "autofuse/plan/buckets.py", "autofuse/tune/tuner.py"}
+    assert _calls("assemble") == {PLANNER, "autofuse/tune/tuner.py"}
+    assert _calls("choose_replay") == {PLANNER}
+    assert _calls("structure_key") <= {
+        PLANNER,
+        "autofuse/plan/buckets.py",
+        "autofuse/cache/buckets.py",
+    }
 
 
 def test_the_front_ends_plan_through_the_planner():
@@ -139,3 +152,27 @@ def test_the_planner_decides_cuda_graph_replay():
     choice = Planner.replay(plan, False, lambda: made.append(1) or [x])
     assert not choice.replay and choice.plain_s is None and "not on CUDA" in choice.why
     assert not made
+
+
+def test_a_cached_plan_of_another_size_is_rebuilt_by_the_planner():
+    """A bucket's entry (a plan made at another size of the graph's structure) is fitted to the
+    graph: its partition rebuilt at this size, the record's plan the rebuilt one; a plan of
+    another structure is passed over for the next one offered."""
+
+    def f(x):
+        return torch.sigmoid(x) * 2.0
+
+    def g(x):
+        return torch.relu(x) + 1.0
+
+    small, big = capture(f, (torch.randn(4, 8),)), capture(f, (torch.randn(4, 16),))
+    other = Planner(capture(g, (torch.randn(4, 8),)).graph).greedy("other")
+    cached = Planner(small.graph).greedy("bucket")
+    planner = Planner(big.graph)
+    record = SimpleNamespace(plan=cached)
+    hit = planner.first_fit([(other, "skipped"), (cached, record)])
+    assert hit is not None and hit.plan.graph is big.graph and hit.plan.label == "bucket"
+    assert hit.plan.groups == cached.groups and hit.tuning is record
+    assert planner.first_fit([(other, None)]) is None
+    same = Planner(small.graph).cached(FakeStore((cached, "r")), small, (), {})
+    assert same.plan is cached and same.tuning == "r"

@@ -67,3 +67,13 @@ def test_pricing_a_verified_candidate_renders_once(monkeypatch):
     m = CostModel(verify=True).measure(candidate)
     assert m.ok, m.error
     assert sum(renders.values()) == 1, renders
+
+
+def test_pricing_renders_nothing(monkeypatch):
+    """The cost model prices the group and its config (``kernels.cost_facts``): no render."""
+    renders = _count_renders(monkeypatch)
+    x = torch.randn(4, 64)
+    graph = capture(_softmax, (x,)).graph
+    info = analyze_group(graph, Partitioner(graph).greedy().groups[0])
+    m = CostModel().measure(Candidate(graph, info, default_config(info, graph)))
+    assert m.ok and not renders, renders

@@ -14,8 +14,7 @@ An exact entry's key hashes the graph with its sizes. A bucket entry's key hashe
   generator, options).
 
 The entry holds the plan of the tuning size; ``load`` at another size of the bucket builds its
-partition and configs for the graph captured at that size (``plan/buckets.py``'s
-``instantiate``): the kernels are generated from that graph, so they compute what it
+partition and configs for the graph captured at that size (the planner's ``fitted``): the kernels are generated from that graph, so they compute what it
 computes. The index ``buckets/<structure>.json`` lists, per graph structure (ops and edges,
 no sizes), the dims and masks cached, which is how ``load`` finds a bucket entry with no
 ``dynamic=`` of its own.
@@ -39,8 +38,7 @@ from autofuse.capture.trace import Captured, capture
 from autofuse.files import write_atomic
 from autofuse.ir.graph import Graph, Node
 from autofuse.kernels.common.sizes import size_bucket
-from autofuse.plan.buckets import instantiate, partition_of, structure_key
-from autofuse.plan.steps import Plan
+from autofuse.plan.buckets import structure_key
 
 __all__ = [
     "BUCKETS_DIR",
@@ -49,7 +47,6 @@ __all__ = [
     "bucket_key",
     "bucket_parts",
     "bucket_specs",
-    "for_graph",
     "note_bucket",
     "probe",
     "spec_for",
@@ -178,16 +175,6 @@ def bucket_key(captured: Captured, example_inputs: Sequence[Any], spec: BucketSp
     device = DeviceInfo.current(inputs_device(example_inputs))
     parts = bucket_parts(key_parts(captured, device, options), captured, example_inputs, spec)
     return key_of_parts(parts), parts
-
-
-def for_graph(plan: Plan, graph: Graph) -> Plan | None:
-    """A bucket entry's ``plan`` as it runs ``graph`` (a capture at another size of the
-    bucket): its partition and configs built for ``graph``; None where they do not fit."""
-    if plan.graph.key == graph.key:
-        return plan
-    if structure_key(plan.graph) != structure_key(graph):
-        return None
-    return instantiate(graph, partition_of(plan), plan.label)
 
 
 def spec_for(fn: Any, captured: Captured, example_inputs: Sequence[Any],

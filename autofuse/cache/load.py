@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from autofuse import logs
-from autofuse.cache.buckets import bucket_key, bucket_specs, for_graph
+from autofuse.cache.buckets import bucket_key, bucket_specs
 from autofuse.cache.calls import call_key_why, captured_from, note_unkeyed, read_call, write_call
 from autofuse.cache.disk import (
     entry_dir,
@@ -22,6 +23,8 @@ from autofuse.cache.keys import (
 )
 from autofuse.capture import trace
 from autofuse.capture.state import buffers_kept
+from autofuse.plan.planner import Planner
+from autofuse.plan.steps import Plan
 from autofuse.runner import OptimizedFunction
 from autofuse.settings import cache_home
 
@@ -116,15 +119,20 @@ def load(
             "not cached for load: call torch.compile(fn, backend='autofuse') in this process"
         )
         return _missed(fn, "", why, hint, strict, os.path.abspath(cache_dir))
-    key = key_for(captured, example_inputs, options)
-    opt, problem = _load_by_key(cache_dir, key, captured, fn, cuda_graph)
-    if opt is not None:
-        write_call(cache_dir, ck, key, captured)
+    entries = Entries(cache_dir, _fn_name(fn))
+    hit = Planner(captured.graph).first_fit(entries.offered(captured, example_inputs, options))
+    if hit is not None:
+        entry = hit.tuning
+        if entry.by_bucket:
+            logs.emit("cache", f"hit: {_fn_name(fn)} (key {entry.key}, by bucket)")
+        else:
+            write_call(cache_dir, ck, entry.key, captured)
+        opt = OptimizedFunction(captured, hit.plan, fn, cuda_graph=cuda_graph)
+        opt.cache_key = entry.key
+        opt.cache_metadata = entry.meta
         return opt
-    opt, buckets = _load_by_bucket(cache_dir, captured, example_inputs, options, fn, cuda_graph)
-    if opt is not None:
-        return opt
-    why, hint = _miss_text(_fn_name(fn), key, problem, cache_dir)
+    key, buckets = entries.key, entries.buckets
+    why, hint = _miss_text(_fn_name(fn), key, entries.problem, cache_dir)
     if buckets:
         why += (f"; {buckets} shape bucket(s) of its graph are cached, none holding these "
                 "sizes (with these dtypes, layouts and static sizes)")  # fmt: skip
@@ -140,41 +148,44 @@ def _capture(fn: Any, example_inputs: Sequence[Any]) -> tuple[Any, str | None]:
         return None, f"{_fn_name(fn)} cannot be captured as one plan ({e})"
 
 
-def _load_by_key(
-    cache_dir: Any, key: str, captured: Any, fn: Any, cuda_graph: bool
-) -> tuple[Any, str | None]:
-    """(the entry ``key`` of ``captured``'s graph ready to run, None), or (None, its problem:
-    None for a plain miss)."""
-    plan, meta, problem = read_entry(cache_dir, key)
-    if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)
-        plan, problem = None, f"{entry_dir(cache_dir, key) / PLAN_FILE}: holds another graph"
-    logs.emit("cache", f"{'hit' if plan is not None else 'miss'}: {_fn_name(fn)} (key {key})")
-    if plan is None:
-        return None, problem
-    opt = OptimizedFunction(captured, plan, fn, cuda_graph=cuda_graph)
-    opt.cache_key = key
-    opt.cache_metadata = meta
-    return opt, None
+@dataclass(frozen=True)
+class Entry:
+    """A cached entry offered to the planner: its key, its metadata, whether it is a shape
+    bucket's (its plan made at another size of the bucket)."""
+
+    key: str
+    meta: dict
+    by_bucket: bool
 
 
-def _load_by_bucket(cache_dir: Any, captured: Any, example_inputs: Sequence[Any],
-                    options: dict | None, fn: Any, cuda_graph: bool) -> Any:  # fmt: skip
-    """(the entry of the shape bucket these inputs fall in (``cache/buckets.py``), its plan
-    built for the captured graph, ready to run, or None where no bucket entry holds them; the
-    number of bucket specs indexed for the graph's structure)."""
-    specs = bucket_specs(cache_dir, captured.graph)
-    for spec in specs:
-        key, _ = bucket_key(captured, example_inputs, spec, options)
-        plan, meta, _ = read_entry(cache_dir, key)
-        plan = None if plan is None else for_graph(plan, captured.graph)
-        if plan is None:
-            continue
-        logs.emit("cache", f"hit: {_fn_name(fn)} (key {key}, by bucket)")
-        opt = OptimizedFunction(captured, plan, fn, cuda_graph=cuda_graph)
-        opt.cache_key = key
-        opt.cache_metadata = meta
-        return opt, len(specs)
-    return None, len(specs)
+class Entries:
+    """The cache under ``cache_dir`` as ``load`` offers it to the planner for a captured call
+    (``Planner.first_fit`` takes the first plan that runs the graph): the entry of the call's
+    key, then those of the shape buckets indexed for its graph's structure
+    (``cache/buckets.py``). After the offer: ``key`` (the exact key), ``problem`` (why its
+    entry is unusable; None for a plain miss) and ``buckets`` (the bucket specs indexed)."""
+
+    def __init__(self, cache_dir: Any, name: str) -> None:
+        self.cache_dir, self.name = cache_dir, name
+        self.key, self.problem, self.buckets = "", None, 0
+
+    def offered(self, captured: Any, example_inputs: Sequence[Any],
+                options: dict | None) -> Iterator[tuple[Plan, Entry]]:  # fmt: skip
+        self.key = key = key_for(captured, example_inputs, options)
+        plan, meta, self.problem = read_entry(self.cache_dir, key)
+        if plan is not None and plan.graph.key != captured.graph.key:  # (key: NaN-safe compare)
+            plan = None
+            self.problem = f"{entry_dir(self.cache_dir, key) / PLAN_FILE}: holds another graph"
+        logs.emit("cache", f"{'hit' if plan is not None else 'miss'}: {self.name} (key {key})")
+        if plan is not None:
+            yield plan, Entry(key, meta, False)
+        specs = bucket_specs(self.cache_dir, captured.graph)
+        self.buckets = len(specs)
+        for spec in specs:
+            bkey, _ = bucket_key(captured, example_inputs, spec, options)
+            plan, meta, _ = read_entry(self.cache_dir, bkey)
+            if plan is not None:
+                yield plan, Entry(bkey, meta, True)
 
 
 def _miss_text(name: str, key: str, problem: str | None, cache_dir: Any) -> tuple[str, str]:

@@ -360,15 +360,15 @@ class AutofuseBackend:
             hit = _PLANS.get(key)
         if hit is not None and not self.options.get("retune"):
             return hit
-        shared = None
+        shared, planner = None, Planner(graph)
         if runtime_bucket() is not None:  # a shape of a bucket: the bucket's plan, if any
             shared = bucket_key(runtime_bucket(), graph, (kind, _device_of(metas), tuned))
-            plan = _BUCKETS.instantiate(shared, graph, f"{kind}, bucket plan")
+            part = _BUCKETS.partition(shared)
+            plan = None if part is None else planner.rebuilt(part, f"{kind}, bucket plan")
             if plan is not None:
                 self.counts["bucket_instances"] += 1
                 return plan, None, None
         self.counts["plans"] += 1
-        planner = Planner(graph)
         if tuned:
             planned = self._tuned(planner, kind, metas)
         else:  # inputs of the graph's shapes are made only if two plans are timed

@@ -263,9 +263,12 @@ def generate(graph: Graph, info: GroupInfo, config: Any, index: int = 0) -> Kern
     return kind.generate(graph, info, config, index)
 
 
-def cost_facts(graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost | TileCost:
-    """What ``kernel`` moves and computes, as its kind tells the cost model."""
-    return kind_of(info).cost_facts(graph, info, kernel)
+def cost_facts(graph: Graph, info: GroupInfo, config: Any) -> LoopCost | TileCost:
+    """What the kernel of ``info``'s group under ``config`` moves and computes, as its kind
+    tells the cost model from the group and the config (no kernel rendered)."""
+    kind = kind_of(info)
+    kind.check_config(info, config)
+    return kind.cost_facts(graph, info, config)
 
 
 def check_config(info: GroupInfo, config: Any) -> None:

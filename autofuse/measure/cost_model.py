@@ -1,26 +1,25 @@
-"""The analytical cost model: an estimate of a kernel's time from its metadata and its group
-(bytes, flops, occupancy); every figure it gives is *modeled*, never measured."""
+"""The analytical cost model: an estimate of a kernel's time from its group and its config
+(bytes, flops, occupancy), with no kernel rendered; every figure it gives is *modeled*, never
+measured."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from autofuse.interpreter import interpreting
 from autofuse.ir.graph import Graph
-from autofuse.kernels import GroupInfo, Kernel, cost_facts
+from autofuse.kernels import GroupInfo, cost_facts
 from autofuse.kernels.common.cost import LoopCost, TileCost
 from autofuse.measure.candidate import (
     Candidate,
     Measurement,
     describe_error,
 )
-from autofuse.measure.verify import (
-    build_kernel,
-    verify_candidate,
-)
+from autofuse.measure.verify import verify_candidate
 from autofuse.report import nbytes
 from autofuse.settings import HOPPER
 
@@ -33,9 +32,9 @@ from autofuse.settings import HOPPER
 class CostModel:
     """An analytical *model* of a kernel's time on an H100/H200-class GPU; never a measurement.
 
-    Each kernel's kind tells what it moves and computes (``kernels.cost_facts``): a loop
-    kernel (``LoopCost``) or a tiled product (``TileCost``); this model prices the facts and
-    names no kind.
+    Each kernel's kind tells what it moves and computes (``kernels.cost_facts``), from the
+    group and the config alone (pricing renders no kernel): a loop kernel (``LoopCost``) or a
+    tiled product (``TileCost``); this model prices the facts and names no kind.
 
     Loop kernels: time = max(t_memory, t_compute) * spill_penalty + waves * program_cost +
     launch_overhead.
@@ -84,8 +83,8 @@ class CostModel:
                 why = verify_candidate(candidate, self.verify_device(), self.seed)
                 if why:
                     return Measurement.failed(why, "modeled")
-            sub, info, kernel = build_kernel(candidate)
-            seconds = self.kernel_time(sub, info, kernel)
+            sub, info = candidate.standalone_parts
+            seconds = self.kernel_time(sub, info, candidate.config)
         except Exception as e:  # noqa: BLE001
             return Measurement.failed(describe_error(e), "modeled")
         if isinstance(seconds, str):
@@ -98,8 +97,10 @@ class CostModel:
         return "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
 
     # -- pieces ------------------------------------------------------------------------------
-    def kernel_time(self, g: Graph, info: GroupInfo, kernel: Kernel) -> float | str:
-        facts = cost_facts(g, info, kernel)
+    def kernel_time(self, g: Graph, info: GroupInfo, config: Any) -> float | str:
+        """The modeled seconds of the kernel of ``info``'s group under ``config``, or why it
+        fails (out of shared memory)."""
+        facts = cost_facts(g, info, config)
         if isinstance(facts, TileCost):
             return self._tile_time(facts)
         return self._loop_time(facts)

@@ -1,7 +1,7 @@
 """Plans shared by the shapes of one bucket: a graph compiled for a new shape in a bucket that
 already has a plan (same graph structure: ops and edges) gets that plan's partition and its
 loop kernels' launch configs (other kinds choose theirs at the exact shape), instantiated at
-the exact shape (``planner.assemble``): no new partition, no new search, and its loop kernels' text is
+the exact shape (``Planner.rebuilt``): no new partition, no new search, and its loop kernels' text is
 the bucket plan's (runtime sizes, ``kernels/common/sizes.py``), so those kernels are not built again."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from typing import Any
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels import bucket_config_fits
-from autofuse.plan.planner import assemble
 from autofuse.plan.steps import Plan
 
-__all__ = ["BucketPlans", "instantiate", "partition_of", "structure_key"]
+__all__ = ["BucketPlans", "partition_of", "structure_key"]
 
 
 def structure_key(graph: Graph) -> str:
@@ -29,21 +28,12 @@ def structure_key(graph: Graph) -> str:
 
 
 def partition_of(plan: Plan) -> tuple[tuple[frozenset[int], ...], tuple[Any, ...]]:
-    """The groups and choices ``assemble`` makes ``plan`` from (a library step's call kept:
+    """The groups and choices ``planner.assemble`` makes ``plan`` from (a library step's call kept:
     its arguments are nodes, the same at every shape of the bucket)."""
     library = tuple(frozenset(s.nodes) for s in plan.library)
     configs = tuple(k.config if bucket_config_fits(k.info) else None for k in plan.kernels)
     configs += tuple(s.call for s in plan.library)
     return plan.groups + library, configs
-
-
-def instantiate(graph: Graph, part: tuple, label: str) -> Plan | None:
-    """The partition ``part`` (:func:`partition_of` a plan of the bucket) built for ``graph``;
-    None where it does not fit this graph (a group the kinds refuse at this shape)."""
-    try:
-        return assemble(graph, part[0], part[1], label=label)
-    except Exception:  # noqa: BLE001 - a partition that does not fit: a fresh plan is made
-        return None
 
 
 class BucketPlans:
@@ -53,12 +43,10 @@ class BucketPlans:
         self._parts: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
 
-    def instantiate(self, key: tuple, graph: Graph, label: str) -> Plan | None:
-        """The bucket's partition built for ``graph``; None where the bucket has none yet or
-        it does not fit this graph (a group the kinds refuse at this shape)."""
+    def partition(self, key: tuple) -> tuple | None:
+        """The bucket's partition (for ``Planner.rebuilt``), None where it has none yet."""
         with self._lock:
-            part = self._parts.get(key)
-        return None if part is None else instantiate(graph, part, label)
+            return self._parts.get(key)
 
     def remember(self, key: tuple, plan: Plan) -> None:
         with self._lock:

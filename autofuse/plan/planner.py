@@ -17,15 +17,21 @@
   :class:`Searcher`): ``plan/`` imports neither;
 - the plans ``explain`` compares (:meth:`Planner.explained`) and the greedy plan a report
   times (:meth:`Planner.greedy`);
+- a cached plan as it runs this graph (:meth:`Planner.cached`, :meth:`Planner.first_fit`:
+  an entry of this graph as it is, one cached at another size of its shape bucket, or a
+  bucket's partition in the backend, rebuilt for this graph's sizes): the tuned plan's cache
+  hit and ``autofuse.load``'s entries alike;
 - whether a plan replays a CUDA graph (:meth:`Planner.replay`, ``cuda_graph="auto"``).
 
-The graph's :class:`Partitioner` (its legal fusion decisions) is built here, once per planner.
+The graph's :class:`Partitioner` (its legal fusion decisions) is built here, once per planner,
+when a plan is first made (a cache hit of this graph makes none).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, is_dataclass, replace
+from functools import cached_property
 from typing import Any, Protocol
 
 import torch
@@ -35,6 +41,7 @@ from autofuse.interpreter import interpreting
 from autofuse.ir.conv_layout import relayout
 from autofuse.ir.graph import Graph
 from autofuse.partition import Partitioner
+from autofuse.plan.buckets import partition_of, structure_key
 from autofuse.plan.build import build_plan
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs
 from autofuse.plan.graphs import GraphReplay
@@ -96,7 +103,7 @@ def assemble(
 ) -> Plan:
     """The one place a plan is put together from its groups and their choices (a config or a
     library call per group; ``build_plan``): the planner's own plans, the search's candidates
-    (``tune/tuner.py``) and a bucket's plan at a new shape (``plan/buckets.py``)."""
+    (``tune/tuner.py``) and a bucket's plan at a new shape (:meth:`Planner.rebuilt`)."""
     return build_plan(graph, groups, choices, label=label)
 
 
@@ -105,10 +112,55 @@ class Planner:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.space = Partitioner(graph)
 
-    def build(self, groups: Sequence[frozenset[int]], choices: Any = None, label: str = "plan"):
+    @cached_property
+    def space(self) -> Partitioner:
+        """The graph's legal fusion decisions (built when a plan is first made)."""
+        return Partitioner(self.graph)
+
+    def build(
+        self, groups: Sequence[frozenset[int]], choices: Any = None, label: str = "plan"
+    ) -> Plan:
         return assemble(self.graph, groups, choices, label=label)
+
+    def rebuilt(self, part: tuple, label: str) -> Plan | None:
+        """The partition ``part`` (``buckets.partition_of`` a plan of another shape of this
+        graph's structure) built for this graph; None where it does not fit (a group the kinds
+        refuse at this shape)."""
+        try:
+            return self.build(part[0], part[1], label=label)
+        except Exception:  # noqa: BLE001 - a partition that does not fit: a fresh plan is made
+            return None
+
+    def fitted(self, plan: Plan) -> Plan | None:
+        """A cached ``plan`` as it runs this graph: itself where it was made for this graph,
+        its partition and choices rebuilt where it was made for another size of the graph's
+        structure (a shape bucket's entry); None where it cannot run this graph."""
+        if plan.graph.key == self.graph.key:
+            return plan
+        if structure_key(plan.graph) != structure_key(self.graph):
+            return None
+        return self.rebuilt(partition_of(plan), plan.label)
+
+    def first_fit(self, offered: Iterable[tuple[Plan, Any]]) -> Planned | None:
+        """The first of the cached ``(plan, record)`` pairs ``offered`` whose plan runs this
+        graph (:meth:`fitted`), with its record (whose ``plan``, where it has one, is the
+        fitted plan); None where none does."""
+        for cached, record in offered:
+            plan = self.fitted(cached)
+            if plan is None:
+                continue
+            if plan is not cached and is_dataclass(record) and hasattr(record, "plan"):
+                record = replace(record, plan=plan)
+            return Planned(plan, record)
+        return None
+
+    def cached(
+        self, store: PlanStore, captured: Any, example_inputs: Sequence[Any], options: dict
+    ) -> Planned | None:
+        """The ``store``'s plan for this graph and inputs, as it runs this graph, or None."""
+        hit = store.lookup(captured, example_inputs, options)
+        return None if hit is None else self.first_fit([hit])
 
     def greedy(self, label: str = "greedy") -> Plan:
         return self.build(self.space.greedy().groups, label=label)
@@ -176,13 +228,16 @@ class Planner:
             ins = list(inputs())
             probe = GraphReplay(plan)
             with torch.no_grad():
-                return choose_replay(
+                choice = choose_replay(
                     lambda: execute(plan, ins),
                     lambda: probe(ins) or execute(plan, ins),
                     cuda_inputs(ins),
                 )
         except Exception as e:  # noqa: BLE001 - a measurement never fails the plan: no replay
             return GraphChoice(False, None, None, f"not timed: {type(e).__name__}: {e}"[:300])
+        if probe.off is not None:  # the replay timed was the plan run step by step
+            return GraphChoice(False, choice.plain_s, None, f"replay off: {probe.off}"[:300])
+        return choice
 
     def tuned(
         self,
@@ -198,10 +253,10 @@ class Planner:
         """The cached plan for this graph and inputs, or the search's, saved (``retune``: the
         search's, whatever the cache holds); indexed by the call ``fn(*example_inputs)``
         where ``fn`` is given."""
-        hit = None if retune else store.lookup(captured, example_inputs, options)
+        hit = None if retune else self.cached(store, captured, example_inputs, options)
         entry = None
         if hit is not None:
-            plan, record = hit
+            plan, record = hit.plan, hit.tuning
         else:
             store.check_writable()
             record = search(captured, example_inputs, self.space, retune=retune, **options)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autofuse import logs
-from autofuse.cache.buckets import BucketSpec, bucket_key, for_graph, note_bucket
+from autofuse.cache.buckets import BucketSpec, bucket_key, note_bucket
 from autofuse.cache.calls import call_key, write_call
 from autofuse.cache.disk import load_metadata, load_plan, save_plan
 from autofuse.cache.keys import DeviceInfo, inputs_device, key_for, key_parts
@@ -23,6 +23,7 @@ from autofuse.files import ensure_writable
 from autofuse.partition import Partitioner
 from autofuse.plan import Plan
 from autofuse.settings import cache_home
+from autofuse.tune.record import TuneResult
 
 
 class CacheStore:
@@ -38,7 +39,7 @@ class CacheStore:
     ) -> tuple[Plan, Any] | None:
         key = self.key(captured, example_inputs)
         where = f"{captured.source_name} (key {key[:16]}…) in {self.cache_dir!r}"
-        plan = self.adapt(load_plan(self.cache_dir, key), captured)
+        plan = load_plan(self.cache_dir, key)
         if plan is None:
             logs.emit("cache", f"miss: {where}: tuning")
             return None
@@ -52,10 +53,6 @@ class CacheStore:
     def key(self, captured: Captured, example_inputs: Sequence[Any]) -> str:
         """The entry of this graph and inputs."""
         return key_for(captured, example_inputs)
-
-    def adapt(self, plan: Plan | None, captured: Captured) -> Plan | None:
-        """The cached ``plan`` as it runs ``captured``'s graph (an exact entry: itself)."""
-        return plan
 
     def check_writable(self) -> None:
         ensure_writable(self.cache_dir, "cache_dir")
@@ -73,7 +70,8 @@ class CacheStore:
 
 class BucketStore(CacheStore):
     """The plan cache by shape bucket (``cache/buckets.py``): the entry of the bucket of these
-    inputs' dynamic sizes; a plan cached at another size of the bucket is built for this one."""
+        inputs' dynamic sizes (a plan cached at another size of the bucket: the planner builds it for
+    this one, ``Planner.fitted``)."""
 
     def __init__(self, cache_dir: Any, spec: BucketSpec) -> None:
         super().__init__(cache_dir)
@@ -84,9 +82,6 @@ class BucketStore(CacheStore):
 
     def key(self, captured: Captured, example_inputs: Sequence[Any]) -> str:
         return bucket_key(captured, example_inputs, self.spec)[0]
-
-    def adapt(self, plan: Plan | None, captured: Captured) -> Plan | None:
-        return None if plan is None else for_graph(plan, captured.graph)
 
     def save(
         self, captured: Captured, example_inputs: Sequence[Any], result: Any, options: dict
@@ -167,8 +162,6 @@ def cache_result(
 def cached_result(plan: Plan, meta: dict) -> Any:
     """The search record of a cached plan, as its entry keeps it (times, trials, baselines), for
     the report of a cache hit; None where the entry has no times."""
-    from autofuse.tune.tuner import TuneResult
-
     value, source = meta.get("value_s"), str(meta.get("source") or "modeled")
     times, base = meta.get("kernel_times_s"), meta.get("baselines_s") or {}
     if not isinstance(value, (int, float)) or not isinstance(times, dict):

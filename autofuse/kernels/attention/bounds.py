@@ -28,7 +28,7 @@ from autofuse.ir.indexing import Expr
 from autofuse.kernels.common.base import GroupInfo
 from autofuse.kernels.common.memory import ancestors
 from autofuse.kernels.common.selects import constant_selects, only_through
-from autofuse.kernels.common.views import broadcast_index, view_source_index
+from autofuse.kernels.common.views import broadcast_index, domain_index, view_source_index
 
 _FLT_MAX = 3.4028234663852886e38
 
@@ -50,6 +50,37 @@ class KeyBound:
 
     def folded(self, fold) -> float:
         return fold.consts[self.const_node] if self.const_node is not None else self.log2
+
+
+def scores_index(domain: tuple[int, ...]) -> tuple[Expr, ...]:
+    """The forward kernel's index of a score: the batch and head dims over ``bh`` (one
+    program's), its query row over ``xindex``, its key over ``rindex``."""
+    return (
+        *domain_index(domain[:-2], "bh"),
+        Expr.dim("xindex", 1, domain[-2], True),
+        Expr.dim("rindex", 1, domain[-1], True),
+    )
+
+
+def key_fraction(t: int, tk: int, limits: list[ColumnLimit], bm: int, bn: int) -> float:
+    """The fraction of the (``bm`` rows, ``bn`` keys) tiles of a ``t`` x ``tk`` score matrix
+    that the live key loop visits under ``limits``, over all programs."""
+    programs, tiles = -(-t // bm), -(-tk // bn)
+    if not limits:
+        return 1.0
+    visited = 0
+    for pid in range(programs):
+        r0, r1 = pid * bm, min(pid * bm + bm - 1, t - 1)
+        lo, hi = 0, tk
+        for lim in limits:
+            ends = (lim.a * r0 + lim.b, lim.a * r1 + lim.b)
+            if lim.upper:
+                hi = min(hi, max(ends) + 1)
+            else:
+                lo = max(lo, min(ends))
+        hi = min(max(hi, 0), tk)
+        visited += -(-hi // bn) - min(max(lo, 0), hi) // bn
+    return visited / (programs * tiles)
 
 
 def key_bound(

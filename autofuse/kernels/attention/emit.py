@@ -13,7 +13,9 @@ from autofuse.kernels.attention import tma as attention_tma
 from autofuse.kernels.attention.analysis import AttentionParts, forward_facts, head_block
 from autofuse.kernels.attention.bounds import (
     key_bound,
+    key_fraction,
     live_columns,
+    scores_index,
     whole_columns,
     whole_range_lines,
 )
@@ -41,7 +43,6 @@ from autofuse.kernels.common.render import (
 )
 from autofuse.kernels.common.views import (
     broadcast_index,
-    domain_index,
 )
 
 
@@ -81,12 +82,7 @@ class AttentionEmitter(Emitter):
         super().__init__(graph, info, config)
         self.parts = parts
         self.dims = parts  # rows, keys and head dims: the group's facts
-        dom = info.domain
-        self.full = (
-            *domain_index(dom[:-2], "bh"),
-            Expr.dim("xindex", 1, dom[-2], True),
-            Expr.dim("rindex", 1, dom[-1], True),
-        )
+        self.full = scores_index(info.domain)
         self.bh3 = (
             (Expr.dim("bh", 1, self.dims.heads, True),) if len(graph[parts.mm1].shape) == 3 else ()
         )
@@ -376,26 +372,6 @@ class AttentionEmitter(Emitter):
         if cx is not None:
             self.depth -= 1
 
-    def key_fraction(self) -> float:
-        """The fraction of the key tiles the live loop visits, over all programs."""
-        d, bm, bn = self.dims, self.cfg.BLOCK_M, self.cfg.BLOCK_N
-        programs, tiles = -(-d.t // bm), -(-d.tk // bn)
-        if not self.limits:
-            return 1.0
-        visited = 0
-        for pid in range(programs):
-            r0, r1 = pid * bm, min(pid * bm + bm - 1, d.t - 1)
-            lo, hi = 0, d.tk
-            for lim in self.limits:
-                ends = (lim.a * r0 + lim.b, lim.a * r1 + lim.b)
-                if lim.upper:
-                    hi = min(hi, max(ends) + 1)
-                else:
-                    lo = max(lo, min(ends))
-            hi = min(max(hi, 0), d.tk)
-            visited += -(-hi // bn) - min(max(lo, 0), hi) // bn
-        return visited / (programs * tiles)
-
     def _store(self) -> None:
         d, g = self.dims, self.g
         mm2 = self.parts.mm2
@@ -474,7 +450,7 @@ def generate_attention(
         meta=KernelMeta(
             load_passes=em.load_passes(),
             dots=2,
-            work=em.key_fraction(),
+            work=key_fraction(d.t, d.tk, em.limits, config.BLOCK_M, config.BLOCK_N),
             needs_allocator=config.TMA,
             input_alignment=DESCRIPTOR_ALIGNMENT if config.TMA else 0,
         ),

@@ -31,6 +31,12 @@ class AttentionGroup:
     domain: tuple[int, ...]  # a score tile's ops' shape (batch dims first, then T, Tk)
     copies: frozenset[int]  # clones in front of operands, read through as views
 
+    def operand_base(self, graph: Graph, j: int) -> int:
+        """The loaded buffer behind operand ``j`` (:meth:`operand_offset`'s)."""
+        while graph[j].kind == "view" or j in self.copies:
+            j = graph[j].inputs[0]
+        return j
+
     def operand_offset(self, graph: Graph, j: int, index: tuple[Expr, ...]) -> tuple[int, Expr]:
         """The loaded buffer behind operand ``j`` (through views and read-through copies) and
         the offset of ``index`` in it."""

@@ -145,8 +145,8 @@ class AttentionKind:
             raise ValueError(f"an attention kernel takes an AttentionConfig, got {config!r}")
         check_pow2(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, num_warps=config.num_warps)
 
-    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
-        return attention_cost(graph, info, kernel)
+    def cost_facts(self, graph: Graph, info: GroupInfo, config: AttentionConfig) -> TileCost:
+        return attention_cost(graph, info, config)
 
     def proposals(
         self, graph: Graph, members: frozenset[int], reach: dict[int, int]

@@ -18,6 +18,7 @@ from dataclasses import replace
 from autofuse.ir.graph import Graph
 from autofuse.kernels.attention.analysis import head_block
 from autofuse.kernels.attention_bwd.analysis import backward_facts
+from autofuse.kernels.attention_bwd.cost import bwd_reads
 from autofuse.kernels.attention_bwd.emit import (
     KIND,
     AttentionBwdConfig,
@@ -137,9 +138,15 @@ class AttentionBwdKind(ProposesNone):
             )
         check_pow2(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, num_warps=config.num_warps)
 
-    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
-        cfg = kernel.config
-        return loop_cost(graph, info, kernel, cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps)
+    def reads(
+        self, graph: Graph, info: GroupInfo, config: AttentionBwdConfig
+    ) -> tuple[tuple[int, ...], int]:
+        """(the times its kernel reads each load, its dots per tile: ``cost.py``)."""
+        return bwd_reads(graph, info, config)
+
+    def cost_facts(self, graph: Graph, info: GroupInfo, config: AttentionBwdConfig) -> LoopCost:
+        reads = self.reads(graph, info, config)
+        return loop_cost(graph, info, reads, config.BLOCK_M, config.BLOCK_N, config.num_warps)
 
     def prefix(self, info: GroupInfo, config: AttentionBwdConfig) -> str:
         return "attbwd"

@@ -128,8 +128,10 @@ def describe(graph: Graph, i: int) -> str:
 
 @dataclass(frozen=True)
 class KernelMeta:
-    """What the cost model and the runtime need to know of a kernel, given by its emitter (no
-    one reads the generated source for it).
+    """What the runtime needs to know of a kernel, and what its emitter did, given by the
+    emitter (no one reads the generated source for it). The cost model reads none of it: it
+    finds the same facts from the group and the config (``common/reads.py``, the kinds'
+    ``cost_facts``; ``tests/test_cost_facts.py`` checks that they agree).
 
     ``load_passes[k]``: how many times the kernel reads its k-th loaded buffer (a looped
     reduction recomputes each phase from its loads). ``dots``: ``tl.dot`` calls per column
@@ -216,8 +218,9 @@ class KernelKind(Protocol):
     count as an argument under ``common.sizes.runtime_sizes`` (configs chosen by size bucket,
     one kernel for the bucket's shapes). ``proposals``: candidate groups among ``members`` that
     pairwise merging cannot reach (``reach[n]``: the bitset of nodes reachable from ``n``), which
-    the partitioner tries first. ``cost_facts`` tells the cost model what one
-    of its kernels moves and computes (``common.cost``: a loop or a tiled product).
+    the partitioner tries first. ``cost_facts`` tells the cost model what its kernel of a
+    group under a config moves and computes (``common.cost``: a loop or a tiled product),
+    from the group and the config alone: pricing renders no kernel.
     """
 
     name: str
@@ -239,7 +242,7 @@ class KernelKind(Protocol):
 
     def generate(self, graph: Graph, info: GroupInfo, config: Any, index: int) -> Kernel: ...
 
-    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> Any: ...
+    def cost_facts(self, graph: Graph, info: GroupInfo, config: Any) -> Any: ...
 
     def proposals(
         self, graph: Graph, members: frozenset[int], reach: dict[int, int]

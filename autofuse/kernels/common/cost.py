@@ -11,11 +11,13 @@ and its DRAM and L2 traffic. Each kind's ``cost_facts`` gives one of the two rec
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from autofuse.ir.graph import Graph, numel
 from autofuse.ir.ops import op_def
-from autofuse.kernels.common.base import GroupInfo, Kernel, ProposesNone
+from autofuse.kernels.common.base import GroupInfo, ProposesNone
 from autofuse.kernels.common.memory import nbytes
+from autofuse.kernels.common.reads import loop_reads
 
 
 @dataclass(frozen=True)
@@ -58,12 +60,20 @@ class TileCost:
 
 
 def loop_cost(
-    g: Graph, info: GroupInfo, kernel: Kernel, xblock: int, rblock: int, warps: int
+    g: Graph,
+    info: GroupInfo,
+    reads: tuple[tuple[int, ...], int],
+    xblock: int,
+    rblock: int,
+    warps: int,
 ) -> LoopCost:
-    """The facts of a loop kernel of ``xblock`` rows by ``rblock`` columns per step."""
+    """The facts of a loop kernel of ``xblock`` rows by ``rblock`` columns per step, whose
+    ``reads`` are (the times it reads each load, its ``tl.dot`` calls per column tile:
+    ``common/reads.py``)."""
     red = info.reduces
     looped = red and rblock < info.rnumel
-    passes = kernel.meta.load_passes or (1,) * len(info.loads)
+    passes, dots = reads
+    passes = passes or (1,) * len(info.loads)
     bytes_in = sum(nbytes(g, j) * p for j, p in zip(info.loads, passes))
     bytes_out = sum(nbytes(g, s) for s in info.stored)
     steps = max(1, -(-info.rnumel // rblock)) * max(passes, default=1) if looped else 1
@@ -76,7 +86,7 @@ def loop_cost(
     mma_flops = 0.0
     if info.matmuls:  # a row-GEMM recomputes its product in every pass over the row
         mm = g[info.matmuls[0]]
-        mma_flops = 2.0 * numel(mm.shape) * g[mm.inputs[0]].shape[-1] * (kernel.meta.dots or 1)
+        mma_flops = 2.0 * numel(mm.shape) * g[mm.inputs[0]].shape[-1] * (dots or 1)
     return LoopCost(
         bytes=bytes_in + bytes_out,
         programs=max(1, -(-info.xnumel // xblock)),
@@ -94,6 +104,10 @@ class LoopKind(ProposesNone):
     """For a loop kind whose config holds ``XBLOCK`` rows by ``RBLOCK`` columns a step: its
     kernels' cost facts (and no proposed group)."""
 
-    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> LoopCost:
-        cfg = kernel.config
-        return loop_cost(graph, info, kernel, cfg.XBLOCK, cfg.RBLOCK, cfg.num_warps)
+    def reads(self, graph: Graph, info: GroupInfo, config: Any) -> tuple[tuple[int, ...], int]:
+        """(the times its kernel under ``config`` reads each load, its dots per tile)."""
+        return loop_reads(graph, info, config.RBLOCK)
+
+    def cost_facts(self, graph: Graph, info: GroupInfo, config: Any) -> LoopCost:
+        reads = self.reads(graph, info, config)
+        return loop_cost(graph, info, reads, config.XBLOCK, config.RBLOCK, config.num_warps)

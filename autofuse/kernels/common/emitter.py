@@ -14,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofuse.ir.graph import FLOAT_DTYPES, Graph, buffer_strides, contiguous_strides, numel
+from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.ir.op_helpers import Helper
 from autofuse.ir.ops import literal_value, op_def
 from autofuse.kernels.common import load_hints, rowops
 from autofuse.kernels.common.base import FusionRefused, GroupInfo, describe
 from autofuse.kernels.common.indexed import indexed_value
+from autofuse.kernels.common.reads import online_pairs, phase_levels
 from autofuse.kernels.common.render import (
     TL_DTYPE,
     Val,
@@ -40,8 +41,8 @@ from autofuse.kernels.common.rewrites import ValueRewrites
 from autofuse.kernels.common.sizes import runtime_sizes_on
 from autofuse.kernels.common.views import (
     broadcast_index,
-    domain_index,
     domain_of_flat,
+    loop_index,
     narrow_iota,
     view_source_index,
 )
@@ -101,14 +102,7 @@ class Emitter(ValueRewrites):
         self.streamed: frozenset[int] = frozenset()
         self.int64 = self._needs_int64()
         self.narrow = not self.int64 and narrow_iota(graph, info.nodes)
-        dom, rd = info.domain, info.reduce_dims
-        if self.red:
-            kept = tuple(s for i, s in enumerate(dom) if i not in rd)
-            reduced = tuple(dom[i] for i in rd)
-            xi, ri = iter(domain_index(kept, "xindex")), iter(domain_index(reduced, "rindex"))
-            self.full = tuple(next(ri) if i in rd else next(xi) for i in range(len(dom)))
-        else:
-            self.full = domain_index(dom, "xindex")
+        self.full = loop_index(info.domain, info.reduce_dims)
 
     # -- output helpers ----------------------------------------------------------------------
     def line(self, s: str) -> None:
@@ -261,15 +255,6 @@ class Emitter(ValueRewrites):
         return self.red_val[i]
 
     # -- kernel structure --------------------------------------------------------------------
-    def levels(self) -> dict[int, int]:
-        lv: dict[int, int] = {}
-        for i in self.info.nodes:
-            node = self.g[i]
-            deps = [self.g.base_of(j) for j in node.inputs]
-            base = max((lv.get(j, 0) for j in deps if j in self.members), default=0)
-            lv[i] = base + 1 if node.kind == "reduction" else base
-        return lv
-
     def acc_dtype(self, r: int) -> str:
         """Accumulator dtype of reduction ``r``: fp32 for floats, int64 for integer sums."""
         node = self.g[r]
@@ -405,9 +390,9 @@ class Emitter(ValueRewrites):
 
     def emit_phases(self) -> None:
         """The reductions, one phase per level (a level reads the rows of the one before)."""
-        lv = self.levels()
+        lv = phase_levels(self.g, self.info)
         reds = [i for i in self.info.nodes if self.g[i].kind == "reduction"]
-        self.online = {} if self.persistent else self.find_online()
+        self.online = {} if self.persistent else online_pairs(self.g, self.info)
         for level in sorted({lv[r] for r in reds}):
             # a looped kernel scans inside the loops that read the scan (rowops.scanned)
             phase = [
@@ -537,34 +522,6 @@ class Emitter(ValueRewrites):
         # a row that is all -inf sums exp(-inf - -inf) = NaN in eager
         expr = f'tl.where({mx} == float("-inf"), float("nan"), {s_acc.code})'
         self.red_val[s] = self.tmp(expr, 1, "float32", self.g[s].name + " (online)")
-
-    def find_online(self) -> dict[int, int]:
-        """Pairs sum(exp(f - amax(f))) -> amax(f) that one looped pass can compute together."""
-        g, members, out = self.g, self.members, {}
-        keep_shape = tuple(
-            1 if i in self.info.reduce_dims else d for i, d in enumerate(self.info.domain)
-        )
-        for s in self.info.nodes:
-            if g[s].op != "sum" or g[s].dtype not in FLOAT_DTYPES:
-                continue
-            # direct inputs only: a view between them (exp(...).t().sum) reads other rows
-            e = g[s].inputs[0]
-            if e not in members or g[e].op != "exp" or g[e].shape != self.info.domain:
-                continue
-            d = g[e].inputs[0]
-            if d not in members or g[d].op != "sub" or g[d].shape != self.info.domain:
-                continue
-            f, mv = g[d].inputs
-            m = g.base_of(mv)
-            if (
-                m in members
-                and m not in out.values()  # one running sum per running max
-                and g[m].op == "amax"
-                and g[m].inputs[0] == f
-                and g[mv].shape == keep_shape
-            ):
-                out[s] = m
-        return out
 
     def loop_iter(self, start: str, end: str) -> str:
         """The iterable of a column loop (subclasses ask Triton to pipeline it)."""

@@ -71,16 +71,6 @@ def selective_loads(em: Any) -> tuple[int, ...]:
     return tuple(k for k, i in enumerate(em.info.loads) if i in em.selective)
 
 
-def streamed_loads(em: Any) -> frozenset[int]:
-    """The loaded nodes an emitted looped kernel reads inside exactly one column loop and
-    nowhere else."""
-    return frozenset(
-        i
-        for i in em.info.loads
-        if i not in em.regions[0] and sum(i in r for r in em.regions[1:]) == 1
-    )
-
-
 def kept(em: Any, i: int) -> bool:
     """The loaded node ``i`` is broadcast over the kernel's domain (re-read by other programs)
     and not streamed: it is loaded ``evict_last``."""

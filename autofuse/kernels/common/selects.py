@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
 from autofuse.kernels.common.base import GroupInfo
-from autofuse.kernels.common.emitter import Emitter
 from autofuse.kernels.common.memory import ancestors
 from autofuse.kernels.common.views import broadcast_index, view_source_index
 
@@ -73,11 +72,13 @@ _FLIP = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
 _NEGATE = {"lt": "ge", "ge": "lt", "gt": "le", "le": "gt"}
 
 
-def column_bound(em: Emitter, sel: ConstantSelect) -> ColumnBound | None:
+def column_bound(
+    g: Graph, full: tuple[Expr, ...], xblock: int, sel: ConstantSelect
+) -> ColumnBound | None:
     """Where ``sel``'s condition compares an arange over the rows with one over the columns,
-    the columns on which it gives the constant, as a bound the loops can start or stop at."""
-    g = em.g
-    index = broadcast_index(g[sel.cond].shape, g[sel.node].shape, em.full)
+    the columns on which it gives the constant, as a bound the loops can start or stop at
+    (``full``: the kernel's domain index, ``xblock`` rows a program)."""
+    index = broadcast_index(g[sel.cond].shape, g[sel.node].shape, full)
     c = sel.cond
     while g[c].kind == "view":
         index = view_source_index(g, c, index)
@@ -88,10 +89,10 @@ def column_bound(em: Emitter, sel: ConstantSelect) -> ColumnBound | None:
     sides = [_iota_expr(g, j, broadcast_index(g[j].shape, g[c].shape, index)) for j in g[c].inputs]
     if None in sides:
         return None
-    row = _row_term(sides[0], em.block("x"))
+    row = _row_term(sides[0], xblock)
     col = _col_offset(sides[1])
     if row is None or col is None:  # the column on the left: c op r
-        row, col = _row_term(sides[1], em.block("x")), _col_offset(sides[0])
+        row, col = _row_term(sides[1], xblock), _col_offset(sides[0])
     else:
         op = _FLIP[op]  # r op c == c flip(op) r
     if row is None or col is None:

@@ -67,6 +67,17 @@ def domain_index(shape: tuple[int, ...], var: str) -> tuple[Expr, ...]:
     return tuple(Expr.dim(var, st, s, j == outer) for j, (st, s) in enumerate(zip(strides, shape)))
 
 
+def loop_index(domain: tuple[int, ...], reduce_dims: tuple[int, ...]) -> tuple[Expr, ...]:
+    """A loop kernel's index of its domain element: the kept dims over ``xindex`` (its rows),
+    the reduced ones over ``rindex`` (a row's columns)."""
+    if not reduce_dims:
+        return domain_index(domain, "xindex")
+    kept = tuple(s for i, s in enumerate(domain) if i not in reduce_dims)
+    reduced = tuple(domain[i] for i in reduce_dims)
+    xi, ri = iter(domain_index(kept, "xindex")), iter(domain_index(reduced, "rindex"))
+    return tuple(next(ri) if i in reduce_dims else next(xi) for i in range(len(domain)))
+
+
 def narrow_iota(graph: Graph, nodes: Iterable[int], extent: int | None = None) -> bool:
     """Whether a group's aranges (``nodes``: its members) may be computed in int32: every op on
     them adds, subtracts or compares (the values stay within a few times ``extent``, far below

@@ -264,14 +264,15 @@ def conv_configs(graph: Graph, info: GroupInfo) -> list[GemmConfig]:
     return out or [GemmConfig(16, 16, 16, 1, 1, 2)]
 
 
-def conv_cost(graph: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
+def conv_cost(graph: Graph, info: GroupInfo, config: GemmConfig) -> TileCost:
     """The implicit GEMM's facts: the im2col rows re-read once per column of tiles (from L2
     but the first), the weight once per row of tiles."""
     s = conv_spec(graph, info.matmuls[0])
     groups, m, n, k = s.gemm()
     item = ITEM.get(graph[s.x].dtype, 2)
     operands = (groups * m * k * item, nbytes(graph, graph.base_of(s.w)))
-    return product_cost(graph, info, kernel, (groups, m, n, k), graph[s.x].dtype, operands)
+    smem = config.smem_bytes(item)
+    return product_cost(graph, info, config, smem, (groups, m, n, k), graph[s.x].dtype, operands)
 
 
 class ConvKind(GemmKind):
@@ -306,8 +307,8 @@ class ConvKind(GemmKind):
         if not isinstance(config, GemmConfig) or config.TMA or config.PERSISTENT:
             raise ValueError(f"a convolution kernel takes a plain GemmConfig, got {config}")
 
-    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
-        return conv_cost(graph, info, kernel)
+    def cost_facts(self, graph: Graph, info: GroupInfo, config: GemmConfig) -> TileCost:
+        return conv_cost(graph, info, config)
 
     def prefix(self, info: GroupInfo, config: GemmConfig) -> str:
         return "conv"

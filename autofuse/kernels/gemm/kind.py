@@ -364,8 +364,8 @@ class GemmKind(ProposesNone):
         if not isinstance(config, GemmConfig):
             raise ValueError(f"a GEMM kernel takes a GemmConfig, got {type(config).__name__}")
 
-    def cost_facts(self, graph: Graph, info: GroupInfo, kernel: Kernel) -> TileCost:
-        return gemm_cost(graph, info, kernel)
+    def cost_facts(self, graph: Graph, info: GroupInfo, config: GemmConfig) -> TileCost:
+        return gemm_cost(graph, info, config)
 
     def prefix(self, info: GroupInfo, config: GemmConfig) -> str:
         return "mm"

@@ -8,8 +8,9 @@ Triton's software pipeliner.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from autofuse.ir.graph import Graph
 from autofuse.ir.indexing import Expr
@@ -27,6 +28,7 @@ from autofuse.kernels.common.cost import LoopKind
 from autofuse.kernels.common.emitter import Emitter, Scope
 from autofuse.kernels.common.loop_kernel import render_loop_kernel
 from autofuse.kernels.common.memory import ITEM, memory_offset
+from autofuse.kernels.common.reads import CONSTANT, Reads, walk_loop_kernel
 from autofuse.kernels.common.render import (
     TL_DTYPE,
     Val,
@@ -39,7 +41,7 @@ from autofuse.kernels.common.render import (
 )
 from autofuse.kernels.common.rowops import is_row_op
 from autofuse.kernels.common.selects import column_bound, constant_select
-from autofuse.kernels.common.views import broadcast_index
+from autofuse.kernels.common.views import broadcast_index, loop_index
 from autofuse.kernels.reduction.kind import check_stored_shapes, reduction_domain
 
 
@@ -130,7 +132,9 @@ class RowGemmEmitter(Emitter):
         super().__init__(graph, info, config)
         select = constant_select(graph, info)
         self.select = select if getattr(config, "SKIP", False) else None
-        self.bound = None if select is None else column_bound(self, select)
+        self.bound = (
+            None if select is None else column_bound(graph, self.full, config.XBLOCK, select)
+        )
         self.const_sel = select  # the where() a constant tile replaces by its constant
         self.const_tile = False  # emitting a loop where the select is its constant
         self.pipelined = False  # emitting a column loop that Triton pipelines for every load
@@ -354,6 +358,67 @@ class RowGemmEmitter(Emitter):
         )
 
 
+class RowGemmReads(Reads):
+    """The row GEMM kernel's reads (``common/reads.py``): the product is computed in every
+    loop that needs it (its B tile read, and its A rows unless one BLOCK_K holds them: loaded
+    once before the loops), but not on the tiles where the select is its constant."""
+
+    def __init__(self, graph: Graph, info: GroupInfo, config: RowGemmConfig) -> None:
+        super().__init__(graph, info, config.RBLOCK < info.rnumel)
+        self.cfg, self.const_tile = config, False
+        a = graph[info.matmuls[0]].inputs[0]
+        self.single_k = config.BLOCK_K >= graph[a].shape[-1]
+        self.select = constant_select(graph, info)
+        full = loop_index(info.domain, info.reduce_dims)
+        sel = self.select
+        self.bound = None if sel is None else column_bound(graph, full, config.XBLOCK, sel)
+
+    def replaced(self, i: int) -> int | None:
+        return CONSTANT if self.const_tile and i == self.select.node else None
+
+    def reduced(self, i: int) -> None:
+        if self.g[i].kind != "matmul":
+            return super().reduced(i)
+        a, b = self.g[i].inputs
+        if not self.single_k:
+            self.read(self.g.base_of(a))
+        self.read(self.g.base_of(b))
+        self.dots += 1
+
+    def in_loop(self, body: Callable[[], Any]) -> None:
+        """A column loop: the live columns (each tile tested for the constant where SKIP),
+        and, past the select's bound, the columns where it is its constant."""
+        if self.select is None or not self.cfg.SKIP:
+            self.loop(body)
+        else:
+            self.loop(lambda: self.branched(body))
+        if self.bound is not None:
+            self.loop(lambda: self.constant(body))
+
+    def branched(self, body: Callable[[], Any]) -> None:
+        self.value(self.select.cond)
+        self.scoped(lambda: self.constant(body))
+        self.scoped(body)
+
+    def constant(self, body: Callable[[], Any]) -> None:
+        self.const_tile = True
+        body()
+        self.const_tile = False
+
+
+def row_gemm_reads(
+    graph: Graph, info: GroupInfo, config: RowGemmConfig
+) -> tuple[tuple[int, ...], int]:
+    """(load passes, dots) of a row GEMM kernel under ``config``."""
+    reads = RowGemmReads(graph, info, config)
+    if not reads.looped:  # the whole row in one block: each load read once, one product
+        return (1,) * len(info.loads), 1
+    if reads.single_k:
+        reads.read(graph.base_of(graph[info.matmuls[0]].inputs[0]))
+    walk_loop_kernel(reads, reads.in_loop)
+    return reads.passes(), reads.dots
+
+
 def gemm_row_configs(graph: Graph, info: GroupInfo) -> list[RowGemmConfig]:
     mm = graph[info.matmuls[0]]
     m, n, k = mm.shape[-2], mm.shape[-1], graph[mm.inputs[0]].shape[-1]
@@ -446,6 +511,11 @@ class GemmRowKind(LoopKind):
 
     def check_config(self, info: GroupInfo, config: RowGemmConfig) -> None:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps, RBLOCK=config.RBLOCK)
+
+    def reads(
+        self, graph: Graph, info: GroupInfo, config: RowGemmConfig
+    ) -> tuple[tuple[int, ...], int]:
+        return row_gemm_reads(graph, info, config)
 
     def prefix(self, info: GroupInfo, config: RowGemmConfig) -> str:
         return "mmper" if config.RBLOCK >= info.rnumel else "mmred"

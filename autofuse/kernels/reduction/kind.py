@@ -5,7 +5,6 @@ by dependency level (softmax: max, then sum)."""
 from __future__ import annotations
 
 from autofuse.ir.graph import Graph, kept_strides, numel
-from autofuse.kernels.common import load_hints
 from autofuse.kernels.common.base import (
     FusionRefused,
     GroupInfo,
@@ -21,6 +20,7 @@ from autofuse.kernels.common.configs import KernelConfig, check_pow2
 from autofuse.kernels.common.cost import LoopKind
 from autofuse.kernels.common.emitter import Emitter
 from autofuse.kernels.common.loop_kernel import render_loop_kernel
+from autofuse.kernels.common.reads import streamed_loads
 from autofuse.kernels.common.sizes import config_xnumel
 
 
@@ -157,10 +157,8 @@ class ReductionKind(LoopKind):
     def generate(self, graph: Graph, info: GroupInfo, config: KernelConfig, index: int) -> Kernel:
         name = kernel_name(graph, info, self.prefix(info, config), index)
         em = Emitter(graph, info, config)
-        if em.red and not em.persistent:  # a first pass finds the loads read by one loop alone
-            probe = Emitter(graph, info, config)
-            probe.emit()
-            em.streamed = load_hints.streamed_loads(probe)
+        if em.red and not em.persistent:  # the loads read by one loop alone (no render)
+            em.streamed = streamed_loads(graph, info)
         return render_loop_kernel(em, name, self.name)
 
 
