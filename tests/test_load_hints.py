@@ -134,3 +134,29 @@ def test_one_stage_looped_reduction_launches_unpipelined_and_is_a_searched_optio
     assert one in option_switches(looped, space)
     persistent = default_config(info, graph)
     assert not any(c.ONE_STAGE and c.RBLOCK >= 300 for c in space), persistent
+
+
+def bias_grad_of_cat(a, b, c):
+    g = torch.cat([a, b, c], dim=-1)  # GPT-2's attention projection gradient (T, 3 x hidden)
+    return g, g.sum(0)
+
+
+def test_outer_reduction_block_never_held_whole_past_8192_elements():
+    """A column sum over many rows (1024 x 2304, the bias gradient's shape scaled down: a
+    16 x 1024 block held whole before) loops over its rows in blocks of at most 8192 elements
+    instead of holding the block in registers (which spills on a GPU), and gives eager's
+    values."""
+    args = [torch.randn(1024, 768, dtype=torch.bfloat16) for _ in range(3)]
+    graph = capture(bias_grad_of_cat, args).graph
+    space = Partitioner(graph)
+    groups = space.greedy().groups
+    infos = [space.check(g) for g in groups]
+    (info,) = [i for i in infos if i.reduce_dims]
+    config = default_config(info, graph)
+    assert config.XBLOCK >= 2 and config.XBLOCK * config.RBLOCK <= 8192, config
+    assert config.RBLOCK < 1024, config  # looped: the rows walked in chunks
+    plan = build_plan(graph, groups, [default_config(i, graph) for i in infos])
+    got = execute(plan, args)
+    want = bias_grad_of_cat(*args)
+    for g, w in zip(got, want):
+        assert_close(g, w, torch.bfloat16, "bias gradient of a cat")

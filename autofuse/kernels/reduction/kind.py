@@ -128,8 +128,11 @@ class ReductionKind(LoopKind):
             # segments), fewer where that leaves under ~128 programs; a reduced extent that fits
             # (x * r <= 32768) is loaded whole, else walked in chunks. On the H200 this took a
             # 65536-row column statistic's chunk pass from 69.2 to 44.8 us (experiments.probes.sweep).
+            # A whole block beyond 8192 elements spills its registers: GPT-2's bias gradient of
+            # the attention projection (1024 x 6144 bf16, a 32 x 1024 block, 4 warps) took
+            # 268 us on the H100 for 25 MB moved (results/h100/breakdown_46a14ad); it loops.
             x = min(64, next_pow2(inner), max(1, prev_pow2(config_xnumel(info) // 128)))
-            if x * r <= 32768:
+            if x * r <= _WHOLE_OUTER:
                 return KernelConfig(x, r, 8 if x * r <= 4096 else 4)
             rb = min(r, max(4, 4096 // x))
             return KernelConfig(x, rb, min(8, max(1, x * rb // 512)))
@@ -160,6 +163,9 @@ class ReductionKind(LoopKind):
         if em.red and not em.persistent:  # the loads read by one loop alone (no render)
             em.streamed = streamed_loads(graph, info)
         return render_loop_kernel(em, name, self.name)
+
+
+_WHOLE_OUTER = 8192  # elements of an outer reduction's block held whole (persistent)
 
 
 def inner_rows(graph: Graph, info: GroupInfo) -> int:
