@@ -6,8 +6,10 @@ twice for the sizes of one bucket (counted by the loader). Tiny shapes, Triton's
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 from autofuse.frontend import dynamo
+from autofuse.kernels import kind_of
 from autofuse.kernels.common.loader import kernels_built
 from autofuse.kernels.common.sizes import size_bucket
 from tests.helpers import assert_close
@@ -117,6 +119,68 @@ def test_optimize_dynamic_names_dims_and_shares_bucket_plans():
     rebuilt = _sweep(opt, softmax_norm, shapes, lambda s: (torch.randn(*s, 32), w, b))
     assert rebuilt[(4, 8)] == 0  # 3x6, 3x7, 4x8: one bucket, one plan, no kernel rebuilt
     assert opt.counts["plans"] <= len(rebuilt | {(4, 8): 0}), opt.counts
+
+
+def _builds_by_bucket(fast, fn, shapes, make):
+    """Runs every shape; returns {bucket: (kernels built by its calls, kinds of the kernels
+    its plans hold)}."""
+    out: dict[tuple, tuple[int, set[str]]] = {}
+    for shape in shapes:
+        args, before, count = make(shape), kernels_built(), dynamo.compiled_count()
+        assert_close(fast(*args), fn(*args), torch.float32, f"shape {shape}")
+        kinds = {kind_of(k.info).name for r in dynamo.compiled_since(count)
+                 for k in r.plan.kernels}  # fmt: skip
+        built, seen = out.get(tuple(map(size_bucket, shape)), (0, set()))
+        out[tuple(map(size_bucket, shape))] = (built + kernels_built() - before, seen | kinds)
+    return out
+
+
+def test_one_partition_per_structure_shared_by_every_bucket():
+    counters.clear()
+    backend = dynamo.make_backend()
+    fast = torch.compile(softmax_norm, backend=backend, dynamic=True)
+    batches, lengths = (1, 3), (2, 5, 6, 9, 17, 33)
+    built = _builds_by_bucket(fast, softmax_norm, [(b, t) for b in batches for t in lengths],
+                              _norm_inputs)  # fmt: skip
+    # Dynamo specializes batch 1: two traced graphs, each traced by AOTAutograd once (not per
+    # shape) and partitioned once, whatever the buckets
+    assert backend.counts["plans"] <= 2 < len(built), (backend.counts, built)
+    assert counters["aot_autograd"]["total"] <= 2, counters["aot_autograd"]
+    for bucket, (n, kinds) in built.items():
+        assert n <= 2 * len(kinds), (bucket, n, kinds)
+
+
+def test_optimize_dynamic_traces_and_partitions_once():
+    import autofuse
+
+    counters.clear()
+    w, b = torch.randn(32), torch.randn(32)
+    opt = autofuse.optimize(softmax_norm, (torch.randn(3, 5, 32), w, b), dynamic={"x": [0, 1]})
+    built = _builds_by_bucket(opt, softmax_norm, [(3, 6), (2, 9), (4, 17), (3, 33), (2, 3)],
+                              lambda s: (torch.randn(*s, 32), w, b))  # fmt: skip
+    assert opt.counts["plans"] == 1 and counters["aot_autograd"]["total"] == 1, opt.counts
+    assert all(n <= 2 * len(kinds) for n, kinds in built.values()), built
+
+
+def test_training_at_new_lengths_reuses_the_trace_and_the_partitions():
+    def f(x, lin, w):
+        return F.layer_norm(torch.softmax(x @ lin, -1), (16,), w).relu().sum(1)
+
+    counters.clear()
+    backend = dynamo.make_backend()
+    fast = torch.compile(f, backend=backend, dynamic=True)
+    for t in (3, 5, 6, 9, 12):
+        torch.manual_seed(t)
+        args = [torch.randn(2, t, 16), torch.randn(16, 16), torch.randn(16)]
+        args = [a.requires_grad_() for a in args]
+        got = fast(*args)
+        grads = torch.autograd.grad(got.square().sum(), args)
+        want = f(*args)
+        assert_close(got, want, torch.float32, f"length {t}")
+        for g, r in zip(grads, torch.autograd.grad(want.square().sum(), args)):
+            assert_close(g, r, torch.float32, f"length {t} grad")
+    assert backend.counts["plans"] == 2 and counters["aot_autograd"]["total"] == 1, backend.counts
+    assert backend.counts["bucket_instances"] == 8, backend.counts  # forward and backward
 
 
 @pytest.mark.parametrize(

@@ -199,7 +199,7 @@ def test_a_bucket_keeps_its_library_calls():
     args = linear_args()
     plan = _plan(args)
     buckets = BucketPlans()
-    buckets.remember(("b",), plan)
-    again = buckets.instantiate(("b",), plan.graph, "again")
+    buckets.remember("structure", ("b",), plan, searched=False)
+    again = buckets.instantiate("structure", ("b",), plan.graph, "again")
     assert again is not None and [s.call for s in again.library] == [s.call for s in plan.library]
     assert isinstance(again, Plan)
