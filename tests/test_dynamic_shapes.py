@@ -183,6 +183,19 @@ def test_training_at_new_lengths_reuses_the_trace_and_the_partitions():
     assert backend.counts["bucket_instances"] == 8, backend.counts  # forward and backward
 
 
+def test_a_float_argument_read_per_call_keeps_one_trace():
+    def f(x, s):
+        return torch.softmax(x * s, -1) + s
+
+    counters.clear()
+    backend = dynamo.make_backend()
+    fast = torch.compile(f, backend=backend, dynamic=True)
+    for t, s in [(3, 0.5), (5, 0.5), (6, 0.25), (9, 0.5), (9, 0.25)]:
+        x = torch.randn(2, t, 8)
+        assert_close(fast(x, s), f(x, s), torch.float32, f"length {t}, scale {s}")
+    assert backend.counts["plans"] == 1 and counters["aot_autograd"]["total"] == 1, counters
+
+
 @pytest.mark.parametrize(
     "dynamic, error, words",
     [

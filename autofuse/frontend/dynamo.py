@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch._dynamo.exc import RestartAnalysis
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
@@ -72,7 +73,7 @@ from autofuse.tune.entry import planning
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, place, prepare, to_ir
 from .options import BACKEND, check_options, note_backend_tuning, wants_tuning
-from .specialize import SpecializedGraph, dynamic_dims, item_inputs, needs_specializing
+from .specialize import SpecializedGraph, dynamic_dims, needs_specializing
 from .symbolic import SymbolicGraph
 
 __all__ = [
@@ -305,18 +306,18 @@ class AutofuseBackend:
             check_options(kw["options"], BACKEND, "torch.compile(backend='autofuse')")
         dims = dynamic_dims(gm, example_inputs)
         symbolic = any(is_symbolic(x) for x in example_inputs)
-        if symbolic and not item_inputs(gm):  # traced once for every shape, if it can be
-            compiled = self.symbolic(gm, list(example_inputs))
-            if compiled is not None:
-                return compiled
-        if needs_specializing(gm, symbolic):
-            return SpecializedGraph(self.aot, gm, dims, self.options.get("buckets"))
-        return self.aot(gm, list(example_inputs))
+        if not needs_specializing(gm, symbolic):
+            return self.aot(gm, list(example_inputs))
+        per_shape = SpecializedGraph(self.aot, gm, dims, self.options.get("buckets"))
+        if not symbolic:
+            return per_shape
+        compiled = self.symbolic(gm, list(example_inputs))  # traced once, where it can be
+        return per_shape if compiled is None else compiled
 
     def symbolic(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         """``gm`` through AOTAutograd once with its symbolic sizes, each graph that comes out
         a :class:`SymbolicGraph` (compiled per shape with no new trace); None where a graph
-        cannot be so compiled (the caller specializes at Dynamo's level)."""
+        cannot be so compiled (the caller traces each shape on its own)."""
 
         def compile_symbolic(kind: str, g: torch.fx.GraphModule, ex: Sequence[Any]) -> Any:
             compile = functools.partial(self.compile_graph, kind)
@@ -324,6 +325,8 @@ class AutofuseBackend:
 
         try:
             return self.aot(gm, example_inputs, compile_symbolic)
+        except RestartAnalysis:  # Dynamo traces again (floats read from inputs specialized)
+            raise
         except Exception as e:  # noqa: BLE001 - e.g. a size the graph cannot specialize
             logs.log.info("autofuse backend: a symbolic trace failed (%s: %s); each shape is "
                           "traced on its own", type(e).__name__, e)  # fmt: skip
