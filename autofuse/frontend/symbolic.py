@@ -3,8 +3,9 @@
 A graph Dynamo made symbolic goes through AOTAutograd once, with its symbolic sizes: the
 forward, backward or inference graph that comes out holds every shape Dynamo's guards admit.
 :class:`SymbolicGraph` runs such a graph: each call's concrete sizes are looked up and, on a
-miss, a copy of the traced graph is specialized to them (every node's fake value recomputed
-at those sizes: no new trace, no decomposition, no functionalization) and compiled as a static
+miss, a copy of the traced graph is specialized to them (every node's fake value is its traced
+size expressions at those sizes: no new trace, no decomposition, no functionalization, no op
+run again) and compiled as a static
 graph under runtime sizes (``kernels/common/sizes.py``), so the shapes of one graph structure
 share one partition and, within a bucket, one set of loop kernels (``plan/buckets.py``).
 
@@ -21,6 +22,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import sympy
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, guarding_hint_or_throw
@@ -59,13 +61,62 @@ def static_args(args: Sequence[Any], mode: FakeTensorMode) -> list[Any]:
 
 
 def specialized_copy(gm: torch.fx.GraphModule, fakes: Sequence[Any]) -> torch.fx.GraphModule:
-    """A copy of the symbolic ``gm`` whose nodes' fake values are recomputed on ``fakes``
-    (static fake tensors and concrete sizes): a static graph of those sizes."""
+    """A copy of the symbolic ``gm`` whose nodes' fake values are those at ``fakes`` (static
+    fake tensors and concrete sizes): a static graph of those sizes. Each value's sizes are
+    the traced expressions at the inputs' sizes, or where an expression holds a symbol the
+    inputs do not bind, the graph's ops run again on ``fakes``."""
     out = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     for node in out.graph.nodes:  # the symbols of the symbolic trace, not of these sizes
         node.meta.pop("unbacked_bindings", None)
-    FakeTensorProp(out, mode=_mode_of(fakes)).propagate_dont_convert_inputs(*fakes)
+    mode = _mode_of(fakes)
+    try:
+        bound = _bindings(out.graph, fakes)
+        vals = [_at(n.meta.get("val"), bound, mode) for n in out.graph.nodes]
+    except _Unbound:
+        FakeTensorProp(out, mode=mode).propagate_dont_convert_inputs(*fakes)
+        return out
+    for node, val in zip(out.graph.nodes, vals):
+        node.meta["val"] = val
+    for node, fake in zip(out.graph.find_nodes(op="placeholder"), fakes):
+        node.meta["val"] = fake  # the input itself (its storage offset too)
     return out
+
+
+class _Unbound(Exception):
+    """A traced size holds a symbol that the inputs' sizes do not bind."""
+
+
+def _bindings(graph: torch.fx.Graph, fakes: Sequence[Any]) -> dict[Any, int]:
+    """Each symbol that is an input's size, stride or integer value -> its value in ``fakes``."""
+    out: dict[Any, int] = {}
+    for node, fake in zip(graph.find_nodes(op="placeholder"), fakes):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and isinstance(fake, torch.Tensor):
+            pairs = list(zip((*val.shape, *val.stride()), (*fake.shape, *fake.stride())))
+        else:
+            pairs = [(val, fake)]
+        for sym, value in pairs:
+            if isinstance(sym, torch.SymInt) and isinstance(sym.node.expr, sympy.Symbol):
+                out[sym.node.expr] = sympy.Integer(int(value))
+    return out
+
+
+def _at(val: Any, bound: dict[Any, int], mode: FakeTensorMode) -> Any:
+    """A traced fake value at the bound sizes: a size as its number, a tensor as a fake one
+    of those sizes and strides, a list or tuple of them item by item."""
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        number = sympy.sympify(val.node.expr).xreplace(bound)
+        if number.free_symbols:
+            raise _Unbound(str(number))
+        return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(val)](number)
+    if isinstance(val, torch.Tensor):
+        shape = [_at(s, bound, mode) for s in val.shape]
+        strides = [_at(s, bound, mode) for s in val.stride()]
+        with mode:
+            return torch.empty_strided(shape, strides, dtype=val.dtype, device=val.device)
+    if isinstance(val, (list, tuple)):
+        return type(val)(_at(v, bound, mode) for v in val)
+    return val
 
 
 def call_key(args: Sequence[Any]) -> tuple:
