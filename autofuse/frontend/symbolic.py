@@ -5,9 +5,9 @@ forward, backward or inference graph that comes out holds every shape Dynamo's g
 :class:`SymbolicGraph` runs such a graph: each call's concrete sizes are looked up and, on a
 miss, a copy of the traced graph is specialized to them (every node's fake value is its traced
 size expressions at those sizes: no new trace, no decomposition, no functionalization, no op
-run again) and compiled as a static
-graph under runtime sizes (``kernels/common/sizes.py``), so the shapes of one graph structure
-share one partition and, within a bucket, one set of loop kernels (``plan/buckets.py``).
+run again) and compiled as a static graph under runtime sizes (``kernels/common/sizes.py``),
+so the shapes of one graph structure share one partition and, within a bucket, one set of
+loop kernels (``plan/buckets.py``).
 
 The traced example's sizes are compiled at once, so a graph this cannot specialize falls back
 while it is being traced (the backend then specializes at the Dynamo level,
