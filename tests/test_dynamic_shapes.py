@@ -249,6 +249,28 @@ def test_bert_tiny_dynamic_lengths_share_bucket_plans():
     assert backend.counts["bucket_instances"] >= 1, backend.counts  # 5 and 7: one bucket
 
 
+@pytest.mark.slow
+def test_llama_lengths_share_one_trace_and_one_partition():
+    counters.clear()
+    model = _tiny("llama").eval()
+    backend = dynamo.make_backend()
+    fast = torch.compile(model, backend=backend, dynamic=True)
+    rebuilt = []
+    with torch.no_grad():
+        for length in (5, 6, 7, 9):
+            ids = torch.randint(0, 64, (2, length), generator=torch.Generator().manual_seed(length))
+            before = kernels_built()
+            got, want = fast(ids).last_hidden_state, model(ids).last_hidden_state
+            assert_close(got, want, torch.float32, f"llama length {length}")
+            rebuilt.append(kernels_built() - before)
+    # Dynamo restarts once to specialize the model's float attributes, then traces once
+    assert backend.counts["plans"] == 1 and counters["aot_autograd"]["total"] <= 2, counters
+    # the length is an argument of every loop kernel but those whose index arithmetic holds it
+    # (the rotary embedding's and the transposes to attention's layout, one per layer)
+    kernels = len(backend.records[-1].plan.kernels)
+    assert max(rebuilt[1:]) <= 2 * 2 < kernels, (rebuilt, kernels)
+
+
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("which", ["llama", "bert"])
 def test_models_50_lengths_4_batches(which):
