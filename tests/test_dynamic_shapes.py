@@ -3,6 +3,8 @@ kernels (``kernels/common/sizes.py``) and one plan per shape bucket (``plan/buck
 every size (1, primes, just above a block), at most one plan per bucket, and no kernel built
 twice for the sizes of one bucket (counted by the loader). Tiny shapes, Triton's interpreter."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -194,6 +196,58 @@ def test_a_float_argument_read_per_call_keeps_one_trace():
         x = torch.randn(2, t, 8)
         assert_close(fast(x, s), f(x, s), torch.float32, f"length {t}, scale {s}")
     assert backend.counts["plans"] == 1 and counters["aot_autograd"]["total"] == 1, counters
+
+
+def _bn(x, w, b):
+    return F.batch_norm(x, None, None, w, b, training=True).tanh()
+
+
+def _train_sweep(fast, fn, shapes):
+    """Forward and backward at each shape, checked against eager."""
+    for shape in shapes:
+        torch.manual_seed(sum(shape))
+        args = [torch.randn(*shape), torch.rand(3).add(0.5), torch.randn(3)]
+        args = [a.requires_grad_() for a in args]
+        got, want = fast(*args), fn(*args)
+        assert_close(got, want, torch.float32, f"shape {shape}")
+        grads = torch.autograd.grad(got.square().sum(), args)
+        for g, r in zip(grads, torch.autograd.grad(want.square().sum(), args)):
+            assert_close(g, r, torch.float32, f"shape {shape} grad")
+
+
+@pytest.mark.parametrize("front", ["compile", "optimize"])
+def test_training_where_the_backward_divides_by_a_size(front):
+    """batch_norm's backward scales by 1 / (the count of its rows): a float computed from the
+    symbolic sizes, a constant once the traced graph is specialized. Its decomposition scales
+    by a power of two chosen by that count's power-of-two range: one trace per range."""
+    import autofuse
+
+    counters.clear()
+    shapes = [(2, 3, 5), (3, 3, 4), (2, 3, 7), (4, 3, 6)]  # 10, 12, 14 rows; then 24
+    if front == "compile":
+        fast = torch.compile(_bn, backend=dynamo.make_backend(), dynamic=True)
+    else:
+        args = (torch.randn(*shapes[0]), torch.rand(3), torch.randn(3))
+        fast = autofuse.optimize(_bn, args, dynamic={"x": [0, 2]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no graph left to eager
+        _train_sweep(fast, _bn, shapes)
+    # (optimize's example call, without gradients, is a graph of its own)
+    assert counters["aot_autograd"]["total"] == 2 + (front == "optimize"), counters["aot_autograd"]
+
+
+def test_a_backward_that_cannot_compile_runs_as_traced(monkeypatch):
+    compile_graph = dynamo.AutofuseBackend.compile_graph
+
+    def refuse_backward(self, kind, gm, example_inputs):
+        if kind == "backward":
+            raise RuntimeError("refused")
+        return compile_graph(self, kind, gm, example_inputs)
+
+    monkeypatch.setattr(dynamo.AutofuseBackend, "compile_graph", refuse_backward)
+    fast = torch.compile(_bn, backend=dynamo.make_backend(), dynamic=True)
+    with pytest.warns(RuntimeWarning, match="runs in eager"):
+        _train_sweep(fast, _bn, [(2, 3, 5), (4, 3, 7)])
 
 
 @pytest.mark.parametrize(

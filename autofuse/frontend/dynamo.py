@@ -321,7 +321,9 @@ class AutofuseBackend:
 
         def compile_symbolic(kind: str, g: torch.fx.GraphModule, ex: Sequence[Any]) -> Any:
             compile = functools.partial(self.compile_graph, kind)
-            return SymbolicGraph(compile, g, ex, self.options.get("buckets"))
+            # a backward graph may be compiled at its first call, past any fallback
+            strict = kind != "backward"
+            return SymbolicGraph(compile, g, ex, self.options.get("buckets"), strict)
 
         try:
             return self.aot(gm, example_inputs, compile_symbolic)

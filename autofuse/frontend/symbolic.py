@@ -142,7 +142,7 @@ class SymbolicGraph:
 
     def __init__(self, compile: Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]],
                  gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                 buckets: Sequence[int] | None = None) -> None:  # fmt: skip
+                 buckets: Sequence[int] | None = None, strict: bool = True) -> None:  # fmt: skip
         self._compile, self.gm = compile, gm
         self._boxed_call = True  # in the instance too: Dynamo's wrapper copies __dict__
         self.dims = dynamic_dims(gm, example_inputs)
@@ -150,11 +150,13 @@ class SymbolicGraph:
         self.scope = ("symbolic", next(_SCOPES))
         self.compiled: dict[tuple, Callable[..., Any]] = {}
         self.failed = False
-        with unset_fake_temporarily():  # the traced sizes now: a graph that fails, fails here
+        # the traced sizes now: where ``strict``, a graph that fails raises here (while it is
+        # traced, so that the caller falls back); else it runs as traced
+        with unset_fake_temporarily():
             mode = FakeTensorMode(shape_env=ShapeEnv())
             hinted = [_hinted(x, mode) for x in example_inputs]
-            key = call_key(hinted)
-            self.compiled[key] = self._specialize(hinted, hinted)
+            make = self._specialize if strict else self._or_traced
+            self.compiled[call_key(hinted)] = make(hinted, hinted)
 
     def _specialize(self, args: Sequence[Any], fakes: Sequence[Any]) -> Callable[..., Any]:
         gm = specialized_copy(self.gm, fakes)
@@ -168,16 +170,15 @@ class SymbolicGraph:
         key = call_key(args)
         fn = self.compiled.get(key)
         if fn is None:
-            fn = self.compiled[key] = self._new_shape(args)
+            with unset_fake_temporarily():
+                fakes = static_args(args, FakeTensorMode(shape_env=ShapeEnv()))
+                fn = self.compiled[key] = self._or_traced(args, fakes)
         return fn(list(args)) if getattr(fn, "_boxed_call", False) else fn(*args)
 
-    def _new_shape(self, args: Sequence[Any]) -> Callable[..., Any]:
+    def _or_traced(self, args: Sequence[Any], fakes: Sequence[Any]) -> Callable[..., Any]:
         """The compilation at these sizes, or the traced graph as it is where it fails."""
         try:
-            with unset_fake_temporarily():
-                return self._specialize(
-                    args, static_args(args, FakeTensorMode(shape_env=ShapeEnv()))
-                )
+            return self._specialize(args, fakes)
         except Exception as e:  # noqa: BLE001 - what cannot be compiled runs as traced
             if not self.failed:
                 warnings.warn(f"autofuse: a graph could not be compiled at the sizes "
