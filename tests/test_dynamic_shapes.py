@@ -250,6 +250,67 @@ def test_a_backward_that_cannot_compile_runs_as_traced(monkeypatch):
         _train_sweep(fast, _bn, [(2, 3, 5), (4, 3, 7)])
 
 
+def transposed(x, w):
+    return (x.transpose(1, 2) * w[:, None]).sin() + x.mean(2)[:, None, :]
+
+
+@pytest.mark.parametrize("front", ["compile", "optimize"])
+def test_a_length_in_the_index_arithmetic_is_an_argument(front):
+    """x read transposed: the length is in the index arithmetic of the kernels reading it, an
+    argument from the second length on (forward and backward)."""
+    import autofuse
+
+    lengths, w = (5, 6, 7, 9, 11, 13), torch.randn(4)
+    if front == "compile":
+        fast = torch.compile(transposed, backend=dynamo.make_backend(), dynamic=True)
+    else:
+        fast = autofuse.optimize(transposed, (torch.randn(2, 3, 4), w), dynamic={"x": [1]})
+    built = {}
+    for t in lengths:
+        torch.manual_seed(t)
+        x = torch.randn(2, t, 4, requires_grad=True)
+        before = kernels_built()
+        got = fast(x, w)
+        (grad,) = torch.autograd.grad(got.square().sum(), x)
+        built[t] = kernels_built() - before
+        want = transposed(x, w)
+        assert_close(got, want, torch.float32, f"length {t}")
+        assert_close(grad, torch.autograd.grad(want.square().sum(), x)[0], torch.float32, "grad")
+    assert built[7] == built[13] == 0, built  # a bucket's third length builds nothing
+
+
+def _filled(source, values):
+    """``source`` with its size arguments ``ks<j>`` dropped from its signature and each use
+    replaced by ``values[j]``."""
+    import re
+
+    source = re.sub(r"def (\w+)\((ks\d+, )+", r"def \1(", source)
+    return re.sub(r"\bks(\d+)\b", lambda m: str(values[int(m.group(1))]), source)
+
+
+def test_size_arguments_in_place_give_the_text_generated_at_that_shape():
+    import re
+
+    from autofuse.kernels import generate
+    from autofuse.kernels.common.sizes import runtime_sizes
+
+    backend = dynamo.make_backend()
+    fast = torch.compile(transposed, backend=backend, dynamic=True)
+    for t in (5, 6, 7):
+        fast(torch.randn(2, t, 4), torch.randn(4))
+    checked = 0
+    for record in backend.records[1:]:
+        for k in record.plan.kernels:
+            n = len(re.findall(r"\bks\d+\b", k.source.split("):")[0]))
+            filled = _filled(k.source, [v for _, v in k.layout[:n]])
+            with runtime_sizes(("not a traced graph",)):  # the text as generated, no arguments
+                plain = generate(record.plan.graph, k.info, k.config, int(k.name.split("_")[-1]))
+            code = [line for line in filled.splitlines() if not line.startswith("#")]
+            assert code == [line for line in plain.source.splitlines() if not line.startswith("#")]
+            checked += n > 0
+    assert checked >= 2
+
+
 @pytest.mark.parametrize(
     "dynamic, error, words",
     [
@@ -304,7 +365,7 @@ def test_bert_tiny_dynamic_lengths_share_bucket_plans():
 
 
 @pytest.mark.slow
-def test_llama_lengths_share_one_trace_and_one_partition():
+def test_llama_lengths_share_one_trace_one_partition_and_the_kernels():
     counters.clear()
     model = _tiny("llama").eval()
     backend = dynamo.make_backend()
@@ -319,10 +380,11 @@ def test_llama_lengths_share_one_trace_and_one_partition():
             rebuilt.append(kernels_built() - before)
     # Dynamo restarts once to specialize the model's float attributes, then traces once
     assert backend.counts["plans"] == 1 and counters["aot_autograd"]["total"] <= 2, counters
-    # the length is an argument of every loop kernel but those whose index arithmetic holds it
-    # (the rotary embedding's and the transposes to attention's layout, one per layer)
-    kernels = len(backend.records[-1].plan.kernels)
-    assert max(rebuilt[1:]) <= 2 * 2 < kernels, (rebuilt, kernels)
+    # the length is an argument of every loop kernel; where it is in the index arithmetic (the
+    # rotary embedding's, the transposes to attention's layout), from the second length on
+    assert rebuilt[2:] == [0, 0], rebuilt
+    ks = [k for k in backend.records[-1].plan.kernels if "ks0" in k.source]
+    assert ks and all(k.source.startswith("import") for k in ks)
 
 
 @pytest.mark.exhaustive
