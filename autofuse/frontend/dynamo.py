@@ -22,9 +22,11 @@ dynamic shapes, ``dynamic=True`` or ``mark_dynamic``) goes through AOTAutograd o
 symbolic sizes (``symbolic.py``): each call's concrete sizes are looked up and, on a miss, the
 traced graph is specialized to them with no new trace and compiled under runtime sizes, its
 plan the partition of its graph structure, made once for every shape (``plan/buckets.py``).
-Where that symbolic trace fails, or the graph reads an input's value with ``.item()``, the
-backend returns a dispatcher (``specialize.py``) that traces the graph through AOTAutograd
-for each call's concrete sizes (and integer arguments, and the values read). Either way every
+A float read from an input with ``.item()`` is kept symbolic by AOTAutograd, or Dynamo traces
+again with it specialized. Where that symbolic trace fails, and for a static graph that reads
+an input's value, the backend returns a dispatcher (``specialize.py``) that traces the graph
+through AOTAutograd for each call's concrete sizes (and integer arguments, and the values
+read). Either way every
 plan is static (``dynamic=False`` semantics inside the backend). Data-dependent ops
 (``.item()`` of a computed tensor, ``nonzero``) do not abort the capture: such a graph runs in
 eager. Plans are also memoized per IR graph, so a shape seen before (in another Dynamo cache
