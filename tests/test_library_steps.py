@@ -200,7 +200,7 @@ def test_a_bucket_keeps_its_library_calls():
     args = linear_args()
     plan = _plan(args)
     buckets = BucketPlans()
-    buckets.remember(("b",), plan)
-    again = Planner(plan.graph).rebuilt(buckets.partition(("b",)), "again")
+    buckets.remember("structure", ("b",), plan, searched=False)
+    again = Planner(plan.graph).rebuilt(buckets.partition("structure", ("b",)), "again")
     assert again is not None and [s.call for s in again.library] == [s.call for s in plan.library]
     assert isinstance(again, Plan)

@@ -74,6 +74,7 @@ def test_decoder_modes_regret_and_compile_counts(tmp_path):
     assert got["autofuse_shape"]["compiles"]["autofuse_graphs"] == 3
     n_buckets = len({serving.bucket_of(n, edges) for n in lengths})
     assert got["autofuse_bucket"]["compiles"]["autofuse_plans"] == n_buckets < 3
+    assert got["autofuse_bucket"]["new_shape_over_steady"] > 0  # a length of a known bucket
     assert got["compile_static"]["compiles"]["dynamo_graphs"] >= 3  # a recompile per length
     assert got["eager"]["compiles"] == {"dynamo_graphs": 0}
     assert res["models"]["decoder"]["regret_vs_autofuse_shape"]["autofuse_bucket"]["mean"] == 0
@@ -91,3 +92,14 @@ def test_encoder_pads_with_its_mask_and_a_failing_mode_is_recorded(tmp_path, mon
     assert got["compile_dynamic"]["status"].startswith("error"), got["compile_dynamic"]
     saved = json.loads((tmp_path / "serving.json").read_text())  # written after every mode
     assert set(saved["models"]["encoder"]["modes"]) == {"autofuse_bucket", "compile_dynamic"}
+
+
+def test_dynamic_shapes_bench_counts_a_new_shape(tmp_path):
+    from experiments.bench import dynamic_shapes
+
+    res = dynamic_shapes.main(["--out", str(tmp_path), "--cases", "function", "--lengths", "5,6",
+                               "--batches", "2", "--reps", "1"])  # fmt: skip
+    got = res["function"]
+    assert got["wrong"] == 0 and got["partitions_made"] == 1 and got["aot_traces"] == 1, got
+    assert got["kernels_built_at_known_buckets"] == 0 and got["new_shape_over_steady"] > 0, got
+    assert json.loads((tmp_path / "dynamic_shapes.json").read_text())["function"]["shapes"] == 2

@@ -21,6 +21,15 @@ from autofuse.capture.pooling import pooling_decompositions
 aten = torch.ops.aten
 
 
+def log2_ceil(m) -> int:
+    """The least k with 2^k >= m (0 for m <= 1), by comparisons: a symbolic size is then
+    guarded by the power-of-two range it lies in (its shape bucket), not by its value."""
+    k = 0
+    while 2**k < m:
+        k += 1
+    return k
+
+
 def _moment_mean(x, dims, n):
     """The mean over ``dims`` (kept) for var / var_mean / std / layer_norm / group_norm /
     batch_norm: exact on a constant row and finite wherever the true mean is, as eager's
@@ -38,7 +47,7 @@ def _moment_mean(x, dims, n):
     mean is clamped into the dtype's range (it may round an ulp past it)."""
     if not x.is_floating_point() or n == 0:
         return torch.mean(x, dims, keepdim=True)
-    k = math.ceil(math.log2(n)) + 1
+    k = log2_ceil(2 * n)  # ceil(log2(n)) + 1
     x0 = (torch.amax(x, dims, keepdim=True) if dims else x).detach()  # no gradient: see above
     x0 = torch.where(x0.abs() == math.inf, 0.0, x0)
     h0 = x0 * 2.0**-k
@@ -77,7 +86,7 @@ def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None, root=
     out = torch.sqrt(var) if root else var
     if xf.is_floating_point():
         top = math.frexp(torch.finfo(xf.dtype).max)[1]  # the max is just under 2^top
-        k = top // 2 + math.ceil(math.log2(max(n, 1)) / 2) + 1
+        k = top // 2 + (log2_ceil(n) + 1) // 2 + 1  # + ceil(log2(n) / 2)
         scaled = diff * 2.0**-k
         small = torch.sum(scaled * scaled, dims, keepdim=keepdim) / div
         big = torch.sqrt(small) * 2.0**k if root else small * 2.0**k * 2.0**k

@@ -16,15 +16,21 @@ present) and run by a plan; ops the IR cannot generate (sort, topk, random ops..
 steps of that plan, and SDPA is a library step (one of its backends: ``kernels/library/sdpa.py``)
 or, in a training pair, its ops as traced.
 
-Shapes: one plan per concrete shape. A graph whose example inputs are static compiles once;
-when Dynamo hands over a graph with symbolic sizes (after a shape change, Dynamo's automatic
-dynamic shapes, or ``dynamic=True``) or one that reads an input's value with ``.item()``, the
-backend returns a dispatcher (``specialize.py``): on each call it looks the concrete sizes (and
-integer arguments, and the values read) up and, on a miss, compiles the graph through
-AOTAutograd for exactly those, so every plan is static (``dynamic=False`` semantics inside the
-backend). Data-dependent ops (``.item()`` of a computed tensor, ``nonzero``) do not abort the
-capture: such a graph runs in eager. Plans are also memoized per IR graph, so a shape seen
-before (in another Dynamo cache entry) reuses its plan.
+Shapes: one plan per concrete shape. A graph whose example inputs are static compiles once.
+A graph Dynamo hands over with symbolic sizes (after a shape change, Dynamo's automatic
+dynamic shapes, ``dynamic=True`` or ``mark_dynamic``) goes through AOTAutograd once, with its
+symbolic sizes (``symbolic.py``): each call's concrete sizes are looked up and, on a miss, the
+traced graph is specialized to them with no new trace and compiled under runtime sizes, its
+plan the partition of its graph structure, made once for every shape (``plan/buckets.py``).
+A float read from an input with ``.item()`` is kept symbolic by AOTAutograd, or Dynamo traces
+again with it specialized. Where that symbolic trace fails, and for a static graph that reads
+an input's value, the backend returns a dispatcher (``specialize.py``) that traces the graph
+through AOTAutograd for each call's concrete sizes (and integer arguments, and the values
+read). Either way every
+plan is static (``dynamic=False`` semantics inside the backend). Data-dependent ops
+(``.item()`` of a computed tensor, ``nonzero``) do not abort the capture: such a graph runs in
+eager. Plans are also memoized per IR graph, so a shape seen before (in another Dynamo cache
+entry) reuses its plan.
 
 Options (``options={...}`` of ``torch.compile``, or keywords of :func:`make_backend`): those of
 ``autofuse.optimize``'s tuning (``trials``, ``time_budget``, ``cache_dir``, ``storage``,
@@ -50,6 +56,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch._dynamo.exc import RestartAnalysis
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
@@ -58,7 +65,7 @@ from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.kernels.common.sizes import runtime_bucket, runtime_sizes_on
 from autofuse.plan import Plan, execute
-from autofuse.plan.buckets import BucketPlans, bucket_key
+from autofuse.plan.buckets import BucketPlans, ShapeBucket, structure_key
 from autofuse.plan.graph_choice import parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.planner import Planned, Planner
@@ -69,6 +76,7 @@ from autofuse.tune.entry import planning
 from .graph import Prepared, SymbolicShapes, is_symbolic, place, prepare, to_ir
 from .options import BACKEND, check_options, note_backend_tuning, wants_tuning
 from .specialize import SpecializedGraph, dynamic_dims, needs_specializing
+from .symbolic import SymbolicGraph
 
 __all__ = [
     "AutofuseBackend",
@@ -210,7 +218,18 @@ _PLANS: dict[tuple, tuple[Plan, Any, Any]] = {}
 _PLANS_LOCK = threading.Lock()
 _COMPILED: collections.deque[CompiledGraph] = collections.deque(maxlen=512)
 _COUNT = [0]  # every graph compiled (the deque keeps the last 512)
-_BUCKETS = BucketPlans()  # (bucket, graph structure, kind, device, tuned) -> a partition
+_BUCKETS = BucketPlans()  # (traced graph, structure, kind, device, tuned) -> a partition
+
+
+def _shared_structure(graph: Graph, extra: tuple) -> tuple[tuple, Any] | None:
+    """(the key of ``graph``'s structure in the traced graph being compiled, the bucket of its
+    sizes) where a traced graph with runtime sizes is being compiled, else None."""
+    bucket = runtime_bucket()
+    if bucket is None:
+        return None
+    if not isinstance(bucket, ShapeBucket):
+        bucket = ShapeBucket(None, bucket)
+    return (bucket.scope, structure_key(graph), *extra), bucket.sizes
 
 
 def compiled_graphs() -> list[CompiledGraph]:
@@ -277,8 +296,9 @@ class AutofuseBackend:
         self.options = dict(options)
         self.origin = "backend"  # the front end that made it, for its notes (options.py)
         self.records: list[CompiledGraph] = []
-        # plans: partitions made (greedy or searched); bucket_instances: a bucket's plan built
-        # for another shape of the bucket (no partition, no search, its kernels shared)
+        # plans: partitions made (greedy or searched: one per graph structure of a traced
+        # graph); bucket_instances: that partition built for another shape (no partition, no
+        # search, its loop kernels shared within a bucket)
         self.counts: collections.Counter[str] = collections.Counter()
         self.__name__ = "autofuse"
 
@@ -287,19 +307,49 @@ class AutofuseBackend:
         if kw.get("options"):
             check_options(kw["options"], BACKEND, "torch.compile(backend='autofuse')")
         dims = dynamic_dims(gm, example_inputs)
-        if needs_specializing(gm, any(is_symbolic(x) for x in example_inputs)):
-            return SpecializedGraph(self.aot, gm, dims, self.options.get("buckets"))
-        return self.aot(gm, list(example_inputs))
+        symbolic = any(is_symbolic(x) for x in example_inputs)
+        if not needs_specializing(gm, symbolic):
+            return self.aot(gm, list(example_inputs))
+        per_shape = SpecializedGraph(self.aot, gm, dims, self.options.get("buckets"))
+        if not symbolic:
+            return per_shape
+        compiled = self.symbolic(gm, list(example_inputs))  # traced once, where it can be
+        return per_shape if compiled is None else compiled
 
-    def aot(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    def symbolic(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """``gm`` through AOTAutograd once with its symbolic sizes, each graph that comes out
+        a :class:`SymbolicGraph` (compiled per shape with no new trace); None where a graph
+        cannot be so compiled (the caller traces each shape on its own)."""
+
+        def compile_symbolic(kind: str, g: torch.fx.GraphModule, ex: Sequence[Any]) -> Any:
+            compile = functools.partial(self.compile_graph, kind)
+            # a backward graph may be compiled at its first call, past any fallback
+            strict = kind != "backward"
+            return SymbolicGraph(compile, g, ex, self.options.get("buckets"), strict)
+
+        try:
+            return self.aot(gm, example_inputs, compile_symbolic)
+        except RestartAnalysis:  # Dynamo traces again (floats read from inputs specialized)
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. a size the graph cannot specialize
+            logs.log.info("autofuse backend: a symbolic trace failed (%s: %s); each shape is "
+                          "traced on its own", type(e).__name__, e)  # fmt: skip
+            return None
+
+    def aot(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], compile: Any = None
+    ) -> Callable[..., Any]:
+        """``gm`` through AOTAutograd, ``compile(kind, graph, example_inputs)`` (by default
+        :meth:`compile_graph`) compiling each forward, backward or inference graph."""
         from torch._dynamo.backends.common import aot_autograd
 
         from .remat import attention_partition
 
+        compile = compile or self.compile_graph
         compiler = aot_autograd(
-            fw_compiler=functools.partial(self.compile_graph, "forward"),
-            bw_compiler=functools.partial(self.compile_graph, "backward"),
-            inference_compiler=functools.partial(self.compile_graph, "inference"),
+            fw_compiler=functools.partial(compile, "forward"),
+            bw_compiler=functools.partial(compile, "backward"),
+            inference_compiler=functools.partial(compile, "inference"),
             decompositions=_decompositions(),
             partition_fn=attention_partition,
         )
@@ -360,10 +410,10 @@ class AutofuseBackend:
             hit = _PLANS.get(key)
         if hit is not None and not self.options.get("retune"):
             return hit
-        shared, planner = None, Planner(graph)
-        if runtime_bucket() is not None:  # a shape of a bucket: the bucket's plan, if any
-            shared = bucket_key(runtime_bucket(), graph, (kind, _device_of(metas), tuned))
-            part = _BUCKETS.partition(shared)
+        planner = Planner(graph)
+        shared = _shared_structure(graph, (kind, _device_of(metas), tuned))
+        if shared is not None:  # a shape of a traced graph: its structure's partition, if any
+            part = _BUCKETS.partition(*shared)
             plan = None if part is None else planner.rebuilt(part, f"{kind}, bucket plan")
             if plan is not None:
                 self.counts["bucket_instances"] += 1
@@ -377,7 +427,7 @@ class AutofuseBackend:
         with _PLANS_LOCK:
             _PLANS[key] = (plan, tuning, choice)
         if shared is not None:
-            _BUCKETS.remember(shared, plan)
+            _BUCKETS.remember(*shared, plan, searched=tuned)
         return plan, tuning, choice
 
     def _tuned(self, planner: Planner, kind: str, metas: Sequence[Any]) -> Planned:

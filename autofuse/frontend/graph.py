@@ -25,7 +25,6 @@ becomes an ``opaque`` node, which the plan runs as an eager step.
 from __future__ import annotations
 
 import copy
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,23 +210,22 @@ def _get_attr(gm: torch.nn.Module, target: str) -> Any:
     return obj
 
 
+_SIZE_QUERIES = {
+    torch.ops.aten.sym_size.int,
+    torch.ops.aten.sym_numel.default,
+    torch.ops.aten.sym_stride.int,
+    torch.ops.aten.sym_storage_offset.default,
+}
+
+
 def _fold_symbolic_scalars(graph: torch.fx.Graph) -> None:
-    """Size queries on concrete shapes (``aten.sym_size.int``, ``sym_numel``, ``operator.mul``
-    of such) become their values."""
-    ops = {
-        torch.ops.aten.sym_size.int,
-        torch.ops.aten.sym_numel.default,
-        torch.ops.aten.sym_stride.int,
-        torch.ops.aten.sym_storage_offset.default,
-        operator.mul,
-        operator.add,
-        operator.sub,
-        operator.floordiv,
-        operator.mod,
-        operator.neg,
-    }
+    """Size queries on concrete shapes (``aten.sym_size.int``, ``sym_numel``...) and the
+    arithmetic on them (``operator.mul``, ``operator.truediv``, ``torch.sym_float``...: any
+    function that is not an ATen op) become their values."""
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in ops:
+        if node.op != "call_function" or not (
+            node.target in _SIZE_QUERIES or not isinstance(node.target, torch._ops.OpOverload)
+        ):
             continue
         val = node.meta.get("val")
         if isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):

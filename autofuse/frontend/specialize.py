@@ -17,6 +17,7 @@ scalars read from input tensors with ``.item()``, data-dependent ops.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,9 +27,18 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_symbols
 
 from autofuse.kernels.common.sizes import runtime_sizes, size_bucket
+from autofuse.plan.buckets import ShapeBucket
 
-__all__ = ["SpecializedGraph", "dynamic_dims", "item_inputs", "needs_specializing"]
+__all__ = [
+    "SpecializedGraph",
+    "bucket_of_call",
+    "dynamic_dims",
+    "item_inputs",
+    "needs_specializing",
+    "value_key",
+]
 
+_SCOPES = itertools.count()  # one per traced graph compiled at several shapes
 _ITEM_FUNCTIONS = (torch.Tensor.item, torch.ops.aten._local_scalar_dense.default)
 
 
@@ -82,7 +92,7 @@ def needs_specializing(gm: torch.fx.GraphModule, symbolic: bool) -> bool:
     return symbolic or bool(item_inputs(gm))
 
 
-def _value_key(value: Any) -> Any:
+def value_key(value: Any) -> Any:
     """A scalar as a dictionary key (NaN equal to itself, -0.0 apart from 0.0)."""
     if isinstance(value, float):
         return ("float", value.hex() if math.isfinite(value) else repr(value))
@@ -128,6 +138,7 @@ class SpecializedGraph:
         self.dims, self.edges = tuple(dims), sorted(buckets) if buckets else None
         self.items = item_inputs(gm)
         self.compiled: dict[tuple, Callable[..., Any]] = {}
+        self.scope = next(_SCOPES)  # its shapes share a partition per graph structure
 
     @staticmethod
     def key(args: Sequence[Any]) -> tuple:
@@ -136,19 +147,19 @@ class SpecializedGraph:
             if isinstance(a, torch.Tensor):
                 out.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad))
             else:
-                out.append(_value_key(a))
+                out.append(value_key(a))
         return tuple(out)
 
     def __call__(self, *args: Any) -> Any:
         values = {k: args[k].item() for k in self.items}
-        key = (self.key(args), tuple(_value_key(v) for v in values.values()))
+        key = (self.key(args), tuple(value_key(v) for v in values.values()))
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         fn = self.compiled.get(key)
         if fn is None:
             gm = bind(self.gm, args, values)
             if any(self.dims):  # symbolic sizes: runtime-size kernels, a plan per bucket
                 bucket = (bucket_of_call(args, self.dims, self.edges), key[1])
-                with runtime_sizes(bucket):
+                with runtime_sizes(ShapeBucket(self.scope, bucket)):
                     fn = self._compile(gm, static_fakes(tensors))
             else:
                 fn = self._compile(gm, static_fakes(tensors))

@@ -27,8 +27,9 @@ Modes (each in a fresh Dynamo state, each length's first call compiles it):
   Inductor) with ``dynamic=True``, and with ``dynamic=False`` (a recompile per length).
 
 Per mode: each length's first call (wall seconds, the compile) and its steady time per request
-(``triton.testing.do_bench`` median on CUDA, or the injected timer), the output checked against
-eager (max relative error), and the number of compiles: Dynamo's (``unique_graphs``) and
+(``triton.testing.do_bench`` median on CUDA, or the injected timer), their ratio at the lengths
+whose bucket a length before opened (``new_shape_over_steady``, the median), the output
+checked against eager (max relative error), and the number of compiles: Dynamo's (``unique_graphs``) and
 autofuse's (graphs the backend compiled into plans), over the warm-up pass and over a second pass
 after it (``compiles_after_warmup``: 0 means no recompiles in steady state). The regret of a
 mode is its mean time per request over ``autofuse_shape``'s, minus 1. The trace's own counts
@@ -256,7 +257,9 @@ def run_mode(mode: str, kind: str, model: Any, lengths: list[int], refs: dict[in
         row = {
             "first_call_s": time.perf_counter() - t0,
             "max_rel_err": max_rel_err(out, refs[length]),
-        }
+            "bucket_known": any(bucket_of(int(k), edges) == bucket_of(length, edges)
+                                for k in rec["per_length"]),
+        }  # fmt: skip
         row["request_s"] = timer(lambda length=length, kw=kw: call(length, kw))
         rec["per_length"][str(length)] = row
     warm = counts.now()
@@ -269,6 +272,10 @@ def run_mode(mode: str, kind: str, model: Any, lengths: list[int], refs: dict[in
     if done and rec["status"] == "ok":
         rec["mean_request_s"] = sum(r["request_s"] for r in done) / len(done)
     rec["worst_rel_err"] = max((r["max_rel_err"] for r in done), default=None)
+    known = sorted(r["first_call_s"] / r["request_s"] for r in done if r["bucket_known"])
+    # a new length's first call (its compile) over its steady time, where a length of its
+    # bucket ran before: the median
+    rec["new_shape_over_steady"] = known[len(known) // 2] if known else None
     return rec
 
 

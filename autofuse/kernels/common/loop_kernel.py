@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from autofuse.kernels.common import load_hints
 from autofuse.kernels.common.base import Kernel, KernelMeta
 from autofuse.kernels.common.emitter import Emitter
+from autofuse.kernels.common.literals import with_size_arguments
 from autofuse.kernels.common.render import kernel_header
 
 
@@ -50,7 +51,7 @@ def render_loop_kernel(
         kw.append(("sanitize_overflow", False))
     looped = em.red and not em.persistent
     passes = em.load_passes() if looped else (1,) * len(info.loads)
-    return Kernel(
+    kernel = Kernel(
         name=name,
         source=src + "\n",
         config=config,
@@ -60,3 +61,4 @@ def render_loop_kernel(
         launch_kw=tuple(kw + list(launch_kw)),
         meta=KernelMeta(load_passes=passes, dots=em.dots, **load_hints.meta_fields(em)),
     )
+    return with_size_arguments(kernel)  # sizes in its index arithmetic: arguments

@@ -7,9 +7,10 @@ the size's bucket (each non-reduced dim rounded up to a power of two) rather tha
 exact size. Two shapes in one bucket whose other sizes (strides, the reduced extent, the
 broadcast periods) agree then generate the same kernel text, and the loader builds that
 kernel once (``loader.kernels_built``); a size that shows up in the index arithmetic (a
-broadcast along the dynamic dim, a reduction over it) still generates its own kernel, so a
-shared kernel is correct at every size by construction: the only value that differs between
-its callers is the argument.
+broadcast along the dynamic dim, a transpose of it) generates its own text, whose varying
+literals become arguments from a traced graph's second shape on (``literals.py``); a
+reduction over the dynamic dim still generates its own kernel. A shared kernel is correct at
+every size by construction: the only values that differ between its callers are arguments.
 """
 
 from __future__ import annotations
