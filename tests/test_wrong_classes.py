@@ -10,6 +10,8 @@ backward where the inputs can require grad:
   [B, M', N] view): the simplifier dropped the constant, reading outside the buffer;
 - an in-place op through a call that returns its input itself (``v.type_as(v)``): its write
   was lost (the function, not its traced graph, was functionalized);
+- an in-place op on a pad that only crops (every amount <= 0): eager's pad returns a new
+  tensor, the decomposition returned a view of the input, so the write reached the input;
 - the mean of a constant row in var / std / layer_norm / group_norm / batch_norm: a sum of
   equal values rounds, and ``(x - mean) * rsqrt(var + 1e-12)`` scaled that rounding by 1e6;
   the mean is now the row's first element plus the mean of the differences (exact), also in a
@@ -225,6 +227,27 @@ def test_in_place_through_an_alias_backward(alias, front):
     torch.manual_seed(0)
     x = torch.randn(4, 3, requires_grad=True)
     _check(_through(alias), (x,), front, grad=True)
+
+
+def _crop_then_scale(x, s):
+    v = F.pad(x, [-2, -1])
+    v.mul_(s)
+    return v, x
+
+
+def _crop_2d_then_add(x):
+    v = F.pad(x, [0, -1, -1, 0])
+    v.add_(1)
+    return v * 2, x * 3
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_in_place_on_a_crop_only_pad_leaves_the_input(front):
+    x = torch.arange(8, dtype=torch.int32)
+    _check(_crop_then_scale, (x, torch.tensor(3, dtype=torch.int32)), front)
+    assert torch.equal(x, torch.arange(8, dtype=torch.int32))
+    torch.manual_seed(0)
+    _check(_crop_2d_then_add, (torch.randn(4, 5, requires_grad=True),), front, grad=True)
 
 
 def _issue_alias_program(x):

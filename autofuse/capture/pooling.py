@@ -66,7 +66,9 @@ def constant_pad_nd(x: torch.Tensor, pad: list[int], value: float = 0.0) -> torc
     for k in range(len(pad) // 2):
         dim = x.dim() - 1 - k
         out = _pad_dim(out, dim, pad[2 * k], pad[2 * k + 1], value)
-    return out.clone() if out is x else out
+    # eager's pad returns a new tensor: one made of crops alone (every amount <= 0) is a view of
+    # ``x`` here, and an in-place op on it would write through to ``x``
+    return out.clone() if all(p <= 0 for p in pad) else out
 
 
 class _Windows:
