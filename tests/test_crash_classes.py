@@ -291,7 +291,25 @@ STRICT_DECOMPOSITIONS = {
 }
 
 
+# ---------------------------------------------------------------------------------------------
+# the backward of a slice of an empty tensor: a slice_scatter into an empty base, which became a
+# concatenation of nothing
+# ---------------------------------------------------------------------------------------------
+
+EMPTY_SLICE_BACKWARD = {
+    "narrow_of_empty_grad": (
+        lambda a: torch.div(a, -2.5, rounding_mode="floor").narrow(0, 0, 0),
+        lambda: (torch.randn(0, requires_grad=True),),
+    ),
+    "slice_of_empty_rows_grad": (
+        lambda a: (a * 2)[:, 1:3].exp(),
+        lambda: (torch.randn(0, 4, requires_grad=True),),
+    ),
+}
+
+
 CLASSES = {
+    "empty_slice_backward": EMPTY_SLICE_BACKWARD,
     "literal": LITERALS,
     "cat_index": CAT_INDEX,
     "constant": CONSTANTS,

@@ -249,6 +249,8 @@ def _slice_scatter(b, packet, overload, args, kwargs, val, out_dtype, name):
             parts.append(b.view("slice", base, piece, f"{name}_{a}", dim=dim, start=a, step=1))
     if hi > lo:
         parts.insert(1 if lo > 0 else 0, src)
+    if not parts:  # an empty ``base`` (nothing before, in or after the slice): the result is it
+        parts = [base]
     if len(parts) == 1:
         return b.like("cast", parts, val, name, dtype=_dtype(val.dtype))
     return b.like("cat", parts, val, name, dim=dim)
