@@ -355,3 +355,29 @@ def test_attention_masked_with_minus_inf_builds(front, strict):
         return tuple(torch.randn(1, 2, 20, 8, requires_grad=True) for _ in range(3))
 
     _check(_causal_minus_inf, make, front)
+
+
+# ---------------------------------------------------------------------------------------------
+# a graph AOTAutograd itself cannot trace (torch's functionalization refuses an in-place fill of
+# an expanded bool view, which eager runs): it runs as captured, in eager, with a warning
+# ---------------------------------------------------------------------------------------------
+
+
+def _fill_expanded_bool(x):
+    v = (x > 0) != True  # noqa: E712 - the comparison with a bool is the program
+    return v.expand(3, -1, 3, 3).fill_(True)
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_a_graph_aot_cannot_trace_runs_as_captured(front):
+    x = torch.randint(-4, 5, (1, 1, 1))
+    with pytest.warns(RuntimeWarning, match="could not trace"):
+        out = _front(_fill_expanded_bool, (x.clone(),), front)(x.clone())
+    _same(out, _fill_expanded_bool(x.clone()))
+
+
+def test_a_graph_aot_cannot_trace_raises_in_strict_mode(strict):
+    torch._dynamo.reset()
+    x = torch.randint(-4, 5, (1, 1, 1))
+    with pytest.raises(Exception, match="bool"):
+        torch.compile(_fill_expanded_bool, backend="autofuse")(x)

@@ -309,7 +309,7 @@ class AutofuseBackend:
         dims = dynamic_dims(gm, example_inputs)
         symbolic = any(is_symbolic(x) for x in example_inputs)
         if not needs_specializing(gm, symbolic):
-            return self.aot(gm, list(example_inputs))
+            return self.traced_or_captured(gm, list(example_inputs))
         per_shape = SpecializedGraph(self.aot, gm, dims, self.options.get("buckets"))
         if not symbolic:
             return per_shape
@@ -335,6 +335,29 @@ class AutofuseBackend:
             logs.log.info("autofuse backend: a symbolic trace failed (%s: %s); each shape is "
                           "traced on its own", type(e).__name__, e)  # fmt: skip
             return None
+
+    def traced_or_captured(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """``gm`` through AOTAutograd; where AOTAutograd itself cannot trace it (an error raised
+        before any graph reached autofuse: torch's own functionalization refuses some in-place
+        ops on expanded views that eager runs), ``gm`` as Dynamo captured it, in eager, with a
+        warning (strict mode raises)."""
+        reached: list[str] = []
+
+        def compile(kind: str, g: torch.fx.GraphModule, ex: Sequence[Any]) -> Any:
+            reached.append(kind)
+            return self.compile_graph(kind, g, ex)
+
+        try:
+            return self.aot(gm, example_inputs, compile)
+        except RestartAnalysis:
+            raise
+        except Exception as e:
+            if reached or settings().strict:
+                raise
+            warnings.warn(f"autofuse: AOTAutograd could not trace a graph ({type(e).__name__}: "
+                          f"{str(e)[:200]}); it runs as captured, in eager", RuntimeWarning,
+                          stacklevel=2)  # fmt: skip
+            return gm.forward
 
     def aot(
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], compile: Any = None
