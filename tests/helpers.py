@@ -2,6 +2,7 @@
 
 import random
 
+import pytest
 import torch
 
 from autofuse.capture.trace import capture
@@ -10,6 +11,21 @@ from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+FRONT_ENDS = ("optimize", "compile")
+
+
+def dtype_front_grid(dtypes, lead=(), fronts=FRONT_ENDS) -> list:
+    """Parameters ``(*lead value, dtype, front)`` over the whole grid: by default each dtype runs
+    through one front end, the front end turning with the dtype and with the lead value, so
+    every dtype, every front end and every lead value runs; the rest under ``-m exhaustive``."""
+    params = []
+    for k, v in enumerate(lead or (None,)):
+        for i, d in enumerate(dtypes):
+            for j, f in enumerate(fronts):
+                values = (v, d, f) if lead else (d, f)
+                marks = () if (i + k) % len(fronts) == j else pytest.mark.exhaustive
+                params.append(pytest.param(*values, marks=marks, id="-".join(map(str, values))))
+    return params
 
 
 def upcast(args):

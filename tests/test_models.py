@@ -76,14 +76,30 @@ def test_gpt2_optimize_forward_backward():
     _check_optimize("gpt2")
 
 
+# every model runs through one front end by default (each front end gets more than one model:
+# SDPA and eager attention, causal and bidirectional, patches); the other under -m exhaustive
+COMPILED_BY_DEFAULT = ("llama_sdpa", "llama_eager")
+
+
+def _models(skip: str, default: bool) -> list:
+    """The models but ``skip``, those run by default through the front end in question first."""
+    return [
+        pytest.param(
+            m, marks=() if (m in COMPILED_BY_DEFAULT) == default else pytest.mark.exhaustive
+        )
+        for m in MODELS
+        if m != skip
+    ]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [m for m in MODELS if m != "llama_sdpa"])
+@pytest.mark.parametrize("name", _models("llama_sdpa", default=True))
 def test_compile_forward_backward(name):
     _check_compile(name)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [m for m in MODELS if m != "gpt2"])
+@pytest.mark.parametrize("name", _models("gpt2", default=False))
 def test_optimize_forward_backward(name):
     _check_optimize(name)
 

@@ -20,11 +20,10 @@ from autofuse.capture.trace import capture
 from autofuse.frontend import dynamo
 from autofuse.ir.split import SplitPolicy, plan_splits
 
-from .helpers import assert_close
+from .helpers import assert_close, dtype_front_grid
 
 POLICY = SplitPolicy(min_rnumel=1024)
 DTYPES = [torch.float32, torch.bfloat16]
-FRONT_ENDS = ("optimize", "compile")
 
 
 def _split(graph) -> bool | None:
@@ -83,9 +82,7 @@ def test_batchnorm_statistics_cut_the_spatial_run():
     assert SplitPolicy(num_sm=132).wanted_k(64 * 63**3, 16, inner=True)[0] == 122
 
 
-@pytest.mark.parametrize("front", FRONT_ENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dims,dtype,front", dtype_front_grid(DTYPES, lead=(2, 3)))
 def test_training_batch_norm(split_on, dims, dtype, front):
     shape = (2, 3, 48, 48) if dims == 2 else (2, 3, 15, 15, 15)
     x = _x(shape, dtype)
@@ -98,8 +95,7 @@ def test_training_batch_norm(split_on, dims, dtype, front):
     _equal_eager(bn, (x, w, b), front, dtype)
 
 
-@pytest.mark.parametrize("front", FRONT_ENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,front", dtype_front_grid(DTYPES))
 def test_group_norm_with_few_rows(split_on, dtype, front):
     # 2 rows (N, group) of 2 x 64 x 64 elements; the backward's per-(N, C) sums over 64 x 64
     x = _x((1, 4, 64, 64), dtype)
@@ -120,9 +116,9 @@ def _plain(fn):
     }[fn]
 
 
-@pytest.mark.parametrize("front", FRONT_ENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("fn", ["sum", "mean", "var", "amax"])
+@pytest.mark.parametrize(
+    "fn,dtype,front", dtype_front_grid(DTYPES, lead=("sum", "mean", "var", "amax"))
+)
 def test_plain_reductions_over_few_long_rows(split_on, fn, dtype, front):
     x = _x((3, 2, 4096), dtype)
     # the backward of a sum or a mean reduces nothing (a broadcast of the gradient); amax's
@@ -130,8 +126,7 @@ def test_plain_reductions_over_few_long_rows(split_on, fn, dtype, front):
     _equal_eager(_plain(fn), (x,), front, dtype, reducing=2 if fn in ("var", "amax") else 1)
 
 
-@pytest.mark.parametrize("front", FRONT_ENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,front", dtype_front_grid(DTYPES))
 def test_constant_channels_stay_exact(split_on, dtype, front):
     """A constant channel's batch variance is exactly 0 and it normalizes to exactly 0; a
     constant row's var is 0 (the split chunk means are exact, Chan's combine adds 0)."""
@@ -152,8 +147,7 @@ def _winners(dtype):
     return x
 
 
-@pytest.mark.parametrize("front", FRONT_ENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,front", dtype_front_grid(DTYPES))
 def test_argmax_argmin_from_chunk_winners(split_on, dtype, front):
     """argmax / argmin over few long rows (and over every element) split: per-chunk winners,
     the first chunk holding the row's best (a NaN first) gives the index, as eager's."""

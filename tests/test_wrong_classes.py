@@ -26,9 +26,7 @@ import torch.nn.functional as F
 
 import autofuse
 
-from .helpers import assert_close
-
-FRONT_ENDS = ("optimize", "compile")
+from .helpers import FRONT_ENDS, assert_close, dtype_front_grid
 
 
 def _front(fn, args, front: str):
@@ -288,8 +286,7 @@ def _norms(x):
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@pytest.mark.parametrize("front", FRONT_ENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,front", dtype_front_grid(DTYPES))
 def test_constant_rows_normalize_to_zero(dtype, front):
     x = _constant_rows(dtype)
     for k, (out, ref) in enumerate(zip(_check(_norms, (x,), front), _norms(x))):
@@ -301,8 +298,7 @@ def _batch_norm(x):
     return F.batch_norm(x, None, None, training=True, eps=1e-12)
 
 
-@pytest.mark.parametrize("front", FRONT_ENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,front", dtype_front_grid(DTYPES))
 def test_constant_channels_batch_norm_to_zero(dtype, front):
     """A constant channel of a training batch norm normalizes to 0 (as eager's Welford moments
     on CUDA; eager's CPU sum / N itself rounds there, so only the zeros are checked)."""
@@ -316,8 +312,7 @@ def _issue_norm_program(a, b):
     return F.layer_norm(v, [16, 7], None, b, eps=1e-12)
 
 
-@pytest.mark.parametrize("front", FRONT_ENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,front", dtype_front_grid(DTYPES))
 def test_the_layer_norm_program(dtype, front):
     """The issue's program: softmax over a dim of size 1 is 1, so every row is log(2)."""
     torch.manual_seed(0)
