@@ -1,7 +1,7 @@
 """Plans shared by the shapes of one graph structure: a graph compiled for a new shape of a
 traced graph whose structure (ops and edges) already has a plan gets that plan's partition,
-made once for every shape and bucket, instantiated at the exact shape
-(``Planner.rebuilt``): no new partition, no new search. The launch configs are the bucket's: the default ones at the
+made once for every shape and bucket, instantiated at the exact shape (``Planner.rebuilt``):
+no new partition, no new search. The launch configs are the bucket's: the default ones at the
 bucket's sizes (``kernels/common/sizes.py``), or where a search chose them, the loop kernels'
 configs of the nearest bucket searched (other kinds choose theirs at the exact shape). A loop
 kernel's text is then the same at every shape of a bucket (runtime sizes), so those kernels

@@ -200,11 +200,12 @@ def main(argv: list[str] | None = None) -> dict:
     record = _header(a.device, a.size)
     path = Path(a.out) / "breakdown.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    for model in a.models.split(","):
-        import torch
+    import torch
 
-        torch._dynamo.reset()  # models share code objects (transformers' wrappers): a fresh
-        # recompile budget for each, or the later models run eager in every compiled arm
+    for model in a.models.split(","):
+        # models share code objects (transformers' wrappers): a fresh recompile budget for
+        # each, or the later models run eager in every compiled arm
+        torch._dynamo.reset()
         record["models"][model] = run_model(model, a.size, a.device, a.backends.split(","), a.runs)
         path.write_text(json.dumps(record, indent=1))
         print(model, json.dumps(record["models"][model])[:400])

@@ -3,8 +3,8 @@ weights (nothing is downloaded), each as an inference call and as a training ste
 
 Models: ``llama_eager`` / ``llama_sdpa`` (``LlamaModel`` with that attention implementation),
 ``gpt2`` (``GPT2Model``), ``bert`` (``BertModel``), ``vit`` (``ViTModel``); on request ``t5``
-(``T5EncoderModel``: relative position bias added to the attention scores). Sizes: ``tiny`` for the
-CPU tests (hidden 32-64, 1-2 layers, sequence 8-16, fp32; the kernels run in Triton's
+(``T5EncoderModel``: relative position bias added to the attention scores). Sizes: ``tiny``
+for the CPU tests (hidden 32-64, 1-2 layers, sequence 8-16, fp32; the kernels run in Triton's
 interpreter) and ``realistic`` for the GPU bench (hidden 2048, sequence 1024, bf16, 2 layers).
 Dropout probabilities are 0, so train and eval mode compute the same function and outputs can
 be compared with eager in both.
