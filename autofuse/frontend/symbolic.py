@@ -25,8 +25,13 @@ from typing import Any
 import sympy
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-from torch.fx.experimental.symbolic_shapes import ShapeEnv, guarding_hint_or_throw
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+try:  # torch >= 2.12
+    from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw as _size_hint
+except ImportError:  # torch 2.11: the same hint under its older name
+    from torch.fx.experimental.symbolic_shapes import hint_int as _size_hint
 
 from autofuse.kernels.common.sizes import runtime_sizes
 from autofuse.plan.buckets import ShapeBucket
@@ -40,7 +45,7 @@ _SCOPES = itertools.count()  # one per symbolic graph: its shapes share a partit
 
 def _hint(value: Any) -> Any:
     """The traced example's value of a symbolic size (no guard added)."""
-    return guarding_hint_or_throw(value) if isinstance(value, torch.SymInt) else value
+    return _size_hint(value) if isinstance(value, torch.SymInt) else value
 
 
 def _hinted(example: Any, mode: FakeTensorMode) -> Any:
