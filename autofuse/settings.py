@@ -37,7 +37,9 @@ them again, for tests and for programs that change the environment on purpose):
 - ``AUTOFUSE_SDPA``: which SDPA backend runs attention the torch.compile backend keeps whole:
   ``auto`` (default: the backend torch picked when tracing, or on CUDA the fastest offered one,
   timed end to end; ``kernels/library/sdpa.py``), or ``cudnn``, ``flash``, ``efficient`` or
-  ``math`` (that backend wherever it applies, untimed; elsewhere the op as traced); an unknown
+  ``math`` (that backend wherever it applies, untimed; elsewhere the op as traced), or
+  ``autofuse`` (every inference forward that can be written out runs as autofuse's own
+  attention kernel, untimed: ``frontend/sdpa_written.py``; the others by the rule); an unknown
   value warns and means ``auto``.
 - ``AUTOFUSE_CONV_KERNEL``: which forward convolutions may run as autofuse's own implicit-GEMM
   kernel (``kernels/conv``) beside the library call: ``rule`` (default: every one the kind
@@ -124,7 +126,7 @@ class Settings:
     check_bounds: bool = False
     conv_bias: str = "kernel"  # "kernel" (peeled into the epilogue) or "library"
     conv_layout: str = "measure"  # "measure", "eager", "contiguous", "channels_last"
-    sdpa: str = "auto"  # "auto" or an SDPA backend: cudnn, flash, efficient, math
+    sdpa: str = "auto"  # "auto", an SDPA backend (cudnn, flash, efficient, math) or "autofuse"
     conv_kernel: str = "rule"  # "rule", "kernel", "library"
     signing_key: bytes | None = field(default=None, repr=False)
 
@@ -160,7 +162,7 @@ def settings() -> Settings:
 
 CONV_BIAS = ("kernel", "library")
 CONV_LAYOUT = ("measure", "eager", "contiguous", "channels_last")
-SDPA = ("auto", "cudnn", "flash", "efficient", "math")
+SDPA = ("auto", "cudnn", "flash", "efficient", "math", "autofuse")
 CONV_KERNEL = ("rule", "kernel", "library")
 
 

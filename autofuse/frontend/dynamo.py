@@ -75,6 +75,7 @@ from autofuse.tune.entry import planning
 
 from .graph import Prepared, SymbolicShapes, is_symbolic, place, prepare, to_ir
 from .options import BACKEND, check_options, note_backend_tuning, wants_tuning
+from .sdpa_written import WRITTEN, written_variant
 from .specialize import SpecializedGraph, dynamic_dims, needs_specializing
 from .symbolic import SymbolicGraph
 
@@ -398,11 +399,15 @@ class AutofuseBackend:
             )
             return gm
         cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+        written = written_variant(kind, gm, example_inputs, prepared, _decompositions())
+        if written is not None and settings().sdpa == "autofuse":
+            prepared, written = written, None  # forced: the written-out graph alone
         graph = to_ir(prepared, cuda)
+        variants = () if written is None else ((WRITTEN, to_ir(written, cuda)),)
         metas = [prepared.gm.graph.find_nodes(op="placeholder")[k].meta["val"]
                  for k in range(len(graph.inputs))]  # fmt: skip
         with unset_fake_temporarily():  # AOTAutograd compiles the forward in its fake mode:
-            plan, tuning, choice = self.plan_for(graph, kind, metas)  # the tuner's are real
+            plan, tuning, choice = self.plan_for(graph, kind, metas, variants)  # real inputs
         compiled = CompiledGraph(kind, f"{kind}_{graph.key[:8]}", prepared, plan, tuning)
         compiled.plan_choice = choice
         mode = parse_cuda_graph(self.options.get("cuda_graph", "auto"), "autofuse backend")
@@ -425,7 +430,11 @@ class AutofuseBackend:
         )
         return compiled
 
-    def plan_for(self, graph: Graph, kind: str, metas: Sequence[Any]) -> tuple[Plan, Any, Any]:
+    def plan_for(
+        self, graph: Graph, kind: str, metas: Sequence[Any], variants: Sequence[Any] = ()
+    ) -> tuple[Plan, Any, Any]:
+        """The plan of ``graph`` (or of one of the ``variants``, (what, graph) computing the
+        same from the same inputs: SDPA written out, timed beside it untuned)."""
         tuned = wants_tuning(self.options) and torch.cuda.is_available()
         note_backend_tuning(self.options, torch.cuda.is_available(), self.origin)
         key = (graph.key, _device_of(metas), tuned, runtime_sizes_on(), settings().sdpa)
@@ -433,7 +442,7 @@ class AutofuseBackend:
             hit = _PLANS.get(key)
         if hit is not None and not self.options.get("retune"):
             return hit
-        planner = Planner(graph)
+        planner = Planner(graph, variants)
         shared = _shared_structure(graph, (kind, _device_of(metas), tuned))
         if shared is not None:  # a shape of a traced graph: its structure's partition, if any
             part = _BUCKETS.partition(*shared)
@@ -449,7 +458,7 @@ class AutofuseBackend:
         plan, tuning, choice = planned.plan, planned.tuning, planned.choice
         with _PLANS_LOCK:
             _PLANS[key] = (plan, tuning, choice)
-        if shared is not None:
+        if shared is not None and plan.graph is graph:  # (a variant's plan: not this graph's)
             _BUCKETS.remember(*shared, plan, searched=tuned)
         return plan, tuning, choice
 

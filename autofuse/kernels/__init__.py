@@ -41,6 +41,7 @@ from autofuse.kernels.gemm.kind import GemmKind
 from autofuse.kernels.gemm.row import GemmRowKind, RowGemmConfig
 from autofuse.kernels.gemm.template import GemmConfig
 from autofuse.kernels.library import (
+    SDPA_FORWARD_OPS,
     LibraryCall,
     bind_call,
     call_reason,
@@ -57,6 +58,7 @@ from autofuse.kernels.scatter.kind import ScatterKind
 
 __all__ = [
     "EAGER",
+    "SDPA_FORWARD_OPS",
     "KernelChoice",
     "Offer",
     "offers",

@@ -110,8 +110,11 @@ def assemble(
 class Planner:
     """Plans for one graph (see the module docstring)."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, variants: Sequence[tuple[str, Graph]] = ()) -> None:
         self.graph = graph
+        # graphs computing the same from the same inputs (a front end's rewrite, by what it
+        # is: SDPA written out), whose untuned plans are timed beside this graph's
+        self.variants = tuple(variants)
 
     @cached_property
     def space(self) -> Partitioner:
@@ -203,7 +206,8 @@ class Planner:
     def alternatives(self, base: Any, label: str) -> list[Plan]:
         """The untuned plans timed beside ``base``'s: every matmul in cuBLAS where ``base``
         fuses one; every convolution contiguous where ``base`` keeps one's result
-        channels-last (whether the kernels reading it are as fast in that layout)."""
+        channels-last (whether the kernels reading it are as fast in that layout); each
+        variant graph's untuned plan."""
         out = []
         alt = self.space.library_gemms(base)
         if alt is not None:
@@ -213,6 +217,9 @@ class Planner:
             out.append(
                 flat.build(flat.space.untuned().groups, label=f"{label}, convolutions contiguous")
             )
+        for what, graph in self.variants:
+            other = Planner(graph)
+            out.append(other.build(other.space.untuned().groups, label=f"{label}, {what}"))
         return out
 
     @staticmethod

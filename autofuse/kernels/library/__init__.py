@@ -16,6 +16,7 @@ from typing import Any
 from autofuse.ir.graph import Graph
 from autofuse.kernels.library.call import LibraryCall, Provider
 from autofuse.kernels.library.cublas import CublasProvider
+from autofuse.kernels.library.sdpa import FORWARD_OPS as SDPA_FORWARD_OPS
 from autofuse.kernels.library.sdpa import SdpaProvider
 
 PROVIDERS: tuple[Provider, ...] = (CublasProvider(), SdpaProvider())
@@ -80,6 +81,7 @@ def call_reason(graph: Graph, call: LibraryCall) -> str:
 
 __all__ = [
     "PROVIDERS",
+    "SDPA_FORWARD_OPS",
     "LibraryCall",
     "Provider",
     "bind_call",

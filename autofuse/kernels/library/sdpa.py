@@ -68,6 +68,7 @@ _FORWARD = {
     "aten._scaled_dot_product_efficient_attention.default": ("efficient", "cuda"),
     "aten._scaled_dot_product_flash_attention_for_cpu.default": ("flash", "cpu"),
 }
+FORWARD_OPS = frozenset(_FORWARD)  # the traced forward ops, by name
 _BACKWARD = {t.replace(".default", "_backward.default"): v for t, v in _FORWARD.items()}
 
 
@@ -273,9 +274,10 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
 
 
 def forced_backend() -> str | None:
-    """``AUTOFUSE_SDPA``'s backend (None: ``auto``, the rule)."""
+    """``AUTOFUSE_SDPA``'s backend (None: ``auto``, the rule; ``autofuse``, which writes SDPA
+    out before this provider sees it, leaves the ops it does not write out to the rule)."""
     value = settings().sdpa
-    return None if value == "auto" else value
+    return None if value in ("auto", "autofuse") else value
 
 
 class SdpaProvider:
