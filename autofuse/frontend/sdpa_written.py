@@ -14,9 +14,13 @@ A forward is written out where the semantics are the same by construction:
 - inference only: nothing reads the op's outputs past the attention output (a training forward
   saves backend-specific tensors its backward reads);
 - dropout 0; no mask, ``is_causal`` with as many queries as keys (SDPA's causal mask is aligned
-  top-left; with equal lengths every row keeps its diagonal), or an additive floating mask;
-  a boolean mask is not written out (a row it hides entirely is 0 in SDPA's math backend and
-  not a number in a plain softmax);
+  top-left; with equal lengths every row keeps its diagonal), or an additive floating mask
+  not computed from -inf (a boolean mask, which SDPA hands its backends as 0 / -inf, is not
+  written out: a row it hides entirely is 0 in SDPA's math backend and not a number in a
+  plain softmax; masks built with the dtype's lowest finite value, as Hugging Face's are,
+  are). A floating mask that is a graph input is taken as it comes: where one of its rows is
+  -inf throughout, the written-out graph gives NaN there, and the timed choice does not see
+  it;
 - grouped-query heads as an expand + reshape of K and V (what the attention kernel reads as
   index arithmetic, no copy).
 
@@ -77,11 +81,30 @@ def why_not(node: torch.fx.Node) -> str | None:
         return "not four-dimensional (batch, heads, sequence, head dim)"
     if mask is not None and not mask.dtype.is_floating_point:
         return "a boolean mask (a row it hides entirely differs)"
+    if _infinite_ancestor(a.get("attn_mask", a.get("attn_bias"))):
+        return "a boolean mask as SDPA passes it on (-inf where hidden: a row it hides entirely differs)"
     if a.get("is_causal") and q.shape[-2] != k.shape[-2]:
         return "causal with fewer queries than keys (SDPA aligns the mask top-left)"
     if q.shape[-3] % k.shape[-3]:
         return "query heads not a multiple of key heads"
     return None
+
+
+def _infinite_ancestor(mask: Any) -> bool:
+    """Whether the graph computes ``mask`` from a -inf constant (SDPA's conversion of a
+    boolean mask, or a mask built so): a row may be hidden entirely."""
+    seen, todo = set(), [mask] if isinstance(mask, torch.fx.Node) else []
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        flat = torch.fx.node.map_aggregate((n.args, n.kwargs), lambda x: x)
+        leaves = torch.utils._pytree.tree_leaves(flat)
+        if any(isinstance(x, float) and x == float("-inf") for x in leaves):
+            return True
+        todo += [x for x in leaves if isinstance(x, torch.fx.Node)]
+    return False
 
 
 def sdpa_sites(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
