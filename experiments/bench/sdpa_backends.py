@@ -88,7 +88,7 @@ def _calls(fn, sdpa, args, train: bool, backends: dict) -> dict:
     import autofuse
 
     calls = {f"sdpa {b}": _eager_backend(b, sdpa) for b in BACKENDS}
-    settings = ("auto", "math") if train else ("auto", *BACKENDS)
+    settings = ("auto", "math") if train else ("auto", *BACKENDS, "autofuse")
     for s in settings:
         calls[f"autofuse sdpa {s}"] = _through_autofuse(sdpa, s, train, backends)
     if train:
