@@ -41,17 +41,32 @@ def _interpreter_setting_unchanged(request):
         pytest.fail(f"TRITON_INTERPRET changed from {_INTERPRET_AT_START!r} to {now!r} here")
 
 
-@pytest.fixture
-def split_on(monkeypatch):
-    """Split reductions on for CPU inputs too, from 1024 reduced elements (small shapes)."""
+def _settings_with(monkeypatch, **env: str):
+    """The settings read again with ``env`` set, for one test; read again after it."""
     from autofuse import settings as af_settings
 
-    monkeypatch.setenv("AUTOFUSE_SPLIT_REDUCTIONS", "1")
-    monkeypatch.setenv("AUTOFUSE_SPLIT_MIN_RNUMEL", "1024")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     af_settings.reload_settings()
     yield
     monkeypatch.undo()
     af_settings.reload_settings()
+
+
+@pytest.fixture
+def split_on(monkeypatch):
+    """Split reductions on for CPU inputs too, from 1024 reduced elements (small shapes)."""
+    yield from _settings_with(
+        monkeypatch, AUTOFUSE_SPLIT_REDUCTIONS="1", AUTOFUSE_SPLIT_MIN_RNUMEL="1024"
+    )
+
+
+@pytest.fixture
+def checked_strict(monkeypatch):
+    """Every access of every kernel checked against its launch's buffers (the settings may
+    have been read before this file set ``AUTOFUSE_CHECK_BOUNDS``), and a kernel that fails to
+    build raises instead of running its ops in eager."""
+    yield from _settings_with(monkeypatch, AUTOFUSE_CHECK_BOUNDS="1", AUTOFUSE_STRICT="1")
 
 
 @pytest.fixture

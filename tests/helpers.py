@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 
+import autofuse
 from autofuse.capture.trace import capture
 from autofuse.kernels import config_space, default_config
 from autofuse.partition.partitioner import Partitioner
@@ -12,6 +13,14 @@ from autofuse.plan.runtime import build_plan, execute
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 FRONT_ENDS = ("optimize", "compile")
+
+
+def through(front: str, fn, args):
+    """``fn`` optimized for ``args`` (``optimize``) or compiled with the backend (``compile``)."""
+    if front == "optimize":
+        return autofuse.optimize(fn, args)
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="autofuse", dynamic=False)
 
 
 def dtype_front_grid(dtypes, lead=(), fronts=FRONT_ENDS) -> list:

@@ -160,6 +160,8 @@ class Emitter(ValueRewrites):
 
     def value(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]
+        if numel(node.shape) == 0:  # no element: no lane uses it (an empty view's index maps
+            return self.nothing(i)  # to constants past its base's end: never read there)
         if node.kind == "view":
             return self.value(node.inputs[0], view_source_index(self.g, i, index))
         if node.op == "const":
@@ -201,6 +203,11 @@ class Emitter(ValueRewrites):
         self.scopes[-1].cache[key] = v
         return v
 
+    def nothing(self, i: int) -> Val:
+        """The value of empty node ``i``: a zero of its dtype (0.0 for a float), never loaded."""
+        cd = compute_dtype(self.g[i].dtype)
+        return Val(literal(0, cd), 0, cd, True)
+
     def rounded(self, j: int, v: Val) -> Val:
         """``v`` (node ``j`` computed in float32) rounded to ``j``'s 16-bit dtype, as eager holds
         it: a comparison with a saved 16-bit value (amax's backward recomputes ``x == max``)
@@ -213,7 +220,7 @@ class Emitter(ValueRewrites):
     def load(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]
         if numel(node.shape) == 0:  # an empty buffer has no address to read: no lane uses it
-            return Val(literal(0, cd := compute_dtype(node.dtype)), 0, cd, True)  # 0.0: a float
+            return self.nothing(i)
         strides = buffer_strides(node)
         off = linearize(index, strides, node.shape)
         cls = self.cls_of(off)

@@ -1,0 +1,68 @@
+"""Classes of programs the differential fuzzer found autofuse to get wrong (or to crash on), one
+test per class of cause, through both front ends, forward and backward where inputs can
+require grad:
+
+- an empty view whose offset lies past its base's end (``x[4:3:2]`` of a 2-element ``x``): a
+  reshape of it mapped every index to constants, so a kernel recomputing a value through it
+  loaded ``base + offset`` unmasked, outside the buffer; an empty value is now never loaded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from .helpers import FRONT_ENDS, through
+
+TOL = {torch.float32: (1.3e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
+
+pytestmark = pytest.mark.usefixtures("checked_strict")
+
+
+def _run(fn, args, grad: bool) -> list:
+    """The outputs and, with ``grad``, the gradients of the float inputs (fixed cotangents)."""
+    args = [a.detach().clone().requires_grad_(grad and a.is_floating_point()) for a in args]
+    outs = fn(*args)
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    diff = [o for o in outs if o.requires_grad]
+    leaves = [a for a in args if a.requires_grad]
+    if not grad or not diff or not leaves:
+        return outs
+    g = torch.Generator().manual_seed(1234)
+    cots = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in diff]
+    return outs + list(torch.autograd.grad(diff, leaves, cots, allow_unused=True))
+
+
+def _check(fn, args, front: str, grad: bool) -> None:
+    """``fn`` through ``front`` gives eager's values, NaN and inf in the same places."""
+    want = _run(fn, args, grad)
+    have = _run(through(front, fn, args), args, grad)
+    assert len(have) == len(want)
+    for k, (h, w) in enumerate(zip(have, want)):
+        assert (h is None) == (w is None), f"value {k}"
+        if w is None:
+            continue
+        rtol, atol = TOL.get(w.dtype, (0.0, 0.0))
+        torch.testing.assert_close(h.detach(), w.detach(), rtol=rtol, atol=atol, equal_nan=True)
+
+
+# -- an empty view past its base's end ---------------------------------------------------------
+
+
+def _empty_past_end(x, w, b, y):
+    v = F.layer_norm(x[4:3:2], (0,), w, b, eps=1e-5)
+    return (v.float().sub_(y), v)[1].relu_()
+
+
+def _empty_reshaped(x, y):
+    v = x[:, 5:4].reshape(0, 3).transpose(0, 1)
+    return (v * 2).relu_().sum(0) + y, (v + 1).exp()
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_empty_view_past_end_not_loaded(front, grad):
+    x, y = torch.randn(2), torch.randn(1)
+    _check(_empty_past_end, [x, torch.randn(0), torch.randn(0), y], front, grad)
+    _check(_empty_reshaped, [torch.randn(3, 4), torch.randn(1)], front, grad)
