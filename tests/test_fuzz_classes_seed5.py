@@ -4,7 +4,12 @@ require grad:
 
 - an empty view whose offset lies past its base's end (``x[4:3:2]`` of a 2-element ``x``): a
   reshape of it mapped every index to constants, so a kernel recomputing a value through it
-  loaded ``base + offset`` unmasked, outside the buffer; an empty value is now never loaded.
+  loaded ``base + offset`` unmasked, outside the buffer; an empty value is now never loaded;
+- a division by a constant that float32 holds as a subnormal (``x / 3e-39``): it was rendered
+  as a multiply by the reciprocal of the Python double, which is not the reciprocal of the
+  float32 divisor eager divides by (``sin`` of the quotient then differs wholly) or overflows
+  in float32 (``x / 2e-39`` of a small ``x``: inf where eager's quotient is finite); such a
+  division is now rendered as a division.
 """
 
 from __future__ import annotations
@@ -66,3 +71,18 @@ def test_empty_view_past_end_not_loaded(front, grad):
     x, y = torch.randn(2), torch.randn(1)
     _check(_empty_past_end, [x, torch.randn(0), torch.randn(0), y], front, grad)
     _check(_empty_reshaped, [torch.randn(3, 4), torch.randn(1)], front, grad)
+
+
+# -- a division by a subnormal constant --------------------------------------------------------
+
+
+def _by_subnormal(x):
+    return torch.sin(x / 3e-39), (x * 1e-6) / 2e-39, x / -1e-40
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_division_by_subnormal_constant(front, grad):
+    _check(
+        _by_subnormal, [torch.randn(4, 7, generator=torch.Generator().manual_seed(0))], front, grad
+    )

@@ -9,9 +9,26 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from autofuse.ir.indexing import Expr
 from autofuse.kernels.common.render import Val, cast, compute_dtype, exp_minus, is_float
 from autofuse.kernels.common.views import broadcast_index
+
+
+def exact_enough_reciprocal(c: float, dtype: str) -> float | None:
+    """``1 / c`` for a division by constant ``c`` in float ``dtype``, where a multiply by it
+    stays within an ulp of eager's quotient: ``c`` as ``dtype`` holds it (eager divides by the
+    scalar cast to the op's dtype) and its reciprocal are normal numbers of ``dtype``. None
+    otherwise: a ``c`` subnormal in float32 (3e-39) is held with few bits, so ``1 / c`` is not
+    the reciprocal of the divisor eager uses, or overflows (``x * inf`` where ``x / c`` is
+    finite)."""
+    fi = torch.finfo(getattr(torch, dtype))
+    held = torch.tensor(c, dtype=getattr(torch, dtype)).item()
+    if not math.isfinite(held) or not fi.tiny <= abs(held) <= fi.max:
+        return None
+    r = 1.0 / c
+    return r if fi.tiny <= abs(r) <= fi.max else None
 
 
 class ValueRewrites:
@@ -73,9 +90,8 @@ class ValueRewrites:
                 c = float(b.code)
             except ValueError:
                 return None
-            if c == 0 or not math.isfinite(c) or not math.isfinite(1.0 / c):
-                return None
-            return f"{cast(a, cd)} * {1.0 / c!r}"
+            r = exact_enough_reciprocal(c, cd)
+            return None if r is None else f"{cast(a, cd)} * {r!r}"
         if b.cls >= a.cls:
             return None
         key = ("reciprocal", b.code)
