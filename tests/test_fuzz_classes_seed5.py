@@ -9,7 +9,11 @@ require grad:
   as a multiply by the reciprocal of the Python double, which is not the reciprocal of the
   float32 divisor eager divides by (``sin`` of the quotient then differs wholly) or overflows
   in float32 (``x / 2e-39`` of a small ``x``: inf where eager's quotient is finite); such a
-  division is now rendered as a division.
+  division is now rendered as a division;
+- a 16-bit value computed in a kernel (in float32) and then cast to another dtype: the cast
+  converted the float32 value, not the 16-bit one eager holds, so layer_norm's upcast of a
+  bfloat16 ``x * 0 + 0.3`` (0.30078125) saw 0.3 beside its saved mean 0.30078125 and the
+  backward scaled the difference by rsqrt(eps); a cast now rounds its 16-bit operand first.
 """
 
 from __future__ import annotations
@@ -86,3 +90,23 @@ def test_division_by_subnormal_constant(front, grad):
     _check(
         _by_subnormal, [torch.randn(4, 7, generator=torch.Generator().manual_seed(0))], front, grad
     )
+
+
+# -- a cast of a 16-bit value computed in the kernel -------------------------------------------
+
+
+def _norm_of_constant_row(x, w, b):
+    return F.layer_norm(x * 0 + 0.3, [3], w, b, eps=1e-12)
+
+
+def _norm_of_row_mean(x):
+    return F.layer_norm(x.mean(-1, keepdim=True).expand_as(x), [3], eps=1e-5)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_cast_of_16_bit_value_rounds_it_first(front, grad):
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(s, generator=g).bfloat16() for s in ((2, 3), (3,), (3,)))
+    _check(_norm_of_constant_row, [x, w, b], front, grad)
+    _check(_norm_of_row_mean, [torch.randn(1, 3, generator=g).bfloat16()], front, grad)

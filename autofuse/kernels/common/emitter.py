@@ -195,8 +195,8 @@ class Emitter(ValueRewrites):
                 self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
                 for j in node.inputs
             ]
-            if node.op in _COMPARISONS:
-                args = [self.rounded(j, a) for j, a in zip(node.inputs, args)]
+            if node.op in _COMPARISONS or node.op == "cast":
+                args = [self.rounded(j, a, node.dtype) for j, a in zip(node.inputs, args)]
             expr = self.divide(node, args) or render_op(node.op, node, args, self.helpers)
             cls = max((a.cls for a in args), default=0)
             v = self.tmp(expr, cls, compute_dtype(node.dtype), node.name)
@@ -208,12 +208,17 @@ class Emitter(ValueRewrites):
         cd = compute_dtype(self.g[i].dtype)
         return Val(literal(0, cd), 0, cd, True)
 
-    def rounded(self, j: int, v: Val) -> Val:
+    def rounded(self, j: int, v: Val, into: str | None = None) -> Val:
         """``v`` (node ``j`` computed in float32) rounded to ``j``'s 16-bit dtype, as eager holds
-        it: a comparison with a saved 16-bit value (amax's backward recomputes ``x == max``)
-        must see the same rounding, or no element equals the max."""
+        it, where a comparison or a cast (to another dtype, ``into``) reads it: a comparison
+        with a saved 16-bit value (amax's backward recomputes ``x == max``) must see the same
+        rounding, or no element equals the max; a cast must convert the 16-bit value (a
+        bfloat16 ``x * 0 + 0.3`` taken to float32 by layer_norm is 0.30078125, as its saved
+        mean, or ``x - mean`` is not 0 and the backward scales it by rsqrt(eps))."""
         dtype, base = self.g[j].dtype, self.g.base_of(j)  # through views to the computed value
         if base not in self.members or dtype not in _HALF or v.literal or v.dtype == dtype:
+            return v
+        if into == dtype:  # a cast to its own dtype rounds it itself
             return v
         return Val(f"{v.code}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[v.dtype]})", v.cls, v.dtype)
 
