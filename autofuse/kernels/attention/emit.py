@@ -74,6 +74,11 @@ class AttentionEmitter(Emitter):
     batch dims from ``bh``, the program's (batch, head)); the first matmul's value is the tile
     ``qk``; the softmax and the second matmul are this class's own lines."""
 
+    # the score tiles are float32, scaled by log2 e where the softmax scale is folded in: a
+    # cast to float32 of the scores is not rounded to their 16-bit dtype (the forward and the
+    # backward kernel see the same scores)
+    rounds_casts = False
+
     def block(self, axis: str) -> int:
         """Query rows (``x``: BLOCK_M) by keys (``r``: BLOCK_N) per tile."""
         return self.cfg.BLOCK_M if axis == "x" else self.cfg.BLOCK_N

@@ -76,6 +76,10 @@ class Emitter(ValueRewrites):
     subclass) the row-GEMM's. It records, as it emits, what the kernel's metadata says: which
     loop reads each loaded buffer, the dots, the helpers."""
 
+    # a cast converts its 16-bit operand as eager holds it, rounded (``rounded``); a kind whose
+    # tiles hold values in another form (scores times log2 e) turns it off
+    rounds_casts = True
+
     def __init__(self, graph: Graph, info: GroupInfo, config: Any) -> None:
         self.g, self.info, self.cfg = graph, info, config
         self.members = frozenset(info.nodes)
@@ -195,7 +199,7 @@ class Emitter(ValueRewrites):
                 self.value(j, broadcast_index(self.g[j].shape, node.shape, index))
                 for j in node.inputs
             ]
-            if node.op in _COMPARISONS or node.op == "cast":
+            if node.op in _COMPARISONS or (node.op == "cast" and self.rounds_casts):
                 args = [self.rounded(j, a, node.dtype) for j, a in zip(node.inputs, args)]
             expr = self.divide(node, args) or render_op(node.op, node, args, self.helpers)
             cls = max((a.cls for a in args), default=0)
