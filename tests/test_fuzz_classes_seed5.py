@@ -9,7 +9,9 @@ require grad:
   as a multiply by the reciprocal of the Python double, which is not the reciprocal of the
   float32 divisor eager divides by (``sin`` of the quotient then differs wholly) or overflows
   in float32 (``x / 2e-39`` of a small ``x``: inf where eager's quotient is finite); such a
-  division is now rendered as a division;
+  division is now rendered as a division, and a row divisor (``x / x.sum(-1)``) under 2^-64
+  is scaled by 2^64 before its reciprocal is taken (``1 / 1e-39`` is inf: inf and NaN where
+  eager's quotients are finite);
 - a 16-bit value computed in a kernel (in float32) and then cast to another dtype: the cast
   converted the float32 value, not the 16-bit one eager holds, so layer_norm's upcast of a
   bfloat16 ``x * 0 + 0.3`` (0.30078125) saw 0.3 beside its saved mean 0.30078125 and the
@@ -84,12 +86,19 @@ def _by_subnormal(x):
     return torch.sin(x / 3e-39), (x * 1e-6) / 2e-39, x / -1e-40
 
 
+def _by_subnormal_row(x):
+    t = x.abs() * 1e-39
+    return t / t.sum(-1, keepdim=True), x / x.sum(-1, keepdim=True)
+
+
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("front", FRONT_ENDS)
-def test_division_by_subnormal_constant(front, grad):
-    _check(
-        _by_subnormal, [torch.randn(4, 7, generator=torch.Generator().manual_seed(0))], front, grad
-    )
+def test_division_by_subnormal_divisor(front, grad):
+    g = torch.Generator().manual_seed(0)
+    _check(_by_subnormal, [torch.randn(4, 7, generator=g)], front, grad)
+    x = torch.randn(4, 7, generator=g)
+    x[1, 2:] = 0.0  # zeros divided by a subnormal row sum: 0, not 0 * inf
+    _check(_by_subnormal_row, [x], front, grad)
 
 
 # -- a cast of a 16-bit value computed in the kernel -------------------------------------------

@@ -95,8 +95,20 @@ class ValueRewrites:
         if b.cls >= a.cls:
             return None
         key = ("reciprocal", b.code)
-        r = self.lookup(key)
-        if r is None:
-            r = self.tmp(f"1.0 / {cast(b, cd)}", b.cls, cd, "reciprocal")
-            self.scopes[-1].cache[key] = r
-        return f"{cast(a, cd)} * {r.code}"
+        got = self.lookup(key)
+        if got is None:
+            got = self.row_reciprocal(cast(b, cd), b.cls, cd)
+            self.scopes[-1].cache[key] = got
+        r, scale = got
+        return f"{cast(a, cd)} * {r.code} * {scale.code}"
+
+    def row_reciprocal(self, b: str, cls: int, cd: str) -> tuple[Val, Val]:
+        """``1 / (b * s)`` and ``s`` for a row divisor ``b``: ``a / b`` is ``a * r * s``. ``s``
+        is 1 on every row whose ``|b|`` is 2^-64 or more (``a * r * 1.0`` is ``a * r``), 2^64
+        below it: the reciprocal of a subnormal ``b`` overflows (``1 / 1e-39`` is inf in
+        float32, giving inf and NaN where eager's quotients are finite), that of ``b * 2^64``
+        does not, and the scalings by powers of two are exact."""
+        scale = self.tmp(
+            f"tl.where(tl.abs({b}) < {2.0**-64!r}, {2.0**64!r}, 1.0)", cls, cd, "reciprocal scale"
+        )
+        return self.tmp(f"1.0 / ({b} * {scale.code})", cls, cd, "reciprocal"), scale
