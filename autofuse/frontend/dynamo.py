@@ -463,22 +463,41 @@ class AutofuseBackend:
         return plan, tuning, choice
 
     def _tuned(self, planner: Planner, kind: str, metas: Sequence[Any]) -> Planned:
-        graph = planner.graph
-        n = len(graph.inputs)
-        captured = Captured(
-            graph=graph,
-            in_spec=pytree.tree_flatten(tuple(range(n)))[1],
-            out_spec=pytree.tree_flatten(list(range(len(graph.outputs))))[1],
-            leaf_kinds=("tensor",) * n,
-            scalars=(),
-            param_names=(),
-            source_name=f"{kind}_{graph.key[:8]}",
-        )
+        """The tuned plan of ``planner``'s graph, or, where it has variants (SDPA written out),
+        of the one whose untuned plan was faster: a graph already tuned in the cache is used
+        as it is (no timing); else the untuned plans are timed and the faster graph tuned."""
         inputs = tuple(_realize(m) for m in metas)
         options = {k: v for k, v in self.options.items() if k not in ("cuda_graph", "buckets")}
         options.setdefault("progress", False)
         store, search = planning(options.get("cache_dir"))
-        return planner.tuned(captured, inputs, store, search, example_flat=inputs, **options)
+        chosen = planner
+        if planner.variants:
+            planners = [planner, *(Planner(g) for _, g in planner.variants)]
+            for p in planners if not options.get("retune") else ():
+                hit = p.cached(store, _captured(p.graph, kind), inputs, dict(options))
+                if hit is not None:
+                    chosen = p
+                    break
+            else:
+                pick = planner.untuned(f"greedy {kind}", True, lambda: list(inputs)).plan.graph
+                chosen = next(p for p in planners if p.graph is pick)
+        captured = _captured(chosen.graph, kind)
+        return chosen.tuned(captured, inputs, store, search, example_flat=inputs, **options)
+
+
+def _captured(graph: Graph, kind: str) -> Captured:
+    """``graph`` as the tuner and the cache take a captured program (its inputs and outputs
+    in order, no Python-level structure)."""
+    n = len(graph.inputs)
+    return Captured(
+        graph=graph,
+        in_spec=pytree.tree_flatten(tuple(range(n)))[1],
+        out_spec=pytree.tree_flatten(list(range(len(graph.outputs))))[1],
+        leaf_kinds=("tensor",) * n,
+        scalars=(),
+        param_names=(),
+        source_name=f"{kind}_{graph.key[:8]}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
