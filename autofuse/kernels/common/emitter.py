@@ -360,9 +360,10 @@ class Emitter(ValueRewrites):
     def emit(self) -> list[str]:
         idx_t = ".to(tl.int64)" if self.int64 else ""
         # shape-specialized: the extents as constants (loop trip counts known to the compiler);
-        # with runtime sizes the row count stays the argument
+        # with runtime sizes both stay the arguments (a reduction over a dynamic dim shares
+        # its kernel across the shapes of a bucket too: ``kernels/common/sizes.py``)
         consts = [] if runtime_sizes_on() else [f"xnumel = {self.info.xnumel}"]
-        consts += [f"rnumel = {self.info.rnumel}"] if self.red else []
+        consts += [f"rnumel = {self.info.rnumel}"] if self.red and not runtime_sizes_on() else []
         if consts:
             self.line("; ".join(consts))
         if not self.red:
@@ -460,7 +461,7 @@ class Emitter(ValueRewrites):
         compiler then drops them from every load and store), else the bounds check."""
         numel = self.info.xnumel if axis == "x" else self.info.rnumel
         block = self.block(axis)
-        runtime = axis == "x" and runtime_sizes_on()  # the argument: any size
+        runtime = runtime_sizes_on()  # the argument: any size
         if numel % block == 0 and numel > 0 and not runtime:  # an empty row masks every lane
             return f"{axis}mask = tl.full({shape}, True, tl.int1)"
         return f"{axis}mask = {axis}index < {axis}numel"
