@@ -161,6 +161,56 @@ def _flip(x, dims):
     return x if dims else x.clone()
 
 
+def _multilabel_margin_loss(x, target, reduction):
+    """multilabel_margin_loss's forward (loss, is_target). Each row's targets end at its first
+    -1; the hinge ``max(0, 1 - x[y_j] + x[i]) / C`` is summed over its targets j and the other
+    classes i. Torch's own decomposition leaves out the mask of the targets past the end (they
+    gather class 0): its loss differs from the op's wherever a row ends before its last entry."""
+    shape = target.shape
+    x2, t2 = torch.atleast_2d(x), torch.atleast_2d(target)
+    c = x2.shape[1]
+    idx = torch.arange(c, device=t2.device)
+    end = torch.amin(torch.where(t2 == -1, idx, c), dim=-1, keepdim=True)
+    valid = idx < end  # (N, C): position j holds a target
+    gathered = torch.gather(x2, -1, torch.where(valid, t2, 0))  # x[n, y_j]
+    is_target = torch.any(idx == torch.where(valid, t2, -1).unsqueeze(-1), dim=1)  # (N, C)
+    z = (1.0 - gathered.T.unsqueeze(-1) + x2).clamp_min(0) / c  # (j, N, i)
+    z = torch.where(is_target | ~valid.T.unsqueeze(-1), 0, z)
+    z = z.sum(dim=(0, -1))
+    if reduction == 1:  # mean
+        z = z.mean()
+    elif reduction == 2:  # sum
+        z = z.sum()
+    elif x.dim() <= 1:
+        z = z.reshape(())
+    return z, is_target.to(x.dtype).reshape(shape)
+
+
+def _multilabel_margin_loss_value(x, target, reduction=1):
+    """multilabel_margin_loss: the loss of :func:`_multilabel_margin_loss`."""
+    return _multilabel_margin_loss(x, target, reduction)[0]
+
+
+def _functional_multilabel_margin_loss(x, target, size_average=None, reduce=None, reduction="mean"):
+    """``F.multilabel_margin_loss`` as :func:`_multilabel_margin_loss` computes it (torch
+    registers its own decomposition at the autograd key, so a table cannot replace it: the
+    torch.compile backend swaps the call in Dynamo's graph, ``function_fixes``)."""
+    if size_average is not None or reduce is not None:
+        r = torch.nn._reduction.legacy_get_enum(size_average, reduce)
+    else:
+        r = torch.nn._reduction.get_enum(reduction)
+    return _multilabel_margin_loss(x, target, r)[0]
+
+
+def function_fixes() -> dict:
+    """Torch functions whose traced form is wrong, by the function computing them right: the
+    torch.compile backend replaces them in Dynamo's graph before AOTAutograd traces it."""
+    return {
+        torch.nn.functional.multilabel_margin_loss: _functional_multilabel_margin_loss,
+        torch._C._nn.multilabel_margin_loss: _multilabel_margin_loss_value,
+    }
+
+
 def _not_for_bool(decomp):
     """``decomp`` except on a bool ``self``: eager's op then (index_add's decomposition scales
     the source by alpha into an integer and cannot put it back into a bool tensor)."""
@@ -229,6 +279,8 @@ def decomposition_table() -> dict:
         table[op] = _not_for_bool(table[op])
     table[aten.log10.default] = _log10
     table[aten.flip.default] = _flip
+    table[aten.multilabel_margin_loss_forward.default] = _multilabel_margin_loss
+    table[aten.multilabel_margin_loss.default] = _multilabel_margin_loss_value
     table.update(pooling_decompositions())  # pools and constant pads (capture/pooling.py)
     table.update(conv_decompositions())  # bias peeled, inference BatchNorm (convolution.py)
     return {op: _op_where_it_fails(decomp) for op, decomp in table.items()}

@@ -60,7 +60,7 @@ from torch._dynamo.exc import RestartAnalysis
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
-from autofuse.capture import Captured, decomposition_table
+from autofuse.capture import Captured, decomposition_table, function_fixes
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.kernels.common.sizes import runtime_bucket, runtime_sizes_on
@@ -270,6 +270,18 @@ def _realize(meta: Any) -> Any:
     return out
 
 
+def _fix_functions(gm: torch.fx.GraphModule) -> None:
+    """Dynamo's graph with each call of a function whose traced form is wrong (torch's own
+    decomposition; ``capture.function_fixes``) calling the function that computes it right."""
+    fixes = function_fixes()
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in fixes:
+            node.target, changed = fixes[node.target], True
+    if changed:
+        gm.recompile()
+
+
 def _effectful_ops(gm: torch.fx.GraphModule) -> list[str]:
     """The ops an AOTAutograd graph calls through ``with_effects`` (ordered side effects such
     as ``linalg.inv``'s error check, threaded through effect tokens)."""
@@ -307,6 +319,7 @@ class AutofuseBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw: Any):
         if kw.get("options"):
             check_options(kw["options"], BACKEND, "torch.compile(backend='autofuse')")
+        _fix_functions(gm)
         dims = dynamic_dims(gm, example_inputs)
         symbolic = any(is_symbolic(x) for x in example_inputs)
         if not needs_specializing(gm, symbolic):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
+from autofuse.ir.graph import Graph, Node, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.ir.op_helpers import Helper
 from autofuse.ir.ops import literal_value, op_def
@@ -69,6 +69,19 @@ class Loop:
     def before(self, em: Emitter, line: str) -> None:
         em.lines.insert(self.head, "    " * self.depth + line)
         self.head += 1
+
+
+def _widened(node: Node, args: list[Val], expr: str) -> str:
+    """``expr`` cast to the node's 64-bit compute dtype where its values are literals alone
+    (``where(c, 0, 1)``: Triton types a Python int as int32 and a float as float32, and an
+    int64 identity, -2**63, beside such a value is out of range)."""
+    cd = compute_dtype(node.dtype)
+    values = args[1:] if node.op == "where" else args
+    if cd not in ("int64", "float64") or not values or not all(a.literal for a in values):
+        return expr
+    if all(a.literal for a in args):  # a Python expression, no tensor to cast
+        return expr
+    return f"({expr}).to({TL_DTYPE[cd]})"
 
 
 class Emitter(ValueRewrites):
@@ -197,7 +210,7 @@ class Emitter(ValueRewrites):
                 args = [self.rounded(j, a) for j, a in zip(node.inputs, args)]
             expr = self.divide(node, args) or render_op(node.op, node, args, self.helpers)
             cls = max((a.cls for a in args), default=0)
-            v = self.tmp(expr, cls, compute_dtype(node.dtype), node.name)
+            v = self.tmp(_widened(node, args, expr), cls, compute_dtype(node.dtype), node.name)
         self.scopes[-1].cache[key] = v
         return v
 
