@@ -56,3 +56,22 @@ def test_an_int64_select_of_literals_beside_an_int64_identity_builds(front):
     )
     got = fast(t)
     assert got.dtype == torch.int64 and torch.equal(got, ends(t))
+
+
+@pytest.mark.parametrize("front", ["optimize", "compile"])
+def test_bicubic_upsampling_of_uint8_is_eagers(front):
+    """uint8 bicubic runs as eager's integer kernel: the decomposition rounds an element one
+    step off here (27 -> 13: 1 of 169)."""
+    x = torch.randint(
+        0, 256, (1, 1, 27, 27), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
+
+    def up(x):
+        return F.interpolate(x, size=(13, 13), mode="bicubic")
+
+    fast = (
+        autofuse.optimize(up, (x,))
+        if front == "optimize"
+        else torch.compile(up, backend="autofuse")
+    )
+    assert torch.equal(fast(x), up(x))

@@ -17,6 +17,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 from autofuse.capture.convolution import conv_decompositions
 from autofuse.capture.pooling import pooling_decompositions
+from autofuse.ir.kept_ops import upsample_bicubic2d
 
 aten = torch.ops.aten
 
@@ -202,12 +203,32 @@ def _functional_multilabel_margin_loss(x, target, size_average=None, reduce=None
     return _multilabel_margin_loss(x, target, r)[0]
 
 
+def _interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                 recompute_scale_factor=None, antialias=False):  # fmt: skip
+    """``F.interpolate``, except that a uint8 bicubic resize of a 4-d input calls the op eager
+    runs (``upsample_bicubic2d``, kept whole) rather than the call torch decomposes at the
+    autograd key (see :func:`_not_for_uint8`)."""
+    if x.dtype != torch.uint8 or mode != "bicubic" or antialias or x.dim() != 4:
+        return torch.nn.functional.interpolate(
+            x, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias
+        )
+    if size is not None:
+        out = [size] * 2 if isinstance(size, int) else list(size)
+        scales = [None, None]
+    else:
+        sf = [scale_factor] * 2 if isinstance(scale_factor, (int, float)) else list(scale_factor)
+        out = [math.floor(n * f) for n, f in zip(x.shape[-2:], sf)]
+        scales = [None, None] if recompute_scale_factor else sf
+    return upsample_bicubic2d(x, out, bool(align_corners), *scales)
+
+
 def function_fixes() -> dict:
     """Torch functions whose traced form is wrong, by the function computing them right: the
     torch.compile backend replaces them in Dynamo's graph before AOTAutograd traces it."""
     return {
         torch.nn.functional.multilabel_margin_loss: _functional_multilabel_margin_loss,
         torch._C._nn.multilabel_margin_loss: _multilabel_margin_loss_value,
+        torch.nn.functional.interpolate: _interpolate,
     }
 
 
@@ -217,6 +238,19 @@ def _not_for_bool(decomp):
 
     def decomposed(x, *args, **kwargs):
         if x.dtype == torch.bool:
+            return NotImplemented
+        return decomp(x, *args, **kwargs)
+
+    return decomposed
+
+
+def _not_for_uint8(decomp):
+    """``decomp`` except on a uint8 ``self``: eager's op then (bicubic upsampling's
+    decomposition rounds 0.4 % of uint8 outputs one step from eager's integer kernel; torch's
+    own compiled form differs the same way)."""
+
+    def decomposed(x, *args, **kwargs):
+        if x.dtype == torch.uint8:
             return NotImplemented
         return decomp(x, *args, **kwargs)
 
@@ -277,6 +311,9 @@ def decomposition_table() -> dict:
     table[gn_back] = _empty_group_norm_backward(table[gn_back])
     for op in (aten.index_add.default, aten.index_add_.default):
         table[op] = _not_for_bool(table[op])
+    for op in (aten.upsample_bicubic2d.default, aten.upsample_bicubic2d.vec):
+        if op in table:
+            table[op] = _not_for_uint8(table[op])
     table[aten.log10.default] = _log10
     table[aten.flip.default] = _flip
     table[aten.multilabel_margin_loss_forward.default] = _multilabel_margin_loss
