@@ -422,3 +422,16 @@ def test_a_reduction_over_the_dynamic_length_shares_its_kernel_in_a_bucket(front
         assert_close(got, want, torch.float32, f"length {t}")
         assert_close(grad, torch.autograd.grad(want.square().sum(), x)[0], torch.float32, "grad")
     assert built[47] == built[61] == 0, built  # a bucket's third length builds nothing
+
+
+def test_a_mean_over_the_dynamic_length_divides_by_the_argument():
+    """A mean over the dynamic dim divides by ``rnumel``, not a literal: a bucket's lengths
+    share its kernel from the second on."""
+    fast = torch.compile(lambda x: x.mean(0) * 2.0, backend=dynamo.make_backend(), dynamic=True)
+    built = []
+    for t in (33, 40, 47, 61):
+        x = torch.randn(t, 6)
+        before = kernels_built()
+        assert_close(fast(x), x.mean(0) * 2.0, torch.float32, f"length {t}")
+        built.append(kernels_built() - before)
+    assert built[1:] == [0, 0, 0], built

@@ -319,7 +319,8 @@ class Emitter(ValueRewrites):
         cd = compute_dtype(node.dtype)
         if node.op == "mean":
             v = self.tmp(expr, 1, acc_dtype, node.name + " (sum)")
-            expr = f"{cast(v, cd)} / {self.info.rnumel}.0"
+            count = "rnumel" if runtime_sizes_on() else f"{self.info.rnumel}.0"  # the argument
+            expr = f"{cast(v, cd)} / {count}"
         elif acc_dtype != cd:
             expr = f"({expr}).to({TL_DTYPE[cd]})"
         self.red_val[r] = self.tmp(expr, 1, cd, node.name)
