@@ -131,9 +131,9 @@ def test_plans_are_built_outside_aot_autograds_fake_mode(monkeypatch):
     seen = []
     plan_for = dynamo.AutofuseBackend.plan_for
 
-    def spy(self, graph, kind, metas):
+    def spy(self, graph, kind, metas, *variants):
         seen.append((kind, type(torch.empty(1)) is torch.Tensor))
-        return plan_for(self, graph, kind, metas)
+        return plan_for(self, graph, kind, metas, *variants)
 
     monkeypatch.setattr(dynamo.AutofuseBackend, "plan_for", spy)
     mod = _mlp()

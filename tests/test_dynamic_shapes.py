@@ -392,3 +392,46 @@ def test_llama_lengths_share_one_trace_one_partition_and_the_kernels():
 def test_models_50_lengths_4_batches(which):
     lengths = sorted({1, 2, 3, 5, 7, 11, 13, 17, 31, 33, 65, 129} | set(range(4, 140, 4)))[:50]
     _model_sweep(which, [(b, t) for b in (1, 2, 5, 17) for t in lengths])
+
+
+def over_the_length(x, w):
+    """A row softmax over the dynamic length and a column sum over it (a bias gradient's form)."""
+    return torch.softmax(x.transpose(0, 1) * w[:, None], -1).sum(-1) + (x * w[None, :]).sum(0)
+
+
+@pytest.mark.parametrize("front", ["compile", "optimize"])
+def test_a_reduction_over_the_dynamic_length_shares_its_kernel_in_a_bucket(front):
+    """The reduced extent is the kernel's ``rnumel`` argument under runtime sizes: the lengths
+    of one bucket (33..64) share every kernel from the second on, forward and backward."""
+    import autofuse
+
+    w, lengths = torch.randn(6), (33, 40, 47, 61)
+    if front == "compile":
+        fast = torch.compile(over_the_length, backend=dynamo.make_backend(), dynamic=True)
+    else:
+        fast = autofuse.optimize(over_the_length, (torch.randn(33, 6), w), dynamic={"x": [0]})
+    built = {}
+    for t in lengths:
+        torch.manual_seed(t)
+        x = torch.randn(t, 6, requires_grad=True)
+        before = kernels_built()
+        got = fast(x, w)
+        (grad,) = torch.autograd.grad(got.square().sum(), x)
+        built[t] = kernels_built() - before
+        want = over_the_length(x, w)
+        assert_close(got, want, torch.float32, f"length {t}")
+        assert_close(grad, torch.autograd.grad(want.square().sum(), x)[0], torch.float32, "grad")
+    assert built[47] == built[61] == 0, built  # a bucket's third length builds nothing
+
+
+def test_a_mean_over_the_dynamic_length_divides_by_the_argument():
+    """A mean over the dynamic dim divides by ``rnumel``, not a literal: a bucket's lengths
+    share its kernel from the second on."""
+    fast = torch.compile(lambda x: x.mean(0) * 2.0, backend=dynamo.make_backend(), dynamic=True)
+    built = []
+    for t in (33, 40, 47, 61):
+        x = torch.randn(t, 6)
+        before = kernels_built()
+        assert_close(fast(x), x.mean(0) * 2.0, torch.float32, f"length {t}")
+        built.append(kernels_built() - before)
+    assert built[1:] == [0, 0, 0], built

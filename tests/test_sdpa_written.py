@@ -174,3 +174,27 @@ def test_the_untuned_planner_times_the_written_out_graph(monkeypatch):
     assert planned.plan.graph is written and not planned.plan.library
     (out,) = execute(planned.plan, list(args))
     torch.testing.assert_close(out, fn(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_a_tuned_backend_tunes_the_faster_graph_and_reuses_it(monkeypatch, tmp_path):
+    """Tuned: the untuned plans of SDPA's graph and the written-out one are timed (faked: the
+    written-out one ranks first) and that graph is tuned and cached; a second backend finds it
+    in the cache without timing anything."""
+    fn, make = CASES["causal"]
+    args = make()
+    gm, ex = _traced(fn, args)
+    graph = to_ir(prepare(gm, ex))
+    written = to_ir(prepare(written_out(gm, ex, dynamo.backend_decompositions()), ex))
+    times = iter([3e-6, 1e-6])
+    monkeypatch.setattr(planner_module, "interpreting", lambda: False)
+    monkeypatch.setattr(
+        planner_module, "choose_plan", functools.partial(choose_plan, timer=lambda run: next(times))
+    )
+    backend = dynamo.make_backend(trials=2, cache_dir=str(tmp_path), polish=0)
+    planned = backend._tuned(Planner(graph, [(WRITTEN, written)]), "inference", list(args))
+    assert planned.plan.graph.key == written.key and planned.entry is not None
+    (out,) = execute(planned.plan, list(args))
+    torch.testing.assert_close(out, fn(*args), rtol=1e-5, atol=1e-5)
+    again = dynamo.make_backend(trials=2, cache_dir=str(tmp_path), polish=0)
+    hit = again._tuned(Planner(graph, [(WRITTEN, written)]), "inference", list(args))
+    assert hit.plan.graph.key == written.key and hit.entry is None  # from the cache, untimed

@@ -1,5 +1,6 @@
 """Capture: a PyTorch function -> its ATen graph (make_fx with autofuse's decompositions) -> IR."""
 
+from autofuse.capture.decompositions import function_fixes
 from autofuse.capture.trace import (
     Captured,
     CaptureError,
@@ -16,6 +17,7 @@ __all__ = [
     "capture",
     "decomposition_table",
     "dtype_name",
+    "function_fixes",
     "fx_to_ir",
     "TraceUnsupported",
 ]

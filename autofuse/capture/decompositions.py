@@ -17,6 +17,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 from autofuse.capture.convolution import conv_decompositions
 from autofuse.capture.pooling import pooling_decompositions
+from autofuse.ir.kept_ops import upsample_bicubic2d
 
 aten = torch.ops.aten
 
@@ -161,12 +162,95 @@ def _flip(x, dims):
     return x if dims else x.clone()
 
 
+def _multilabel_margin_loss(x, target, reduction):
+    """multilabel_margin_loss's forward (loss, is_target). Each row's targets end at its first
+    -1; the hinge ``max(0, 1 - x[y_j] + x[i]) / C`` is summed over its targets j and the other
+    classes i. Torch's own decomposition leaves out the mask of the targets past the end (they
+    gather class 0): its loss differs from the op's wherever a row ends before its last entry."""
+    shape = target.shape
+    x2, t2 = torch.atleast_2d(x), torch.atleast_2d(target)
+    c = x2.shape[1]
+    idx = torch.arange(c, device=t2.device)
+    end = torch.amin(torch.where(t2 == -1, idx, c), dim=-1, keepdim=True)
+    valid = idx < end  # (N, C): position j holds a target
+    gathered = torch.gather(x2, -1, torch.where(valid, t2, 0))  # x[n, y_j]
+    is_target = torch.any(idx == torch.where(valid, t2, -1).unsqueeze(-1), dim=1)  # (N, C)
+    z = (1.0 - gathered.T.unsqueeze(-1) + x2).clamp_min(0) / c  # (j, N, i)
+    z = torch.where(is_target | ~valid.T.unsqueeze(-1), 0, z)
+    z = z.sum(dim=(0, -1))
+    if reduction == 1:  # mean
+        z = z.mean()
+    elif reduction == 2:  # sum
+        z = z.sum()
+    elif x.dim() <= 1:
+        z = z.reshape(())
+    return z, is_target.to(x.dtype).reshape(shape)
+
+
+def _multilabel_margin_loss_value(x, target, reduction=1):
+    """multilabel_margin_loss: the loss of :func:`_multilabel_margin_loss`."""
+    return _multilabel_margin_loss(x, target, reduction)[0]
+
+
+def _functional_multilabel_margin_loss(x, target, size_average=None, reduce=None, reduction="mean"):
+    """``F.multilabel_margin_loss`` as :func:`_multilabel_margin_loss` computes it (torch
+    registers its own decomposition at the autograd key, so a table cannot replace it: the
+    torch.compile backend swaps the call in Dynamo's graph, ``function_fixes``)."""
+    if size_average is not None or reduce is not None:
+        r = torch.nn._reduction.legacy_get_enum(size_average, reduce)
+    else:
+        r = torch.nn._reduction.get_enum(reduction)
+    return _multilabel_margin_loss(x, target, r)[0]
+
+
+def _interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                 recompute_scale_factor=None, antialias=False):  # fmt: skip
+    """``F.interpolate``, except that a uint8 bicubic resize of a 4-d input calls the op eager
+    runs (``upsample_bicubic2d``, kept whole) rather than the call torch decomposes at the
+    autograd key (see :func:`_not_for_uint8`)."""
+    if x.dtype != torch.uint8 or mode != "bicubic" or antialias or x.dim() != 4:
+        return torch.nn.functional.interpolate(
+            x, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias
+        )
+    if size is not None:
+        out = [size] * 2 if isinstance(size, int) else list(size)
+        scales = [None, None]
+    else:
+        sf = [scale_factor] * 2 if isinstance(scale_factor, (int, float)) else list(scale_factor)
+        out = [math.floor(n * f) for n, f in zip(x.shape[-2:], sf)]
+        scales = [None, None] if recompute_scale_factor else sf
+    return upsample_bicubic2d(x, out, bool(align_corners), *scales)
+
+
+def function_fixes() -> dict:
+    """Torch functions whose traced form is wrong, by the function computing them right: the
+    torch.compile backend replaces them in Dynamo's graph before AOTAutograd traces it."""
+    return {
+        torch.nn.functional.multilabel_margin_loss: _functional_multilabel_margin_loss,
+        torch._C._nn.multilabel_margin_loss: _multilabel_margin_loss_value,
+        torch.nn.functional.interpolate: _interpolate,
+    }
+
+
 def _not_for_bool(decomp):
     """``decomp`` except on a bool ``self``: eager's op then (index_add's decomposition scales
     the source by alpha into an integer and cannot put it back into a bool tensor)."""
 
     def decomposed(x, *args, **kwargs):
         if x.dtype == torch.bool:
+            return NotImplemented
+        return decomp(x, *args, **kwargs)
+
+    return decomposed
+
+
+def _not_for_uint8(decomp):
+    """``decomp`` except on a uint8 ``self``: eager's op then (bicubic upsampling's
+    decomposition rounds 0.4 % of uint8 outputs one step from eager's integer kernel; torch's
+    own compiled form differs the same way)."""
+
+    def decomposed(x, *args, **kwargs):
+        if x.dtype == torch.uint8:
             return NotImplemented
         return decomp(x, *args, **kwargs)
 
@@ -227,8 +311,13 @@ def decomposition_table() -> dict:
     table[gn_back] = _empty_group_norm_backward(table[gn_back])
     for op in (aten.index_add.default, aten.index_add_.default):
         table[op] = _not_for_bool(table[op])
+    for op in (aten.upsample_bicubic2d.default, aten.upsample_bicubic2d.vec):
+        if op in table:
+            table[op] = _not_for_uint8(table[op])
     table[aten.log10.default] = _log10
     table[aten.flip.default] = _flip
+    table[aten.multilabel_margin_loss_forward.default] = _multilabel_margin_loss
+    table[aten.multilabel_margin_loss.default] = _multilabel_margin_loss_value
     table.update(pooling_decompositions())  # pools and constant pads (capture/pooling.py)
     table.update(conv_decompositions())  # bias peeled, inference BatchNorm (convolution.py)
     return {op: _op_where_it_fails(decomp) for op, decomp in table.items()}

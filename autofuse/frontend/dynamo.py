@@ -60,7 +60,7 @@ from torch._dynamo.exc import RestartAnalysis
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
-from autofuse.capture import Captured, decomposition_table
+from autofuse.capture import Captured, decomposition_table, function_fixes
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.kernels.common.sizes import runtime_bucket, runtime_sizes_on
@@ -270,6 +270,18 @@ def _realize(meta: Any) -> Any:
     return out
 
 
+def _fix_functions(gm: torch.fx.GraphModule) -> None:
+    """Dynamo's graph with each call of a function whose traced form is wrong (torch's own
+    decomposition; ``capture.function_fixes``) calling the function that computes it right."""
+    fixes = function_fixes()
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in fixes:
+            node.target, changed = fixes[node.target], True
+    if changed:
+        gm.recompile()
+
+
 def _effectful_ops(gm: torch.fx.GraphModule) -> list[str]:
     """The ops an AOTAutograd graph calls through ``with_effects`` (ordered side effects such
     as ``linalg.inv``'s error check, threaded through effect tokens)."""
@@ -307,6 +319,7 @@ class AutofuseBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw: Any):
         if kw.get("options"):
             check_options(kw["options"], BACKEND, "torch.compile(backend='autofuse')")
+        _fix_functions(gm)
         dims = dynamic_dims(gm, example_inputs)
         symbolic = any(is_symbolic(x) for x in example_inputs)
         if not needs_specializing(gm, symbolic):
@@ -463,22 +476,41 @@ class AutofuseBackend:
         return plan, tuning, choice
 
     def _tuned(self, planner: Planner, kind: str, metas: Sequence[Any]) -> Planned:
-        graph = planner.graph
-        n = len(graph.inputs)
-        captured = Captured(
-            graph=graph,
-            in_spec=pytree.tree_flatten(tuple(range(n)))[1],
-            out_spec=pytree.tree_flatten(list(range(len(graph.outputs))))[1],
-            leaf_kinds=("tensor",) * n,
-            scalars=(),
-            param_names=(),
-            source_name=f"{kind}_{graph.key[:8]}",
-        )
+        """The tuned plan of ``planner``'s graph, or, where it has variants (SDPA written out),
+        of the one whose untuned plan was faster: a graph already tuned in the cache is used
+        as it is (no timing); else the untuned plans are timed and the faster graph tuned."""
         inputs = tuple(_realize(m) for m in metas)
         options = {k: v for k, v in self.options.items() if k not in ("cuda_graph", "buckets")}
         options.setdefault("progress", False)
         store, search = planning(options.get("cache_dir"))
-        return planner.tuned(captured, inputs, store, search, example_flat=inputs, **options)
+        chosen = planner
+        if planner.variants:
+            planners = [planner, *(Planner(g) for _, g in planner.variants)]
+            for p in planners if not options.get("retune") else ():
+                hit = p.cached(store, _captured(p.graph, kind), inputs, dict(options))
+                if hit is not None:
+                    chosen = p
+                    break
+            else:
+                pick = planner.untuned(f"greedy {kind}", True, lambda: list(inputs)).plan.graph
+                chosen = next(p for p in planners if p.graph is pick)
+        captured = _captured(chosen.graph, kind)
+        return chosen.tuned(captured, inputs, store, search, example_flat=inputs, **options)
+
+
+def _captured(graph: Graph, kind: str) -> Captured:
+    """``graph`` as the tuner and the cache take a captured program (its inputs and outputs
+    in order, no Python-level structure)."""
+    n = len(graph.inputs)
+    return Captured(
+        graph=graph,
+        in_spec=pytree.tree_flatten(tuple(range(n)))[1],
+        out_spec=pytree.tree_flatten(list(range(len(graph.outputs))))[1],
+        leaf_kinds=("tensor",) * n,
+        scalars=(),
+        param_names=(),
+        source_name=f"{kind}_{graph.key[:8]}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------

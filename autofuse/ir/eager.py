@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from autofuse.ir import kept_ops  # noqa: F401 - the kept ops registered, resolvable by name
 from autofuse.ir.graph import Graph, Node
 from autofuse.ir.ops import op_def
 

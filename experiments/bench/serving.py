@@ -25,6 +25,9 @@ Modes (each in a fresh Dynamo state, each length's first call compiles it):
   edges as the padded mode).
 - ``compile_dynamic`` / ``compile_static``: ``torch.compile`` (``--compile-backend``, default
   Inductor) with ``dynamic=True``, and with ``dynamic=False`` (a recompile per length).
+- ``compile_reduce_overhead``: ``torch.compile(mode="reduce-overhead", dynamic=False)``: CUDA
+  graphs per length, as autofuse's modes replay them by default (``cuda_graph="auto"``): the
+  arm to read autofuse's per-request times against where the host's time dominates.
 
 Per mode: each length's first call (wall seconds, the compile) and its steady time per request
 (``triton.testing.do_bench`` median on CUDA, or the injected timer), their ratio at the lengths
@@ -54,7 +57,7 @@ from typing import Any
 
 MODELS = ("decoder", "encoder")
 MODES = ("eager", "autofuse_shape", "autofuse_bucket", "autofuse_dynamic", "compile_dynamic",
-         "compile_static")  # fmt: skip
+         "compile_static", "compile_reduce_overhead")  # fmt: skip
 Timer = Callable[[Callable[[], Any]], float]
 
 # hidden, layers, heads, kv heads, intermediate, vocab, dtype name
@@ -197,6 +200,9 @@ def make_mode(mode: str, model: Any, a: argparse.Namespace) -> tuple[Callable, C
         return fn, Counts(backend), mode == "autofuse_bucket"
     if mode in ("compile_dynamic", "compile_static"):
         fn = torch.compile(model, backend=a.compile_backend, dynamic=mode == "compile_dynamic")
+        return fn, Counts(), False
+    if mode == "compile_reduce_overhead":
+        fn = torch.compile(model, backend=a.compile_backend, mode="reduce-overhead", dynamic=False)
         return fn, Counts(), False
     raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
+from autofuse.ir.graph import Graph, Node, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.ir.op_helpers import Helper
 from autofuse.ir.ops import literal_value, op_def
@@ -69,6 +69,19 @@ class Loop:
     def before(self, em: Emitter, line: str) -> None:
         em.lines.insert(self.head, "    " * self.depth + line)
         self.head += 1
+
+
+def _widened(node: Node, args: list[Val], expr: str) -> str:
+    """``expr`` cast to the node's 64-bit compute dtype where its values are literals alone
+    (``where(c, 0, 1)``: Triton types a Python int as int32 and a float as float32, and an
+    int64 identity, -2**63, beside such a value is out of range)."""
+    cd = compute_dtype(node.dtype)
+    values = args[1:] if node.op == "where" else args
+    if cd not in ("int64", "float64") or not values or not all(a.literal for a in values):
+        return expr
+    if all(a.literal for a in args):  # a Python expression, no tensor to cast
+        return expr
+    return f"({expr}).to({TL_DTYPE[cd]})"
 
 
 class Emitter(ValueRewrites):
@@ -203,7 +216,7 @@ class Emitter(ValueRewrites):
                 args = [self.rounded(j, a, node.dtype) for j, a in zip(node.inputs, args)]
             expr = self.divide(node, args) or render_op(node.op, node, args, self.helpers)
             cls = max((a.cls for a in args), default=0)
-            v = self.tmp(expr, cls, compute_dtype(node.dtype), node.name)
+            v = self.tmp(_widened(node, args, expr), cls, compute_dtype(node.dtype), node.name)
         self.scopes[-1].cache[key] = v
         return v
 
@@ -322,7 +335,8 @@ class Emitter(ValueRewrites):
         cd = compute_dtype(node.dtype)
         if node.op == "mean":
             v = self.tmp(expr, 1, acc_dtype, node.name + " (sum)")
-            expr = f"{cast(v, cd)} / {self.info.rnumel}.0"
+            count = "rnumel" if runtime_sizes_on() else f"{self.info.rnumel}.0"  # the argument
+            expr = f"{cast(v, cd)} / {count}"
         elif acc_dtype != cd:
             expr = f"({expr}).to({TL_DTYPE[cd]})"
         self.red_val[r] = self.tmp(expr, 1, cd, node.name)
@@ -376,9 +390,10 @@ class Emitter(ValueRewrites):
     def emit(self) -> list[str]:
         idx_t = ".to(tl.int64)" if self.int64 else ""
         # shape-specialized: the extents as constants (loop trip counts known to the compiler);
-        # with runtime sizes the row count stays the argument
+        # with runtime sizes both stay the arguments (a reduction over a dynamic dim shares
+        # its kernel across the shapes of a bucket too: ``kernels/common/sizes.py``)
         consts = [] if runtime_sizes_on() else [f"xnumel = {self.info.xnumel}"]
-        consts += [f"rnumel = {self.info.rnumel}"] if self.red else []
+        consts += [f"rnumel = {self.info.rnumel}"] if self.red and not runtime_sizes_on() else []
         if consts:
             self.line("; ".join(consts))
         if not self.red:
@@ -476,7 +491,7 @@ class Emitter(ValueRewrites):
         compiler then drops them from every load and store), else the bounds check."""
         numel = self.info.xnumel if axis == "x" else self.info.rnumel
         block = self.block(axis)
-        runtime = axis == "x" and runtime_sizes_on()  # the argument: any size
+        runtime = runtime_sizes_on()  # the argument: any size
         if numel % block == 0 and numel > 0 and not runtime:  # an empty row masks every lane
             return f"{axis}mask = tl.full({shape}, True, tl.int1)"
         return f"{axis}mask = {axis}index < {axis}numel"

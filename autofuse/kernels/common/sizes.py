@@ -4,13 +4,15 @@ Inside :func:`runtime_sizes` (the backend turns it on while it compiles a graph 
 Dynamo made symbolic), a loop kernel reads ``xnumel`` from its argument instead of baking it
 in as a constant, always masks its rows against it, and picks its default launch config from
 the size's bucket (each non-reduced dim rounded up to a power of two) rather than from the
-exact size. Two shapes in one bucket whose other sizes (strides, the reduced extent, the
-broadcast periods) agree then generate the same kernel text, and the loader builds that
-kernel once (``loader.kernels_built``); a size that shows up in the index arithmetic (a
-broadcast along the dynamic dim, a transpose of it) generates its own text, whose varying
-literals become arguments from a traced graph's second shape on (``literals.py``); a
-reduction over the dynamic dim still generates its own kernel. A shared kernel is correct at
-every size by construction: the only values that differ between its callers are arguments.
+exact size; a reduction reads its reduced extent ``rnumel`` from its argument too, its columns
+always masked. Two shapes in one bucket whose other sizes (strides, the broadcast periods)
+agree then generate the same kernel text, and the loader builds that kernel once
+(``loader.kernels_built``); a size that shows up in the index arithmetic (a broadcast along
+the dynamic dim, a transpose of it, the row stride of a reduction over it) generates its own
+text, whose varying literals become arguments from a traced graph's second shape on
+(``literals.py``); a mean over the dynamic dim divides by a float literal, and so keeps a
+kernel per length. A shared kernel is correct at every size by construction: the only values
+that differ between its callers are arguments.
 """
 
 from __future__ import annotations
