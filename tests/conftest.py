@@ -16,6 +16,12 @@ os.environ.setdefault(
     "AUTOFUSE_KERNEL_DIR", os.path.join(os.getcwd(), ".autofuse_cache", "kernels")
 )
 
+from autofuse.settings import reload_settings  # noqa: E402
+
+# pytest imports autofuse for the warning filters in pyproject.toml before this file runs, so
+# the settings were read without the variables above: read them again (bounds checking on)
+reload_settings()
+
 
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
