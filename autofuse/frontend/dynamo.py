@@ -412,8 +412,15 @@ class AutofuseBackend:
             )
             return gm
         cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
-        written = written_variant(kind, gm, example_inputs, prepared, _decompositions())
-        if written is not None and settings().sdpa == "autofuse":
+        forced = settings().sdpa == "autofuse"
+        # SDPA written out: timed beside SDPA's graph on CUDA (off CUDA nothing is timed and
+        # SDPA's graph is kept, so it is not made), or forced
+        written = (
+            written_variant(kind, gm, example_inputs, prepared, _decompositions())
+            if cuda or forced
+            else None
+        )
+        if written is not None and forced:
             prepared, written = written, None  # forced: the written-out graph alone
         graph = to_ir(prepared, cuda)
         variants = () if written is None else ((WRITTEN, to_ir(written, cuda)),)
