@@ -207,7 +207,7 @@ def _interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=
                  recompute_scale_factor=None, antialias=False):  # fmt: skip
     """``F.interpolate``, except that a uint8 bicubic resize of a 4-d input calls the op eager
     runs (``upsample_bicubic2d``, kept whole) rather than the call torch decomposes at the
-    autograd key (see :func:`_not_for_uint8`)."""
+    autograd key (see :func:`_not_for`)."""
     if x.dtype != torch.uint8 or mode != "bicubic" or antialias or x.dim() != 4:
         return torch.nn.functional.interpolate(
             x, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias
@@ -232,25 +232,14 @@ def function_fixes() -> dict:
     }
 
 
-def _not_for_bool(decomp):
-    """``decomp`` except on a bool ``self``: eager's op then (index_add's decomposition scales
-    the source by alpha into an integer and cannot put it back into a bool tensor)."""
+def _not_for(dtype, decomp):
+    """``decomp`` except on a ``self`` of ``dtype``: eager's op then. index_add's decomposition
+    scales the source by alpha into an integer and cannot put it back into a bool tensor;
+    bicubic upsampling's rounds 0.4 % of uint8 outputs one step from eager's integer kernel
+    (torch's own compiled form differs the same way)."""
 
     def decomposed(x, *args, **kwargs):
-        if x.dtype == torch.bool:
-            return NotImplemented
-        return decomp(x, *args, **kwargs)
-
-    return decomposed
-
-
-def _not_for_uint8(decomp):
-    """``decomp`` except on a uint8 ``self``: eager's op then (bicubic upsampling's
-    decomposition rounds 0.4 % of uint8 outputs one step from eager's integer kernel; torch's
-    own compiled form differs the same way)."""
-
-    def decomposed(x, *args, **kwargs):
-        if x.dtype == torch.uint8:
+        if x.dtype == dtype:
             return NotImplemented
         return decomp(x, *args, **kwargs)
 
@@ -310,10 +299,10 @@ def decomposition_table() -> dict:
     gn_back = aten.native_group_norm_backward.default
     table[gn_back] = _empty_group_norm_backward(table[gn_back])
     for op in (aten.index_add.default, aten.index_add_.default):
-        table[op] = _not_for_bool(table[op])
+        table[op] = _not_for(torch.bool, table[op])
     for op in (aten.upsample_bicubic2d.default, aten.upsample_bicubic2d.vec):
         if op in table:
-            table[op] = _not_for_uint8(table[op])
+            table[op] = _not_for(torch.uint8, table[op])
     table[aten.log10.default] = _log10
     table[aten.flip.default] = _flip
     table[aten.multilabel_margin_loss_forward.default] = _multilabel_margin_loss

@@ -496,11 +496,9 @@ class AutofuseBackend:
             for p in planners if not options.get("retune") else ():
                 hit = p.cached(store, _captured(p.graph, kind), inputs, dict(options))
                 if hit is not None:
-                    chosen = p
-                    break
-            else:
-                pick = planner.untuned(f"greedy {kind}", True, lambda: list(inputs)).plan.graph
-                chosen = next(p for p in planners if p.graph is pick)
+                    return hit  # tuned before: the cached plan, nothing timed or read again
+            pick = planner.untuned(f"greedy {kind}", True, lambda: list(inputs)).plan.graph
+            chosen = next(p for p in planners if p.graph is pick)
         captured = _captured(chosen.graph, kind)
         return chosen.tuned(captured, inputs, store, search, example_flat=inputs, **options)
 

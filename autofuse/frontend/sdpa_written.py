@@ -61,6 +61,11 @@ def _bound(node: torch.fx.Node) -> dict[str, Any] | None:
     return None if norm is None else dict(norm.kwargs)
 
 
+def _mask_arg(a: dict[str, Any]) -> Any:
+    """The mask argument of a bound SDPA forward (a graph node, or None)."""
+    return a.get("attn_mask", a.get("attn_bias"))
+
+
 def _val(x: Any) -> Any:
     return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
 
@@ -75,13 +80,12 @@ def why_not(node: torch.fx.Node) -> str | None:
     users = [u for u in node.users if not (u.target is operator.getitem and u.args[1] == 0)]
     if any(u.users for u in users) or any(u.target is not operator.getitem for u in users):
         return "a training forward (its saved tensors are read)"
-    q, k = _val(a["query"]), _val(a["key"])
-    mask = _val(a.get("attn_mask", a.get("attn_bias")))
+    q, k, m = _val(a["query"]), _val(a["key"]), _mask_arg(a)
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or q.dim() != 4:
         return "not four-dimensional (batch, heads, sequence, head dim)"
-    if mask is not None and not mask.dtype.is_floating_point:
+    if _val(m) is not None and not _val(m).dtype.is_floating_point:
         return "a boolean mask (a row it hides entirely differs)"
-    if _infinite_ancestor(a.get("attn_mask", a.get("attn_bias"))):
+    if _infinite_ancestor(m):
         return "a boolean mask as SDPA passes it on (-inf where hidden: a row it hides entirely differs)"
     if a.get("is_causal") and q.shape[-2] != k.shape[-2]:
         return "causal with fewer queries than keys (SDPA aligns the mask top-left)"
@@ -109,7 +113,7 @@ def _infinite_ancestor(mask: Any) -> bool:
 
 def sdpa_sites(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     """The SDPA forwards of ``gm`` that can be written out."""
-    return [n for n in gm.graph.nodes if _bound(n) is not None and why_not(n) is None]
+    return [n for n in gm.graph.nodes if why_not(n) is None]
 
 
 def attention(
@@ -149,7 +153,7 @@ class _WrittenOut(torch.fx.Interpreter):
             return super().run_node(n)
         a = _bound(n)
         q, k, v = (self.env[a[name]] for name in ("query", "key", "value"))
-        m = a.get("attn_mask", a.get("attn_bias"))
+        m = _mask_arg(a)
         mask = self.env[m] if isinstance(m, torch.fx.Node) else None
         out = attention(q, k, v, mask, a.get("scale"), bool(a.get("is_causal")))
         return (out, *(None,) * (len(n.meta.get("val") or ()) - 1))
@@ -199,12 +203,13 @@ def written_variant(
     convention: the reason is logged)."""
     if kind != "inference" or settings().sdpa not in ("auto", "autofuse"):
         return None
-    if not sdpa_sites(gm):
-        return None
     try:
-        out = prepare(written_out(gm, example_inputs, decompositions), example_inputs)
+        written = written_out(gm, example_inputs, decompositions)
+        out = None if written is None else prepare(written, example_inputs)
     except Exception as e:  # noqa: BLE001 - the graph as traced is planned all the same
         logs.log.info("autofuse backend: SDPA not written out: %s: %s", type(e).__name__, e)
+        return None
+    if out is None:  # no forward can be written out
         return None
     if not same_convention(prepared, out):
         logs.log.info("autofuse backend: SDPA written out changes the graph's arguments")

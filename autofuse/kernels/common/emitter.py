@@ -240,9 +240,7 @@ class Emitter(ValueRewrites):
         return Val(f"{v.code}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[v.dtype]})", v.cls, v.dtype)
 
     def load(self, i: int, index: tuple[Expr, ...]) -> Val:
-        node = self.g[i]
-        if numel(node.shape) == 0:  # an empty buffer has no address to read: no lane uses it
-            return self.nothing(i)
+        node = self.g[i]  # (never empty: ``value`` answers an empty node itself)
         strides = buffer_strides(node)
         off = linearize(index, strides, node.shape)
         cls = self.cls_of(off)
