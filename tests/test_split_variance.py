@@ -5,6 +5,8 @@ As in ``test_split_reduction.py`` the split is forced on for the interpreter wit
 so small shapes split. Inputs have large means (``1000 + randn``): the naive
 ``E[x^2] - E[x]^2`` is ~20% off there in float32; the tolerances below are far tighter."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -180,3 +182,80 @@ def test_split_variance_near_the_dtypes_max_is_rescued_as_unsplit(split_on, dtyp
         got, eager = autofuse.optimize(fn, (x,))(x), fn(x)
         assert torch.isfinite(got).all() and torch.isfinite(eager).all()
         _close(got, fn(x.double()), dtype, "var / std")
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    """Split on for CPU inputs from 64 reduced elements: a variance row of 512 or more is long
+    (``SplitPolicy.long_row``), cut in chunks of 128..256."""
+    from tests.conftest import _settings_with
+
+    yield from _settings_with(
+        monkeypatch, AUTOFUSE_SPLIT_REDUCTIONS="1", AUTOFUSE_SPLIT_MIN_RNUMEL="64"
+    )
+
+
+def group_norm2(x):
+    return F.group_norm(x, 2)
+
+
+LONG_ROWS = [  # rows that fill the 132 SMs (no split for parallelism), each long
+    (group_norm2, (66, 4, 16, 16)),  # 132 groups of 512
+    (bn_train, (4, 140, 16, 16)),  # 140 channels of 1024: N (4) cut
+    (bn_stats, (2, 133, 24, 24)),  # 133 channels of 1152: the plane cut
+]
+
+
+@pytest.mark.parametrize(
+    "fn,shape", LONG_ROWS, ids=[f"{c[0].__name__}-{c[1][1]}" for c in LONG_ROWS]
+)
+def test_long_variance_rows_are_cut_for_the_cache(split_small, fn, shape):
+    """A variance whose rows fill the GPU is still cut when each row is long: unsplit, its
+    kernel walks every row four times (maximum, sum, squares, output), each re-read from
+    memory once the rows in flight outgrow the cache."""
+    x = _large(shape, torch.float32)
+    m2 = [n for n in capture(fn, (x,)).graph.nodes if n.name == "sum_2.chunk_m2"]
+    rows = shape[0] * 2 if fn is group_norm2 else shape[1]
+    k = m2[0].shape[-2] if fn is group_norm2 else m2[0].shape[0]
+    lo, hi = SplitPolicy(min_rnumel=64).variance_chunk
+    assert k > 1 and lo <= x.numel() // rows // k <= 4 * hi
+    _close(autofuse.optimize(fn, (x,))(x), fn(x.double()), torch.float32, fn.__name__)
+    got = torch.compile(fn, backend="autofuse")(x)
+    _close(got, fn(x.double()), torch.float32, fn.__name__ + " (backend)")
+
+
+def test_long_rows_decision_says_why():
+    x = torch.randn(66, 4, 16, 16)
+    g = capture(group_norm2, (x,)).graph
+    dec = {g[i].name: d for i, d in plan_splits(g, SplitPolicy(min_rnumel=64)).items()}
+    assert dec["sum_2"].role == "m2" and "re-read from cache" in dec["sum_2"].reason
+    assert dec["sum_2"].k == 2 and dec["sum_1"].role == "mean"
+
+
+def test_batch_norm_cut_along_n_for_whole_planes():
+    """BatchNorm's (N, H, W) rows are cut along N where that gives chunks of the wanted size:
+    each chunk is whole planes, contiguous in memory (not N rows of a plane's slice)."""
+    x = torch.randn(64, 140, 12, 12)
+    g = capture(bn_stats, (x,)).graph
+    dec = {g[i].name: d for i, d in plan_splits(g, SplitPolicy(min_rnumel=64)).items()}
+    assert dec["sum_2"].dim == 0 and dec["sum_2"].last == 0
+    assert dec["sum_2"].k in (32, 64)  # 144 x 2 or 144 elements a chunk
+
+
+def test_short_variance_rows_stay_whole():
+    """Rows that fill the GPU and are short (one kernel keeps them in cache) are not split."""
+    x = torch.randn(66, 4, 8, 8)
+    g = capture(group_norm2, (x,)).graph
+    assert all(d.k == 1 for d in plan_splits(g, SplitPolicy(min_rnumel=64)).values())
+
+
+def test_training_group_norm_with_long_rows(split_small):
+    m = torch.nn.GroupNorm(2, 4)
+    x = _large((66, 4, 16, 16), torch.float32).requires_grad_()
+    ref = copy.deepcopy(m).double()(x.double())
+    ref.sum().backward()
+    ref_grad, x.grad = x.grad.clone(), None
+    out = torch.compile(m, backend="autofuse")(x)
+    out.sum().backward()
+    _close(out.detach(), ref.detach(), torch.float32, "group_norm forward")
+    assert torch.allclose(x.grad, ref_grad, atol=1e-3)
