@@ -34,8 +34,10 @@ an H100 (132 SMs), KernelBench level 2's L2_72 (ConvTranspose3d -> BatchNorm: 16
 chunks wanted and only N was cut; the spatial run (250047 = 3^6 x 7^3) is cut in 147 now, 2352
 programs. L2_52 (Conv2d -> BatchNorm, 128 channels of 64 x 126^2) splits in 8 along N. The rule
 for an inner reduction: fewer rows than SMs (below, one program per row leaves SMs idle) and at
-least two chunks of ``2 x min_rnumel`` (8192) elements per row; GroupNorm's (N, group) rows in
-L2_60 (512 rows of 492156) and L2_92 (2048 rows of 63504) fill the SMs and stay whole.
+least two chunks of ``2 x min_rnumel`` (8192) elements per row. GroupNorm's (N, group) rows in
+L2_60 (512 rows of 492156) and L2_92 (2048 rows of 63504) fill the SMs, but a variance's row that
+long is walked four times from memory by one kernel: such rows are cut for the cache instead
+(``_cached_variances``).
 The heuristic follows Inductor's (read, not copied): split only where the outputs are too few to
 fill the GPU; an *outer* reduction (a kept dim of size > 1 after the reduced ones: column sums)
 aims at ~8 programs of 128 outputs per SM with 128..2048 rows per chunk, an *inner* one (the
