@@ -64,6 +64,21 @@ def build(arm: str, model: Any, inputs: list) -> Any:
     return autofuse.optimize(model, inputs)
 
 
+def plan_facts(fn: Any) -> dict:
+    """An autofuse arm's plan choice (the plans timed end to end and why one won) and each
+    convolution's measured layout times (µs, contiguous and channels-last); {} for the others."""
+    plan = getattr(fn, "plan", None)
+    if plan is None:
+        return {}
+    choice = getattr(fn, "plan_choice", None)
+    layouts = [
+        {"node": n.name, "layout": n.attr("layout"), "layout_us": n.attr("layout_us")}
+        for n in plan.graph.nodes
+        if n.attr("layout")
+    ]
+    return {"choice": None if choice is None else choice.why, "layouts": layouts}
+
+
 def profile_problem(problem: Any, dtype: str) -> dict:
     import torch
 
@@ -78,7 +93,7 @@ def profile_problem(problem: Any, dtype: str) -> dict:
                 fn = build(arm, model, inputs)
                 kernels = kernel_times(fn, inputs)
             rec["arms"][arm] = {"total_us": round(sum(t for _, t in kernels), 1),
-                                "kernels": kernels[:12]}  # fmt: skip
+                                "kernels": kernels[:12], **plan_facts(fn)}  # fmt: skip
         except Exception as e:  # noqa: BLE001 - recorded; the other arms still run
             rec["arms"][arm] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     return rec
