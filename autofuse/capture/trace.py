@@ -25,6 +25,7 @@ from autofuse.ir.conv_fold import fold_batchnorm
 from autofuse.ir.conv_layout import choose_layouts
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
 from autofuse.ir.ops import TL_DTYPE
+from autofuse.ir.recompute import recompute_for_chunk_readers
 from autofuse.ir.split import split_for_pipeline
 from autofuse.settings import settings
 
@@ -158,6 +159,9 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
     cuda = any(t.is_cuda for t in tensors)
     graph = dedupe(split_for_pipeline(graph, cuda))
     graph = choose_layouts(graph, cuda)  # each convolution's memory format (ir/conv_layout.py)
+    graph = recompute_for_chunk_readers(
+        graph
+    )  # not written for full-size readers (ir/recompute.py)
     return Captured(
         graph=graph,
         in_spec=in_spec,

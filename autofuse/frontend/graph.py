@@ -35,6 +35,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from autofuse.capture import fx_to_ir
 from autofuse.ir import Graph, dedupe
 from autofuse.ir.conv_layout import choose_layouts
+from autofuse.ir.recompute import recompute_for_chunk_readers
 from autofuse.ir.split import split_for_pipeline
 
 
@@ -239,4 +240,5 @@ def to_ir(prepared: Prepared, cuda: bool = False) -> Graph:
     """The prepared graph in the IR, its long reductions split (``ir/split.py``) where the
     settings split them (by default: ``cuda`` inputs), each convolution's memory format
     recorded by the settings' rule (``ir/conv_layout.py``)."""
-    return choose_layouts(dedupe(split_for_pipeline(dedupe(fx_to_ir(prepared.gm)), cuda)), cuda)
+    graph = choose_layouts(dedupe(split_for_pipeline(dedupe(fx_to_ir(prepared.gm)), cuda)), cuda)
+    return recompute_for_chunk_readers(graph)

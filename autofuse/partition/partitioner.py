@@ -96,6 +96,10 @@ class Partitioner:
                     readers.setdefault(p, []).append(c)
         for cs in readers.values():
             for a, b in zip(cs, cs[1:]):
+                # a value computed again for other readers (ir/recompute.py) is there to run
+                # in their kernel: never joined sideways to the kernel computing the original
+                if bool(g[a].attr("recomputed")) != bool(g[b].attr("recomputed")):
+                    continue
                 if (a, b) not in out and (b, a) not in out:
                     out[(a, b)] = Edge(a, b, "horizontal")
         return tuple(sorted(out.values(), key=lambda e: (e.b, e.a)))
