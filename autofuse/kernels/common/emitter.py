@@ -42,6 +42,7 @@ from autofuse.kernels.common.sizes import runtime_sizes_on
 from autofuse.kernels.common.views import (
     broadcast_index,
     domain_of_flat,
+    flat_of,
     loop_index,
     narrow_iota,
     view_source_index,
@@ -242,7 +243,10 @@ class Emitter(ValueRewrites):
     def load(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]  # (never empty: ``value`` answers an empty node itself)
         strides = buffer_strides(node)
-        off = linearize(index, strides, node.shape)
+        if strides == contiguous_strides(node.shape):  # a reshape's flat offset, as it is
+            off = flat_of(index, node.shape)
+        else:
+            off = linearize(index, strides, node.shape)
         cls = self.cls_of(off)
         mask = self.active_mask(cls)
         cd = compute_dtype(node.dtype)

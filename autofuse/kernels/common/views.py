@@ -29,22 +29,44 @@ def view_source_index(graph: Graph, i: int, index: tuple[Expr, ...]) -> tuple[Ex
         e = index[d].scale(node.attr("step")).shift(node.attr("start"))
         return index[:d] + (e,) + index[d + 1 :]
     if op == "reshape":
-        return domain_of_flat(linearize(index, contiguous_strides(node.shape), node.shape), src)
+        return domain_of_flat(flat_of(index, node.shape), src)
     raise ValueError(f"not a view op: {op}")
+
+
+class FlatIndex(tuple):
+    """A per-dim index of an element of a tensor of ``shape`` that also holds the element's
+    flat offset in that tensor (``flat``), as a reshape computed it. A load of a contiguous
+    buffer of that shape takes the flat offset as it is: where a reshape's rows do not align
+    with the buffer's dims (a split GroupNorm row of 11718 elements over planes of 63 x 63),
+    the per-dim index decodes into divisions and modulos the simplifier cannot join again,
+    and the load of a contiguous row becomes scalar loads behind integer divisions."""
+
+    flat: Expr
+    shape: tuple[int, ...]
+
+
+def flat_of(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
+    """The flat offset (contiguous order) of ``index`` into a tensor of ``shape``."""
+    if isinstance(index, FlatIndex) and index.shape == tuple(shape):
+        return index.flat
+    return linearize(index, contiguous_strides(shape), shape)
 
 
 def domain_of_flat(flat: Expr, shape: tuple[int, ...]) -> tuple[Expr, ...]:
     """The index into a contiguous tensor of ``shape`` of the element at flat offset ``flat``
-    (an empty tensor has no element: any index, zeros, never stored or read)."""
+    (an empty tensor has no element: any index, zeros, never stored or read); it keeps
+    ``flat`` (:class:`FlatIndex`)."""
     if numel(shape) == 0:
         return tuple(Expr.constant(0) for _ in shape)
     strides = contiguous_strides(shape)
-    return tuple(
+    out = FlatIndex(
         Expr.constant(0)
         if size == 1
         else flat.floordiv_mod(strides[j], None if j == _outer(shape) else size)
         for j, size in enumerate(shape)
     )
+    out.flat, out.shape = flat, tuple(shape)
+    return out
 
 
 def _outer(shape: tuple[int, ...]) -> int:
@@ -56,7 +78,10 @@ def _outer(shape: tuple[int, ...]) -> int:
 
 
 def broadcast_index(src: tuple[int, ...], dst: tuple[int, ...], index: tuple[Expr, ...]):
-    """Index into ``src`` for an element of ``dst`` that ``src`` broadcasts to."""
+    """Index into ``src`` for an element of ``dst`` that ``src`` broadcasts to (``index``
+    itself where the shapes are equal: it may hold its flat offset)."""
+    if tuple(src) == tuple(dst):
+        return index
     off = len(dst) - len(src)
     return tuple(Expr.constant(0) if src[j] == 1 else index[j + off] for j in range(len(src)))
 
