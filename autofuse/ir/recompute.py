@@ -67,15 +67,39 @@ def _candidates(graph: Graph) -> dict[int, dict[tuple[int, int], tuple[int, ...]
     for i, node in enumerate(graph.nodes):
         if node.kind != "pointwise" or i in outs or node.attr("eager_strides") is not None:
             continue
+        if node.op in ("const", "iota"):  # rendered where read: never written
+            continue
         by_domain: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
         for path, u in sorted(_reads(graph, i), key=lambda r: r[1]):
             if graph[u].kind in ("pointwise", "reduction"):
                 by_domain.setdefault(graph[path[-1] if path else i].shape, []).append((path, u))
-        later = [r for reads in list(by_domain.values())[1:] for r in reads]
+        domains = list(by_domain.items())
+        if len(domains) < 2 or not _chunked(graph, i, *domains[0]):
+            continue
+        later = [r for _, reads in domains[1:] for r in reads]
         full = {(u, p[-1] if p else i): p for p, u in later if graph[u].kind == "pointwise"}
         if full and _cone(graph, i) is not None:
             found[i] = full
     return found
+
+
+def _chunked(graph: Graph, i: int, shape: tuple[int, ...], reads: list) -> bool:
+    """Whether the readers of value ``i`` in domain ``shape`` (the first) read it reshaped
+    (another shape than its own) and feed a reduction within a few pointwise ops: a split
+    reduction's chunks, a kernel of their own."""
+    if shape == graph[i].shape:
+        return False
+    frontier, seen = [u for _, u in reads], set()
+    for _ in range(MAX_CONE):
+        nxt = []
+        for u in frontier:
+            if graph[u].kind == "reduction":
+                return True
+            if u not in seen and graph[u].kind in ("pointwise", "view"):
+                seen.add(u)
+                nxt.extend(graph.users[u])
+        frontier = nxt
+    return False
 
 
 def recompute_for_chunk_readers(graph: Graph) -> Graph:
