@@ -164,6 +164,26 @@ def test_kept_channels_last_is_read_by_a_two_axis_tile(dims, dtype, layout_rule)
     assert dynamo.compiled_count() > before
 
 
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_a_pooled_epilogue_of_a_kept_result_is_tiled_by_channels(pool, layout_rule):
+    """An epilogue that pools the kept channels-last result (KernelBench L2_82: tanh, scale,
+    bias, 4 x 4 max-pool) writes a smaller output than the convolution's: its loads still run
+    along the channels (the tile's columns), not 16 channels apart per lane of a flat loop."""
+    layout_rule("channels_last")
+    torch.manual_seed(0)
+    pooling = torch.nn.MaxPool2d(2) if pool == "max" else torch.nn.AvgPool2d(2)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.Tanh(), pooling)
+    x = torch.randn(2, 3, 10, 9)
+    with torch.no_grad():
+        f = autofuse.optimize(net, (x,))
+        got = f(x)
+    assert_close(got, net(x), torch.float32, "optimize")
+    assert got.stride() == net(x).stride()
+    epilogue = [k for k in f.plan.kernels if k.info.domain == tuple(got.shape)]
+    assert epilogue and epilogue[0].info.reduce_dims == (1,), [k.name for k in f.plan.kernels]
+    backend_training_matches(net, x, torch.float32, "pooled", strides=True)
+
+
 def test_the_planner_offers_the_plan_with_every_convolution_contiguous(layout_rule):
     from autofuse.plan.planner import Planner
 
