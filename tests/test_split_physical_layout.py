@@ -117,20 +117,24 @@ def _first_stage(graph: Graph) -> Node:
     return part
 
 
-@pytest.mark.parametrize("kind", ["conv2d", "conv3d", "convT2d"])
-def test_global_pool_of_a_channels_last_convolution(kind, cl_split):
+@pytest.mark.parametrize(
+    "kind,dtype",
+    [("conv2d", torch.float32), ("conv2d", torch.bfloat16), ("conv3d", torch.float32),
+     ("convT2d", torch.float32)],
+)  # fmt: skip
+def test_global_pool_of_a_channels_last_convolution(kind, dtype, cl_split):
     from autofuse.frontend import dynamo
 
-    net = _Pool(kind)
-    x = torch.randn(_INPUTS[kind])
+    net = _Pool(kind).to(dtype)
+    x = torch.randn(_INPUTS[kind], dtype=dtype)
     with torch.no_grad():
         opt = autofuse.optimize(net, (x,))
-        assert_close(opt(x), net(x), torch.float32, f"{kind} optimize")
+        assert_close(opt(x), net(x), dtype, f"{kind} optimize")
     part = _first_stage(opt.plan.graph)
     assert opt.plan.graph[part.inputs[0]].op == "permute" and part.shape[-1] == 32
     (first,) = [k for k in opt.plan.kernels if any(opt.plan.graph[m] is part for m in k.info.nodes)]
     assert first.info.domain[-1] == 32 and inner_rows(opt.plan.graph, first.info) == 32
-    before = backend_training_matches(net, x, torch.float32, kind)
+    before = backend_training_matches(net, x, dtype, kind)
     forward = dynamo.compiled_since(before)[0].plan.graph
     assert forward[_first_stage(forward).inputs[0]].op == "permute"
 
@@ -175,3 +179,33 @@ def test_the_contiguous_plan_runs_the_channels_last_split(cl_split):
     with torch.no_grad():
         (got,) = execute(flat, [x, w, b])
     assert_close(got, pool(x, w, b), torch.float32, "contiguous plan")
+
+
+def test_arg_reductions_of_a_channels_last_convolution(cl_split):
+    """argmax / amax over the flattened plane of a kept result (a view of it): split by the
+    layout's classification, the arg split on the logical chunks; eager's indices."""
+    from autofuse.frontend import dynamo
+
+    torch.manual_seed(0)
+    w, b = torch.randn(32, 3, 3, 3), torch.randn(32)
+    x = torch.randn(2, 3, 16, 16)
+
+    def arg(x, w, b):
+        y = F.conv2d(x, w, b, padding=1).flatten(2)
+        return y.argmax(-1), y.amax(-1)
+
+    graph = capture(arg, (x, w, b)).graph
+    parts = {n.op: n for n in graph.nodes if n.name.endswith(".part")}
+    assert set(parts) == {"argmax", "amax"}, graph.pretty()
+    assert graph[parts["amax"].inputs[0]].op == "permute"  # its chunks read along C
+    want = arg(x, w, b)
+    with torch.no_grad():
+        got = autofuse.optimize(arg, (x, w, b))(x, w, b)
+    before = dynamo.compiled_count()
+    compiled = torch.compile(arg, backend="autofuse", dynamic=False)(x, w, b)
+    assert dynamo.compiled_count() > before
+    y = F.conv2d(x, w, b, padding=1).flatten(2)
+    for idx, top in (got, compiled):  # (the convolution runs channels-last: ulps apart)
+        assert idx.dtype == torch.int64 and torch.equal(idx, want[0]), (idx, want[0])
+        assert_close(top, want[1], torch.float32, "amax")
+        assert_close(y.gather(-1, idx[..., None])[..., 0], want[1], torch.float32, "argmax")
