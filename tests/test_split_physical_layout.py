@@ -18,7 +18,7 @@ import autofuse
 from autofuse.capture.trace import capture
 from autofuse.ir.conv_layout import channels_last_strides, relayout
 from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs
-from autofuse.ir.split import SplitPolicy, decide, split_reductions
+from autofuse.ir.split import SplitPolicy, decide, plan_splits, split_reductions
 from autofuse.kernels.reduction.kind import inner_rows
 from autofuse.plan.planner import Planner
 from autofuse.plan.runtime import execute
@@ -209,3 +209,31 @@ def test_arg_reductions_of_a_channels_last_convolution(cl_split):
         assert idx.dtype == torch.int64 and torch.equal(idx, want[0]), (idx, want[0])
         assert_close(top, want[1], torch.float32, "amax")
         assert_close(y.gather(-1, idx[..., None])[..., 0], want[1], torch.float32, "argmax")
+
+
+@pytest.mark.parametrize("case", ["channels_last_input", "permuted_view"])
+def test_inputs_and_views_read_in_their_layout(case, cl_split, monkeypatch):
+    """A channels-last graph input's global pool is outer (its chunks read along C); a sum
+    over (H, W) of a contiguous input viewed as (N, H, W, C) is inner (logically outer: C
+    follows the reduced dims). Eager's values through both front ends."""
+    from autofuse.frontend import dynamo
+
+    x = torch.randn(2, 32, 32, 32)
+    if case == "channels_last_input":
+        x = x.contiguous(memory_format=torch.channels_last)
+        fn, kind = (lambda t: t.mean(dim=(2, 3))), "(outer (channels-last))"
+    else:
+        fn, kind = (lambda t: t.permute(0, 2, 3, 1).sum(dim=(1, 2))), "(inner (strides"
+    monkeypatch.setenv("AUTOFUSE_SPLIT_REDUCTIONS", "0")  # the graph before the split
+    reload_settings()
+    graph = capture(fn, (x,)).graph
+    monkeypatch.setenv("AUTOFUSE_SPLIT_REDUCTIONS", "1")
+    reload_settings()
+    (reason,) = [d.reason for d in plan_splits(graph, SplitPolicy(min_rnumel=256)).values()]
+    assert kind in reason, reason
+    with torch.no_grad():
+        assert_close(autofuse.optimize(fn, (x,))(x), fn(x), torch.float32, f"{case} optimize")
+    before = dynamo.compiled_count()
+    got = torch.compile(fn, backend="autofuse", dynamic=False)(x)
+    assert dynamo.compiled_count() > before
+    assert_close(got, fn(x), torch.float32, f"{case} compile")

@@ -61,13 +61,20 @@ over those dims becomes the combined mean (``ir/split_variance.py``; decisions w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from autofuse.ir.graph import Graph, Node, numel
 from autofuse.ir.split_arg import ARG_BEST, rewrite_arg
 from autofuse.ir.split_chunks import SplitDecision, chunk_view
 from autofuse.ir.split_chunks import new_node as _node
-from autofuse.ir.split_layout import chunk_order, layout_label, physically_inner, read_strides
+from autofuse.ir.split_layout import (
+    chunk_order,
+    layout_label,
+    physically_inner,
+    read_layouts,
+    read_strides,
+)
 from autofuse.ir.split_variance import VarianceStats, annotate, find_variances, prune
 from autofuse.logs import log
 from autofuse.settings import settings, target
@@ -195,10 +202,13 @@ def _variance_cut(
     return _cut(shape, dims, -(-rnumel // target))
 
 
-def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
+def decide(
+    graph: Graph, i: int, policy: SplitPolicy, reads: Sequence[tuple[int, ...] | None] = ()
+) -> SplitDecision:
     """What the pass does with reduction ``i``: inner or outer by the strides its kernel reads
     the input with (``ir/split_layout.py``: a kept channels-last convolution's global pool is
-    an outer reduction), by the logical shape where those are contiguous."""
+    an outer reduction; ``reads``: ``read_layouts(graph)`` where the caller has it), by the
+    logical shape where those are contiguous."""
     node = graph[i]
     if node.op not in SPLITTABLE:
         return SplitDecision(i, 1, f"{node.op} is not split (a scan or not a reduction)")
@@ -209,7 +219,9 @@ def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
     rnumel = numel(shape[d] for d in dims)
     outputs = numel(shape) // max(rnumel, 1)
     # the strides the kernel reads x with (not looked for where nothing could split)
-    strides = read_strides(graph, node.inputs[0]) if rnumel >= policy.min_rnumel else None
+    strides = None
+    if rnumel >= policy.min_rnumel:
+        strides = read_strides(graph, node.inputs[0], reads or None)
     if strides is None:
         inner = all(shape[j] == 1 for j in range(dims[-1] + 1, len(shape)))
         kind = "inner" if inner else "outer"
@@ -223,7 +235,13 @@ def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
     if cut is None:
         return SplitDecision(i, 1, f"not split: {why}, but no divisor near {k} cuts it")
     kk, first, last = cut
-    dec = SplitDecision(i, kk, f"split in {kk} ({kind}): {why}", first, last)
+    return _ordered(SplitDecision(i, kk, f"split in {kk} ({kind}): {why}", first, last),
+                    shape, dims, strides)  # fmt: skip
+
+
+def _ordered(dec: SplitDecision, shape, dims, strides) -> SplitDecision:
+    """``dec`` reading its chunks in memory's order where ``strides`` (the layout its input is
+    read in, None: contiguous) differ from the logical order."""
     if strides is None:
         return dec
     return replace(dec, order=chunk_order(shape, strides, dims, dec))
@@ -231,14 +249,14 @@ def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
 
 def _plain_splits(graph: Graph, policy: SplitPolicy | None) -> dict[int, SplitDecision]:
     policy = policy or SplitPolicy()
-    plain = {
-        i: decide(graph, i, policy) for i, n in enumerate(graph.nodes) if n.kind == "reduction"
-    }
-    return _cached_variances(graph, plain, policy)
+    reductions = [i for i, n in enumerate(graph.nodes) if n.kind == "reduction"]
+    reads = read_layouts(graph) if reductions else ()
+    plain = {i: decide(graph, i, policy, reads) for i in reductions}
+    return _cached_variances(graph, plain, policy, reads)
 
 
 def _cached_variances(
-    graph: Graph, decisions: dict[int, SplitDecision], policy: SplitPolicy
+    graph: Graph, decisions: dict[int, SplitDecision], policy: SplitPolicy, reads: Sequence = ()
 ) -> dict[int, SplitDecision]:
     """``decisions`` with each long variance cut in chunks its two passes re-read from cache.
 
@@ -267,7 +285,9 @@ def _cached_variances(
         if cut is not None and rnumel // cut[0] < chunk:
             kk, first, last = cut
             why = f"a variance row of {rnumel}: ~{kk} chunks of {rnumel // kk}, re-read from cache"
-            wanted[i] = SplitDecision(i, kk, f"split in {kk}: {why}", first, last)
+            dec = SplitDecision(i, kk, f"split in {kk}: {why}", first, last)
+            strides = read_strides(graph, node.inputs[0], reads or None)
+            wanted[i] = _ordered(dec, shape, dims, strides)
     if not wanted:
         return decisions
     out = dict(decisions)

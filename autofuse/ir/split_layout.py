@@ -9,9 +9,9 @@ being the neighbours: physically an outer reduction. On the H100, KernelBench's 
 ConvTranspose2d's (16, 128, 514, 514) channels-last result as an inner reduction left whole
 (2048 rows fill 132 SMs): 128 programs of 16 rows, 1628 us against Inductor's split 732 us.
 
-:func:`read_strides` walks from a reduction's input back through same-shaped pointwise ops (the
-ones fused into the reduction's kernel) and views to the buffer the kernel reads, and gives the
-strides it reads the input's elements with; :func:`physically_inner` classifies the reduction by
+:func:`read_layouts` follows every node's elements through views and same-shaped pointwise ops
+(the ones fused into a reduction's kernel) to the buffer a kernel reads, in one pass, and
+:func:`read_strides` gives the strides a reduction's input is read with; :func:`physically_inner` classifies the reduction by
 them; :func:`chunk_order` orders the split's chunked view as memory holds it (outermost first),
 so the first stage's kept dims end with the innermost one (the channels) and its rows index the
 buffer contiguously (coalesced loads) instead of a stride of a whole chunk.
@@ -19,13 +19,15 @@ buffer contiguously (coalesced loads) instead of a stride of a whole chunk.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from autofuse.ir.conv_layout import channels_last_strides
 from autofuse.ir.graph import Graph, Node, buffer_strides, contiguous_strides, dense
 from autofuse.ir.split_chunks import SplitDecision, chunk_layout
 
-__all__ = ["chunk_order", "layout_label", "physically_inner", "read_strides"]
+__all__ = ["chunk_order", "layout_label", "physically_inner", "read_layouts", "read_strides"]
 
 
 def _same(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -36,33 +38,24 @@ def _same(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> boo
 def _through_view(src: Node, strides: tuple[int, ...], view: Node) -> tuple[int, ...] | None:
     """The strides of ``view`` of ``src`` laid out with ``strides`` (None: not one strided
     layout, or a view this walk does not follow)."""
+    if view.op == "permute":
+        return tuple(strides[d] for d in view.attr("dims"))
+    if view.op not in ("reshape", "squeeze", "unsqueeze"):
+        return None
+    if _same(src.shape, strides, contiguous_strides(src.shape)):
+        return contiguous_strides(view.shape)
     t = torch.empty_strided(src.shape, strides, device="meta")
     try:
-        if view.op in ("reshape", "squeeze"):
-            out = t.view(view.shape)
-        elif view.op == "permute":
-            out = t.permute(view.attr("dims"))
-        elif view.op == "unsqueeze":
-            out = t.unsqueeze(view.attr("dim"))
-        else:
-            return None
+        out = t.unsqueeze(view.attr("dim")) if view.op == "unsqueeze" else t.view(view.shape)
     except RuntimeError:  # a reshape that is no view of this layout
         return None
     return tuple(out.stride())
 
 
-def _walk(graph: Graph, i: int, memo: dict[int, tuple[int, ...] | None]) -> tuple[int, ...] | None:
-    """The strides node ``i``'s elements are read with (None: not one dense layout)."""
-    if i not in memo:
-        memo[i] = None  # (a graph is acyclic: only a node reached twice finds this)
-        memo[i] = _read(graph, i, memo)
-    return memo[i]
-
-
-def _read(graph: Graph, i: int, memo: dict[int, tuple[int, ...] | None]) -> tuple[int, ...] | None:
-    node = graph[i]
+def _read(graph: Graph, node: Node, reads: list) -> tuple[int, ...] | None:
+    """``read_layouts``' entry for ``node`` (``reads``: the earlier nodes')."""
     if node.kind == "view":
-        below = _walk(graph, node.inputs[0], memo)
+        below = reads[node.inputs[0]]
         out = None if below is None else _through_view(graph[node.inputs[0]], below, node)
         return out if out is not None and dense(node.shape, out) else None
     strides = tuple(buffer_strides(node))
@@ -71,18 +64,30 @@ def _read(graph: Graph, i: int, memo: dict[int, tuple[int, ...] | None]) -> tupl
     contiguous = contiguous_strides(node.shape)
     if node.kind == "pointwise" and _same(node.shape, strides, contiguous):
         for j in node.inputs:  # the same-shaped operands, fused into the reduction's kernel
-            found = _walk(graph, j, memo) if graph[j].shape == node.shape else None
+            found = reads[j] if graph[j].shape == node.shape else None
             if found is not None and not _same(node.shape, found, contiguous):
                 return found
     return strides
 
 
-def read_strides(graph: Graph, i: int) -> tuple[int, ...] | None:
+def read_layouts(graph: Graph) -> tuple[tuple[int, ...] | None, ...]:
+    """Per node, the strides a kernel that reads it (through its views and the same-shaped
+    pointwise ops fused before it) reads its elements with: the layout a buffer keeps (a
+    channels-last convolution's result, ``eager_strides``), an input's own, else contiguous
+    (None: not one dense layout). One pass in graph order."""
+    reads: list[tuple[int, ...] | None] = []
+    for node in graph.nodes:
+        reads.append(_read(graph, node, reads))
+    return tuple(reads)
+
+
+def read_strides(
+    graph: Graph, i: int, reads: Sequence[tuple[int, ...] | None] | None = None
+) -> tuple[int, ...] | None:
     """The strides a reduction of node ``i`` reads its elements with, where they are not
-    contiguous: the layout a buffer keeps (a channels-last convolution, ``eager_strides``), an
-    input's own, through the views and same-shaped pointwise ops between (None: contiguous,
-    or not one dense layout)."""
-    found = _walk(graph, i, {})
+    contiguous (None: contiguous, or not one dense layout); ``reads``: ``read_layouts(graph)``
+    where the caller has it."""
+    found = (reads if reads is not None else read_layouts(graph))[i]
     shape = graph[i].shape
     if found is None or _same(shape, found, contiguous_strides(shape)):
         return None

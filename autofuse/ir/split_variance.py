@@ -30,6 +30,10 @@ A sum of ``((x - m) * c)^2`` for a constant ``c`` (the var decomposition's overf
 c``, in the same pass, combined with ``n_c * ((mean_j - mean) * c)^2`` (unsplit it was a second
 pass over x: on the H100's KernelBench L2_52 that pass was the longest kernel, 6.1 of 16 ms).
 
+The chunks are read in the decision's order (``SplitDecision.order``, ``ir/split_layout.py``:
+memory's order where x is kept in another layout, a channels-last convolution's result read
+along its channels) and the chunk statistics are permuted back before the combine.
+
 Only exact matches are rewritten (``x`` the sub's full-shaped operand, the mean over the same
 dims of the same ``x`` up to widening casts, broadcast through views that only add or drop unit
 dims, and a sum the policy splits); anything else is split as before.
