@@ -139,22 +139,25 @@ def test_global_pool_of_a_channels_last_convolution(kind, dtype, cl_split):
     assert forward[_first_stage(forward).inputs[0]].op == "permute"
 
 
-def test_batch_norm_statistics_of_a_channels_last_convolution(cl_split):
+@pytest.mark.parametrize("n,size", [(2, 16), (8, 17)])
+def test_batch_norm_statistics_of_a_channels_last_convolution(n, size, cl_split):
     """A variance over (N, H, W) of the kept result: chunk statistics read as memory holds
-    them (the channels innermost), Chan's combine, eager's values forward and backward."""
+    them (the channels innermost), Chan's combine, eager's values forward and backward. At
+    16 x 16 the policy cuts (H, W); 8 x 17 x 17 (no divisor of 289 near the chunks wanted) is
+    a long variance row, cut along N (``_cached_variances``)."""
     torch.manual_seed(0)
     # (no bias: its gradient through BatchNorm is 0 up to rounding; a SiLU after it: the
     # gradient of BatchNorm's output squared alone cancels to rounding too)
     net = torch.nn.Sequential(
         torch.nn.Conv2d(3, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32), torch.nn.SiLU()
     )
-    x = torch.randn(2, 3, 16, 16)
+    x = torch.randn(n, 3, size, size)
     with torch.no_grad():
         opt = autofuse.optimize(net, (x,))
         assert_close(opt(x), net(x), torch.float32, "optimize")
     g = opt.plan.graph
     chunk = [n for n in g.nodes if n.name.endswith(".chunk_m2")]
-    assert chunk and all(n.shape[-1] == 32 for n in chunk)  # (1, k, 1, C): C innermost
+    assert chunk and all(n.shape[-1] == 32 for n in chunk)  # (1, k, 1, C) / (k, 1, 1, 1, C)
     assert [n.op for n in g.nodes if n.name.endswith(".chunks_t")] == ["permute"]
     backend_training_matches(net, x, torch.float32, "batch norm")
 
