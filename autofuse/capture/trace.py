@@ -154,14 +154,12 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         raise TraceUnsupported(f"could not trace {_fn_name(fn)}: {type(e).__name__}: {e}") from e
     gm.graph.eliminate_dead_code()
     graph = dedupe(fx_to_ir(gm))
-    # long reductions with few outputs in two stages (a no-op unless the settings split them);
-    # the stages' views and casts of one input are shared
     cuda = any(t.is_cuda for t in tensors)
-    graph = dedupe(split_for_pipeline(graph, cuda))
     graph = choose_layouts(graph, cuda)  # each convolution's memory format (ir/conv_layout.py)
-    graph = recompute_for_chunk_readers(
-        graph
-    )  # not written for full-size readers (ir/recompute.py)
+    # long reductions with few outputs in two stages (a no-op unless the settings split them),
+    # inner or outer by the layouts just chosen; the stages' views and casts of one input shared
+    graph = dedupe(split_for_pipeline(graph, cuda))
+    graph = recompute_for_chunk_readers(graph)  # not written for full-size readers
     return Captured(
         graph=graph,
         in_spec=in_spec,

@@ -237,8 +237,10 @@ def _fold_symbolic_scalars(graph: torch.fx.Graph) -> None:
 
 
 def to_ir(prepared: Prepared, cuda: bool = False) -> Graph:
-    """The prepared graph in the IR, its long reductions split (``ir/split.py``) where the
-    settings split them (by default: ``cuda`` inputs), each convolution's memory format
-    recorded by the settings' rule (``ir/conv_layout.py``)."""
-    graph = choose_layouts(dedupe(split_for_pipeline(dedupe(fx_to_ir(prepared.gm)), cuda)), cuda)
-    return recompute_for_chunk_readers(graph)
+    """The prepared graph in the IR, each convolution's memory format recorded by the
+    settings' rule (``ir/conv_layout.py``), then its long reductions split (``ir/split.py``,
+    by the layouts their kernels read) where the settings split them (by default: ``cuda``
+    inputs), a value read by split chunks and full-size readers computed again for the latter
+    (``ir/recompute.py``)."""
+    graph = choose_layouts(dedupe(fx_to_ir(prepared.gm)), cuda)
+    return recompute_for_chunk_readers(dedupe(split_for_pipeline(graph, cuda)))

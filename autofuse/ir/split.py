@@ -14,6 +14,9 @@ and the cache all see two ordinary reductions::
     q  = reshape(p, x.shape with k at D[0], 1 at the other reduced dims)   (only if |D| > 1)
     r' = op(q, dims=D, keepdim)                     # the same dims, now over k: r's shape
 
+Where ``x`` is read in another layout than its logical order (a kept channels-last result),
+``v`` is permuted into memory's order (``[N, C, k, L]`` read as ``[N, k, L, C]``) and ``p``
+permuted back: the first stage's rows run along the innermost dim, its loads coalesced.
 Views are index arithmetic in this IR, so ``v`` costs nothing; the first stage fuses with the
 pointwise ops before ``r`` (the ``(x - mean)^2`` of a variance, through the reshape), the second
 with the ops after it. A 16-bit float sum / mean / prod reads a float32 cast of its input, so the
@@ -39,7 +42,9 @@ L2_60 (512 rows of 492156) and L2_92 (2048 rows of 63504) fill the SMs, but a va
 long is walked four times from memory by one kernel: such rows are cut for the cache instead
 (``_cached_variances``).
 The heuristic follows Inductor's (read, not copied): split only where the outputs are too few to
-fill the GPU; an *outer* reduction (a kept dim of size > 1 after the reduced ones: column sums)
+fill the GPU; an *outer* reduction (its outputs neighbours in memory: a kept dim of size > 1
+after the reduced ones, column sums, or a kept channels-last result's global pool: the pass runs
+after the layouts are chosen and reads the strides, ``ir/split_layout.py``)
 aims at ~8 programs of 128 outputs per SM with 128..2048 rows per chunk, an *inner* one (the
 reduced dims are the innermost: ``x.sum()``) at ~4 programs per SM with 8192..131072 elements
 per chunk, and only with fewer outputs than SMs: group_norm's 256 groups of 65536 elements
@@ -56,12 +61,20 @@ over those dims becomes the combined mean (``ir/split_variance.py``; decisions w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from autofuse.ir.graph import Graph, Node, numel
 from autofuse.ir.split_arg import ARG_BEST, rewrite_arg
-from autofuse.ir.split_chunks import SplitDecision, chunk_layout
+from autofuse.ir.split_chunks import SplitDecision, chunk_view
 from autofuse.ir.split_chunks import new_node as _node
+from autofuse.ir.split_layout import (
+    chunk_order,
+    layout_label,
+    physically_inner,
+    read_layouts,
+    read_strides,
+)
 from autofuse.ir.split_variance import VarianceStats, annotate, find_variances, prune
 from autofuse.logs import log
 from autofuse.settings import settings, target
@@ -189,7 +202,13 @@ def _variance_cut(
     return _cut(shape, dims, -(-rnumel // target))
 
 
-def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
+def decide(
+    graph: Graph, i: int, policy: SplitPolicy, reads: Sequence[tuple[int, ...] | None] = ()
+) -> SplitDecision:
+    """What the pass does with reduction ``i``: inner or outer by the strides its kernel reads
+    the input with (``ir/split_layout.py``: a kept channels-last convolution's global pool is
+    an outer reduction; ``reads``: ``read_layouts(graph)`` where the caller has it), by the
+    logical shape where those are contiguous."""
     node = graph[i]
     if node.op not in SPLITTABLE:
         return SplitDecision(i, 1, f"{node.op} is not split (a scan or not a reduction)")
@@ -199,28 +218,45 @@ def decide(graph: Graph, i: int, policy: SplitPolicy) -> SplitDecision:
     dims = tuple(sorted(d % max(len(shape), 1) for d in node.attr("dims")))
     rnumel = numel(shape[d] for d in dims)
     outputs = numel(shape) // max(rnumel, 1)
-    inner = all(shape[j] == 1 for j in range(dims[-1] + 1, len(shape)))
+    # the strides the kernel reads x with (not looked for where nothing could split)
+    strides = None
+    if rnumel >= policy.min_rnumel:
+        strides = read_strides(graph, node.inputs[0], reads or None)
+    if strides is None:
+        inner = all(shape[j] == 1 for j in range(dims[-1] + 1, len(shape)))
+        kind = "inner" if inner else "outer"
+    else:
+        inner = physically_inner(shape, strides, dims)
+        kind = f"{'inner' if inner else 'outer'} ({layout_label(shape, strides)})"
     k, why = policy.wanted_k(rnumel, outputs, inner)
     if k == 1:
-        return SplitDecision(i, 1, f"not split: {why}")
+        return SplitDecision(i, 1, f"not split: {why}" + (f", {kind}" if strides else ""))
     cut = _cut(shape, dims, k)
     if cut is None:
         return SplitDecision(i, 1, f"not split: {why}, but no divisor near {k} cuts it")
     kk, first, last = cut
-    kind = "inner" if inner else "outer"
-    return SplitDecision(i, kk, f"split in {kk} ({kind}): {why}", first, last)
+    return _ordered(SplitDecision(i, kk, f"split in {kk} ({kind}): {why}", first, last),
+                    shape, dims, strides)  # fmt: skip
+
+
+def _ordered(dec: SplitDecision, shape, dims, strides) -> SplitDecision:
+    """``dec`` reading its chunks in memory's order where ``strides`` (the layout its input is
+    read in, None: contiguous) differ from the logical order."""
+    if strides is None:
+        return dec
+    return replace(dec, order=chunk_order(shape, strides, dims, dec))
 
 
 def _plain_splits(graph: Graph, policy: SplitPolicy | None) -> dict[int, SplitDecision]:
     policy = policy or SplitPolicy()
-    plain = {
-        i: decide(graph, i, policy) for i, n in enumerate(graph.nodes) if n.kind == "reduction"
-    }
-    return _cached_variances(graph, plain, policy)
+    reductions = [i for i, n in enumerate(graph.nodes) if n.kind == "reduction"]
+    reads = read_layouts(graph) if reductions else ()
+    plain = {i: decide(graph, i, policy, reads) for i in reductions}
+    return _cached_variances(graph, plain, policy, reads)
 
 
 def _cached_variances(
-    graph: Graph, decisions: dict[int, SplitDecision], policy: SplitPolicy
+    graph: Graph, decisions: dict[int, SplitDecision], policy: SplitPolicy, reads: Sequence = ()
 ) -> dict[int, SplitDecision]:
     """``decisions`` with each long variance cut in chunks its two passes re-read from cache.
 
@@ -249,7 +285,9 @@ def _cached_variances(
         if cut is not None and rnumel // cut[0] < chunk:
             kk, first, last = cut
             why = f"a variance row of {rnumel}: ~{kk} chunks of {rnumel // kk}, re-read from cache"
-            wanted[i] = SplitDecision(i, kk, f"split in {kk}: {why}", first, last)
+            dec = SplitDecision(i, kk, f"split in {kk}: {why}", first, last)
+            strides = read_strides(graph, node.inputs[0], reads or None)
+            wanted[i] = _ordered(dec, shape, dims, strides)
     if not wanted:
         return decisions
     out = dict(decisions)
@@ -277,12 +315,11 @@ def _rewrite(node: Node, src: Node, x: int, dec: SplitDecision, add) -> int:
     if node.op in _WIDEN and node.dtype in ("float16", "bfloat16"):
         x = add(_node("cast", (x,), shape, "float32", f"{name}.f32", dtype="float32"))
         part_dtype = "float32"
-    cut, part_dims, q_shape = chunk_layout(shape, dims, dec)
-    v = add(_node("reshape", (x,), cut, add.nodes[x].dtype, f"{name}.chunks", shape=cut))
-    kept = tuple(s for j, s in enumerate(cut) if j not in part_dims)
-    p = add(_node(node.op, (v,), kept, part_dtype, f"{name}.part", dims=part_dims, keepdim=False))
-    if len(dims) > 1:
-        p = add(_node("reshape", (p,), q_shape, part_dtype, f"{name}.parts", shape=q_shape))
+    chunks = chunk_view(shape, dims, dec)
+    v = chunks.view(add, x, add.nodes[x].dtype, name)
+    kept = tuple(s for j, s in enumerate(chunks.shape) if j not in chunks.dims)
+    p = add(_node(node.op, (v,), kept, part_dtype, f"{name}.part", dims=chunks.dims, keepdim=False))
+    p = chunks.back(add, p, part_dtype, f"{name}.parts", keepdim=False)
     if part_dtype == node.dtype:
         return add(replace(node, inputs=(p,)))
     t = add(replace(node, inputs=(p,), dtype=part_dtype, name=f"{name}.total"))

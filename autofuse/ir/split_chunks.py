@@ -4,6 +4,7 @@ record for one reduction, how a decision cuts the reduced extent into chunks, an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from autofuse.ir.graph import Node, contiguous_strides, make_attrs, numel
 
@@ -20,6 +21,10 @@ class SplitDecision:
     # "m2": a sum((x - mean(x))^2) computed as chunk means and M2s combined by Chan's formula
     # (ir/split_variance.py); "mean": a mean of that x replaced by the combined mean
     role: str = ""
+    # the chunked view's dims as memory holds them, outermost first, where the reduction reads
+    # a non-contiguous layout (ir/split_layout.py): the partials read the view permuted so
+    # (() : the view's own order)
+    order: tuple[int, ...] = ()
 
 
 def new_node(
@@ -49,3 +54,52 @@ def chunk_layout(
     )
     q_shape = tuple(k if j == d else 1 if j in dims else s for j, s in enumerate(shape))
     return cut, part_dims, q_shape
+
+
+@dataclass(frozen=True)
+class ChunkView:
+    """``chunk_layout``'s chunked view as the partials read it: permuted by ``order`` (a
+    decision's, () for none). ``shape`` and ``dims`` are the permuted view's shape and the dims
+    of it the partials reduce; ``q_shape`` is the partials' shape for the second stage."""
+
+    cut: tuple[int, ...]
+    part_dims: tuple[int, ...]
+    q_shape: tuple[int, ...]
+    order: tuple[int, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.cut[j] for j in self.order) if self.order else self.cut
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        if not self.order:
+            return self.part_dims
+        return tuple(sorted(self.order.index(j) for j in self.part_dims))
+
+    def view(self, add: Any, x: int, dtype: str, name: str) -> int:
+        """Append the view of node ``x`` the partials read; its index."""
+        v = add(new_node("reshape", (x,), self.cut, dtype, f"{name}.chunks", shape=self.cut))
+        if not self.order:
+            return v
+        return add(
+            new_node("permute", (v,), self.shape, dtype, f"{name}.chunks_t", dims=self.order)
+        )
+
+    def back(self, add: Any, p: int, dtype: str, name: str, keepdim: bool) -> int:
+        """Append the views of partials ``p`` (reduced over ``dims``, with ``keepdim``) that
+        give them ``q_shape``; the index of the last."""
+        if self.order:
+            kept = [j for j in self.order if keepdim or j not in self.part_dims]
+            perm = tuple(sorted(range(len(kept)), key=kept.__getitem__))
+            if perm != tuple(range(len(perm))):
+                shape = tuple(add.nodes[p].shape[j] for j in perm)
+                p = add(new_node("permute", (p,), shape, dtype, f"{name}_t", dims=perm))
+        if tuple(add.nodes[p].shape) == self.q_shape:
+            return p
+        return add(new_node("reshape", (p,), self.q_shape, dtype, name, shape=self.q_shape))
+
+
+def chunk_view(shape: tuple[int, ...], dims: tuple[int, ...], dec: SplitDecision) -> ChunkView:
+    """The chunked view of ``chunk_layout`` read in ``dec.order``."""
+    return ChunkView(*chunk_layout(shape, dims, dec), dec.order)

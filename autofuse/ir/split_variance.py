@@ -30,6 +30,10 @@ A sum of ``((x - m) * c)^2`` for a constant ``c`` (the var decomposition's overf
 c``, in the same pass, combined with ``n_c * ((mean_j - mean) * c)^2`` (unsplit it was a second
 pass over x: on the H100's KernelBench L2_52 that pass was the longest kernel, 6.1 of 16 ms).
 
+The chunks are read in the decision's order (``SplitDecision.order``, ``ir/split_layout.py``:
+memory's order where x is kept in another layout, a channels-last convolution's result read
+along its channels) and the chunk statistics are permuted back before the combine.
+
 Only exact matches are rewritten (``x`` the sub's full-shaped operand, the mean over the same
 dims of the same ``x`` up to widening casts, broadcast through views that only add or drop unit
 dims, and a sum the policy splits); anything else is split as before.
@@ -43,7 +47,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, numel
-from autofuse.ir.split_chunks import SplitDecision, chunk_layout
+from autofuse.ir.split_chunks import SplitDecision, chunk_view
 from autofuse.ir.split_chunks import new_node as _node
 
 __all__ = ["VarianceGroup", "VarianceStats", "annotate", "find_variances", "prune"]
@@ -301,7 +305,8 @@ class VarianceStats:
         scale)^2`` by Chan's formula."""
         g, dec, add, dt = self.group, self.dec, self.add, self.group.dtype
         shape = self.graph[g.source].shape
-        cut, part_dims, q_shape = chunk_layout(shape, g.dims, dec)
+        chunks = chunk_view(shape, g.dims, dec)
+        cut, part_dims, q_shape = chunks.shape, chunks.dims, chunks.q_shape
         n_c = numel(cut[j] for j in part_dims)
         cut_keep = tuple(1 if j in part_dims else s for j, s in enumerate(cut))
         dj = add(_node("sub", (v, mj), cut, dt, f"{tag}.chunk_dev"))
@@ -315,7 +320,7 @@ class VarianceStats:
         m2j = add(
             _node("sum", (sq,), cut_keep, dt, f"{tag}.chunk_m2", dims=part_dims, keepdim=True)
         )
-        m2q = add(_node("reshape", (m2j,), q_shape, dt, f"{tag}.chunk_m2s", shape=q_shape))
+        m2q = chunks.back(add, m2j, dt, f"{tag}.chunk_m2s", keepdim=True)
         dm2 = add(_node("mul", (dm, dm), q_shape, dt, f"{tag}.mean_sq"))
         w = add(_node("mul", (dm2, self._c(float(n_c), f"{tag}.n_c")), q_shape, dt, f"{tag}.w"))
         t = add(_node("add", (m2q, w), q_shape, dt, f"{tag}.chan"))
@@ -330,12 +335,12 @@ class VarianceStats:
         shape = self.graph[g.source].shape
         if add.nodes[x].dtype != dt:
             x = add(_node("cast", (x,), shape, dt, f"{name}.{dt}", dtype=dt))
-        cut, part_dims, q_shape = chunk_layout(shape, g.dims, dec)
-        n_c = numel(cut[j] for j in part_dims)
-        v = add(_node("reshape", (x,), cut, dt, f"{name}.chunks", shape=cut))
-        mj = self._moment(v, cut, part_dims, n_c, f"{name}.chunk_mean")
-        mq = add(_node("reshape", (mj,), q_shape, dt, f"{name}.chunk_means", shape=q_shape))
-        mean = self._moment(mq, q_shape, g.dims, dec.k, f"{name}.mean")
+        chunks = chunk_view(shape, g.dims, dec)
+        n_c = numel(chunks.shape[j] for j in chunks.dims)
+        v = chunks.view(add, x, dt, name)
+        mj = self._moment(v, chunks.shape, chunks.dims, n_c, f"{name}.chunk_mean")
+        mq = chunks.back(add, mj, dt, f"{name}.chunk_means", keepdim=True)
+        mean = self._moment(mq, chunks.q_shape, g.dims, dec.k, f"{name}.mean")
         m2s: dict[float, int] = {}
         for c in sorted(set(g.scales or (1.0,)), key=lambda c: (c != 1.0, c)):
             tag = name if c == 1.0 else f"{name}.scaled{len(m2s)}"
