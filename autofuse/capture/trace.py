@@ -22,11 +22,9 @@ from autofuse.capture.decompositions import decomposition_table
 from autofuse.capture.rules import Call, convert, dtype_name
 from autofuse.capture.structural import convert_multi, convert_structural, mutates
 from autofuse.ir.conv_fold import fold_batchnorm
-from autofuse.ir.conv_layout import choose_layouts
-from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, dedupe, make_attrs
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs
 from autofuse.ir.ops import TL_DTYPE
-from autofuse.ir.recompute import recompute_for_chunk_readers
-from autofuse.ir.split import split_for_pipeline
+from autofuse.ir.pipeline import before_planning
 from autofuse.settings import settings
 
 aten = torch.ops.aten
@@ -153,13 +151,7 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         _raise_eager_error(flat_fn, flat_inputs)  # fails in eager too (amax over an empty dim)
         raise TraceUnsupported(f"could not trace {_fn_name(fn)}: {type(e).__name__}: {e}") from e
     gm.graph.eliminate_dead_code()
-    graph = dedupe(fx_to_ir(gm))
-    cuda = any(t.is_cuda for t in tensors)
-    graph = choose_layouts(graph, cuda)  # each convolution's memory format (ir/conv_layout.py)
-    # long reductions with few outputs in two stages (a no-op unless the settings split them),
-    # inner or outer by the layouts just chosen; the stages' views and casts of one input shared
-    graph = dedupe(split_for_pipeline(graph, cuda))
-    graph = recompute_for_chunk_readers(graph)  # not written for full-size readers
+    graph = before_planning(fx_to_ir(gm), any(t.is_cuda for t in tensors))  # ir/pipeline.py
     return Captured(
         graph=graph,
         in_spec=in_spec,

@@ -33,10 +33,8 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from autofuse.capture import fx_to_ir
-from autofuse.ir import Graph, dedupe
-from autofuse.ir.conv_layout import choose_layouts
-from autofuse.ir.recompute import recompute_for_chunk_readers
-from autofuse.ir.split import split_for_pipeline
+from autofuse.ir import Graph
+from autofuse.ir.pipeline import before_planning
 
 
 class SymbolicShapes(ValueError):
@@ -237,10 +235,6 @@ def _fold_symbolic_scalars(graph: torch.fx.Graph) -> None:
 
 
 def to_ir(prepared: Prepared, cuda: bool = False) -> Graph:
-    """The prepared graph in the IR, each convolution's memory format recorded by the
-    settings' rule (``ir/conv_layout.py``), then its long reductions split (``ir/split.py``,
-    by the layouts their kernels read) where the settings split them (by default: ``cuda``
-    inputs), a value read by split chunks and full-size readers computed again for the latter
-    (``ir/recompute.py``)."""
-    graph = choose_layouts(dedupe(fx_to_ir(prepared.gm)), cuda)
-    return recompute_for_chunk_readers(dedupe(split_for_pipeline(graph, cuda)))
+    """The prepared graph in the IR, through the passes before planning (``ir/pipeline.py``:
+    layouts, split reductions, values computed again)."""
+    return before_planning(fx_to_ir(prepared.gm), cuda)

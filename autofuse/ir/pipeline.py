@@ -1,0 +1,22 @@
+"""The IR passes every captured graph goes through before planning, in order (both front
+ends: ``capture/trace.py`` and ``frontend/graph.py``)."""
+
+from __future__ import annotations
+
+from autofuse.ir.conv_layout import choose_layouts
+from autofuse.ir.graph import Graph, dedupe
+from autofuse.ir.recompute import recompute_for_chunk_readers
+from autofuse.ir.split import split_for_pipeline
+
+__all__ = ["before_planning"]
+
+
+def before_planning(graph: Graph, cuda: bool) -> Graph:
+    """``graph`` (deduplicated) with each convolution's memory format recorded by the settings'
+    rule (``ir/conv_layout.py``); its long reductions split where the settings split them (by
+    default on ``cuda`` inputs), inner or outer by the layouts just chosen (``ir/split.py``);
+    a value that split chunks and full-size readers both read computed again for the latter
+    (``ir/recompute.py``)."""
+    graph = choose_layouts(dedupe(graph), cuda)
+    graph = dedupe(split_for_pipeline(graph, cuda))
+    return recompute_for_chunk_readers(graph)
