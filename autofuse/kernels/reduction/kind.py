@@ -122,10 +122,11 @@ class ReductionKind(LoopKind):
     def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:
         r = next_pow2(info.rnumel)
         inner = inner_rows(graph, info)
-        if inner >= 32:
+        if inner >= 16:
             # an outer reduction (column sums, a split reduction's stages): neighbouring outputs
             # are neighbours in memory, so a block spans up to 64 of them (128-byte bf16
-            # segments), fewer where that leaves under ~128 programs; a reduced extent that fits
+            # segments; 16 fp32 channels, L2_44's global pool, fill a 64-byte segment where a
+            # row block's XBLOCK=8 filled half), fewer where that leaves under ~128 programs; a reduced extent that fits
             # (x * r <= _WHOLE_OUTER) is loaded whole, else walked in chunks. On the H200 this took a
             # 65536-row column statistic's chunk pass from 69.2 to 44.8 us (experiments.probes.sweep).
             # A whole block beyond 8192 elements spills its registers: GPT-2's bias gradient of
