@@ -240,3 +240,22 @@ def test_inputs_and_views_read_in_their_layout(case, cl_split, monkeypatch):
     got = torch.compile(fn, backend="autofuse", dynamic=False)(x)
     assert dynamo.compiled_count() > before
     assert_close(got, fn(x), torch.float32, f"{case} compile")
+
+
+def test_a_reshape_that_is_no_view_of_a_permuted_layout(cl_split):
+    """A reduction's input read through a reshape of a permuted input (the matmul backward's
+    ``x.mT`` flattened): the layout walk stops there (torch raises ValueError, not only
+    RuntimeError, for such a view) and the split goes on as for any unknown layout."""
+
+    def program(x, w):
+        return x.sum(-1, keepdim=True), torch.matmul(x.mT, w)
+
+    torch.manual_seed(0)
+    x, w = torch.randn(1, 2, 2, 2, requires_grad=True), torch.randn(2, 1, requires_grad=True)
+    refs = program(x, w)
+    grads = torch.autograd.grad(sum(r.sum() for r in refs), (x, w))
+    got = torch.compile(program, backend="autofuse")(x, w)
+    for a, b in zip(got, refs):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(torch.autograd.grad(sum(r.sum() for r in got), (x, w)), grads):
+        torch.testing.assert_close(a, b)

@@ -47,7 +47,7 @@ def _through_view(src: Node, strides: tuple[int, ...], view: Node) -> tuple[int,
     t = torch.empty_strided(src.shape, strides, device="meta")
     try:
         out = t.unsqueeze(view.attr("dim")) if view.op == "unsqueeze" else t.view(view.shape)
-    except RuntimeError:  # a reshape that is no view of this layout
+    except (RuntimeError, ValueError):  # a reshape that is no view of this layout
         return None
     return tuple(out.stride())
 
