@@ -22,7 +22,10 @@
 # SERVING_ARGS; conv (experiments.probes.conv_layout: the first convolution alone and the whole
 # problem in eager, both memory formats, beside torch.compile; KernelBench level 2 CONV_PROBLEMS
 # under KB_DIR); breakdown (experiments.bench.breakdown: each of MODELS' training step by phase
-# and kernel class, eager, torch.compile default and autofuse).
+# and kernel class, eager, torch.compile default and autofuse); kb (experiments.kernelbench on
+# KB_DIR: level KB_LEVEL, problems KB_PROBLEMS, dtype KB_DTYPE, variants KB_VARIANTS, one record
+# file); conv_profile (experiments.probes.conv_profile: each KB_PROBLEMS problem's kernels by
+# device time, the plan choice and layout times).
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -74,7 +77,15 @@ for s in $stages; do
         breakdown) timeout "$(limit breakdown 300)" python3 -m experiments.bench.breakdown --out "$OUT" \
                        --models "${MODELS:-gpt2,llama_eager,llama_sdpa,bert,vit}" --size realistic 2>&1 | tail -8
                    mv "$OUT/breakdown.json" "$OUT/breakdown_$C.json" 2>/dev/null ;;
-        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown)"; exit 2 ;;
+        kb) timeout "$(limit kb 540)" python3 -m experiments.kernelbench "${KB_DIR:?set KB_DIR}" \
+                --level "${KB_LEVEL:-2}" --mode gpu --dtype "${KB_DTYPE:-fp32}" \
+                --variants "${KB_VARIANTS:-default,greedy}" --problems "${KB_PROBLEMS:?set KB_PROBLEMS}" \
+                --out /tmp/kb_out --records "$OUT/kb_L${KB_LEVEL:-2}_${KB_DTYPE:-fp32}_$C.json" \
+                --deadline "$(( $(limit kb 540) - 60 ))" --timeout 150 2>&1 | grep -v Warn | tail -14 ;;
+        conv_profile) timeout "$(limit conv_profile 200)" python3 -m experiments.probes.conv_profile \
+                          "${KB_DIR:?set KB_DIR}" --level "${KB_LEVEL:-2}" --problems "${KB_PROBLEMS:?set KB_PROBLEMS}" \
+                          --out "$OUT/conv_profile_$C.json" 2>&1 | grep -v Warn | tail -8 ;;
+        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown kb conv_profile)"; exit 2 ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done
