@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autofuse.ir.graph import Graph, Node, contiguous_strides
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides
 from autofuse.ir.split_variance import prune
 
 __all__ = ["pool_before_monotone"]
@@ -47,15 +47,15 @@ def _chain_step(graph: Graph, w: int) -> tuple[int, int] | None:
     return v, best
 
 
-def _windows(graph: Graph, w: int) -> list[int] | None:
-    """The window views a max pool ending at ``w`` folds, first to last (None: not a pool)."""
-    views = []
-    while (step := _chain_step(graph, w)) is not None:
-        views.append(step[0])
-        w = step[1]
-    if not views or graph[w].kind != "view":
+def _windows(graph: Graph, folds: list[int]) -> list[int] | None:
+    """The window views a max pool of ``folds`` (last first) folds, first to last (None: not
+    a pool)."""
+    if not folds:
         return None
-    return [w, *reversed(views)]
+    first = graph[folds[-1]].inputs[2]  # the running best the first fold starts from
+    if graph[first].kind != "view":
+        return None
+    return [first, *(graph[f].inputs[1] for f in reversed(folds))]  # where(take, v, best)
 
 
 def _slices_of(graph: Graph, v: int) -> tuple[int, list[int]] | None:
@@ -88,7 +88,7 @@ def _main_operand(graph: Graph, i: int, dims: set[int]) -> int | None:
     ins = n.inputs
     if n.op in _RISING and len(ins) == 1:
         return ins[0]
-    if n.op == "cast" and n.dtype in _FLOATS and graph[ins[0]].dtype in _FLOATS:
+    if n.op == "cast" and n.dtype in FLOAT_DTYPES and graph[ins[0]].dtype in FLOAT_DTYPES:
         return ins[0]
     if n.op in _SHIFTS and len(ins) == 2:
         if _steady(graph, ins[1], rank, dims):
@@ -101,9 +101,6 @@ def _main_operand(graph: Graph, i: int, dims: set[int]) -> int | None:
         if n.op == "mul" and _positive_const(graph, ins[0]):
             return ins[1]
     return None
-
-
-_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
 def _rising_cone(graph: Graph, x: int, dims: set[int]) -> tuple[int, list[int]] | None:
@@ -128,10 +125,11 @@ def _folds(graph: Graph, w: int) -> list[int]:
     return out
 
 
-def _plan(graph: Graph, w: int) -> tuple[list[list[int]], int, list[int]] | None:
-    """(each window's slices from x, u, the cone ops) for a max pool ending at ``w`` that
-    may pool u instead of x = f(u); None where it may not."""
-    wins = _windows(graph, w)
+def _plan(graph: Graph, w: int) -> tuple[list[int], list[list[int]], int, list[int]] | None:
+    """(the folds, last first; each window's slices from x; u; the cone ops) for a max pool
+    ending at ``w`` that may pool u instead of x = f(u); None where it may not."""
+    folds = _folds(graph, w)
+    wins = _windows(graph, folds)
     if wins is None:
         return None
     found = [_slices_of(graph, v) for v in wins]
@@ -142,14 +140,14 @@ def _plan(graph: Graph, w: int) -> tuple[list[list[int]], int, list[int]] | None
     cone = _rising_cone(graph, x, dims) if graph[x].kind == "pointwise" else None
     if cone is None:
         return None
-    if any(set(graph.users[graph[f].inputs[0]]) != {f} for f in _folds(graph, w)):
+    if any(set(graph.users[graph[f].inputs[0]]) != {f} for f in folds):
         return None  # the pool's indices read its comparisons
-    return [chain for _, chain in found], cone[0], cone[1]
+    return folds, [chain for _, chain in found], cone[0], cone[1]
 
 
 def _emit(graph: Graph, w: int, plan, remap: dict[int, int], nodes: list[Node]) -> int:
     """Append the pool of u and f applied to it; the index of the result."""
-    windows, u, cone = plan
+    folds, windows, u, cone = plan
     dtype = graph[u].dtype
 
     def add(node: Node) -> int:
@@ -163,7 +161,7 @@ def _emit(graph: Graph, w: int, plan, remap: dict[int, int], nodes: list[Node]) 
             cur = add(replace(graph[s], inputs=(cur,), dtype=dtype, name=f"{graph[s].name}.pre"))
         views.append(cur)
     best = views[0]
-    for v, fold in zip(views[1:], reversed(_folds(graph, w))):
+    for v, fold in zip(views[1:], reversed(folds)):
         take = graph[graph[fold].inputs[0]]
         gt, nan = (graph[k] for k in take.inputs)
         g = add(replace(gt, inputs=(v, best), name=f"{gt.name}.pre"))

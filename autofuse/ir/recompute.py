@@ -58,12 +58,12 @@ def _cone(graph: Graph, i: int) -> list[int] | None:
     return sorted(seen)
 
 
-def _candidates(graph: Graph) -> dict[int, dict[tuple[int, int], tuple[int, ...]]]:
-    """Value -> {(pointwise reader, the input it reads): the views between} for the readers
-    that would read it back: those of every domain (the shape read: a split reduction's chunks,
+def _candidates(graph: Graph) -> dict[int, tuple[list[int], dict]]:
+    """Value -> (its cone, {(pointwise reader, the input it reads): the views between}) for
+    the readers that would read it back: those of every domain (the shape read: a split reduction's chunks,
     GroupNorm's groups, the value's own) but the first in graph order, which computes it."""
     outs = {graph.base_of(o) for o in graph.outputs}
-    found: dict[int, dict[tuple[int, int], tuple[int, ...]]] = {}
+    found: dict[int, tuple[list[int], dict]] = {}
     for i, node in enumerate(graph.nodes):
         if node.kind != "pointwise" or i in outs or node.attr("eager_strides") is not None:
             continue
@@ -78,8 +78,9 @@ def _candidates(graph: Graph) -> dict[int, dict[tuple[int, int], tuple[int, ...]
             continue
         later = [r for _, reads in domains[1:] for r in reads]
         full = {(u, p[-1] if p else i): p for p, u in later if graph[u].kind == "pointwise"}
-        if full and _cone(graph, i) is not None:
-            found[i] = full
+        cone = _cone(graph, i) if full else None
+        if cone is not None:
+            found[i] = (cone, full)
     return found
 
 
@@ -109,7 +110,9 @@ def recompute_for_chunk_readers(graph: Graph) -> Graph:
     found = _candidates(graph)
     if not found:
         return graph
-    fixes = {key: (value, views) for value, full in found.items() for key, views in full.items()}
+    fixes = {
+        key: (value, views) for value, (_, full) in found.items() for key, views in full.items()
+    }
     nodes: list[Node] = []
     remap: dict[int, int] = {}
     again: dict[int, int] = {}  # value -> its copy, read by the full-size readers
@@ -123,10 +126,9 @@ def recompute_for_chunk_readers(graph: Graph) -> Graph:
         nodes.append(replace(node, inputs=tuple(ins)))
         remap[i] = len(nodes) - 1
         if i in found:
-            again[i] = _copy_cone(graph, i, remap, nodes)
-    out = Graph(tuple(nodes), tuple(remap[i] for i in graph.inputs),
-                tuple(remap[o] for o in graph.outputs))  # fmt: skip
-    return out
+            again[i] = _copy_cone(graph, found[i][0], i, remap, nodes)
+    return Graph(tuple(nodes), tuple(remap[i] for i in graph.inputs),
+                 tuple(remap[o] for o in graph.outputs))  # fmt: skip
 
 
 def _copied(node: Node, inputs: tuple[int, ...]) -> Node:
@@ -143,10 +145,11 @@ def _copy_views(graph: Graph, base: int, views: tuple[int, ...], nodes: list[Nod
     return base
 
 
-def _copy_cone(graph: Graph, i: int, remap: dict[int, int], nodes: list[Node]) -> int:
-    """Append a copy of value ``i``'s pointwise cone (reading the originals' non-pointwise
-    inputs); the index of the copy of ``i``."""
-    cone = _cone(graph, i) or [i]
+def _copy_cone(
+    graph: Graph, cone: list[int], i: int, remap: dict[int, int], nodes: list[Node]
+) -> int:
+    """Append a copy of value ``i``'s pointwise ``cone`` (reading the originals'
+    non-pointwise inputs); the index of the copy of ``i``."""
     copied: dict[int, int] = {}
     for j in cone:
         src = graph[j]

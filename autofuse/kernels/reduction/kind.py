@@ -126,9 +126,10 @@ class ReductionKind(LoopKind):
             # an outer reduction (column sums, a split reduction's stages): neighbouring outputs
             # are neighbours in memory, so a block spans up to 64 of them (128-byte bf16
             # segments; 16 fp32 channels, L2_44's global pool, fill a 64-byte segment where a
-            # row block's XBLOCK=8 filled half), fewer where that leaves under ~128 programs; a reduced extent that fits
-            # (x * r <= _WHOLE_OUTER) is loaded whole, else walked in chunks. On the H200 this took a
-            # 65536-row column statistic's chunk pass from 69.2 to 44.8 us (experiments.probes.sweep).
+            # row block's XBLOCK=8 filled half), fewer where that leaves under ~128 programs;
+            # a reduced extent that fits (x * r <= _WHOLE_OUTER) is loaded whole, else walked
+            # in chunks. On the H200 this took a 65536-row column statistic's chunk pass from
+            # 69.2 to 44.8 us (experiments.probes.sweep).
             # A whole block beyond 8192 elements spills its registers: GPT-2's bias gradient of
             # the attention projection (1024 x 6144 bf16, a 32 x 1024 block, 4 warps) took
             # 268 us on the H100 for 25 MB moved (results/h100/breakdown_46a14ad); it loops.
