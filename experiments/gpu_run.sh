@@ -25,7 +25,9 @@
 # and kernel class, eager, torch.compile default and autofuse); kb (experiments.kernelbench on
 # KB_DIR: level KB_LEVEL, problems KB_PROBLEMS, dtype KB_DTYPE, variants KB_VARIANTS, one record
 # file); conv_profile (experiments.probes.conv_profile: each KB_PROBLEMS problem's kernels by
-# device time, the plan choice and layout times).
+# device time, the plan choice and layout times); sweep (experiments.probes.sweep: every launch
+# config of SWEEP_WORKLOADS' groups timed alone, L2_52-style names from KB_DIR, SWEEP_KINDS,
+# SWEEP_CONFIGS at most per group).
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -85,7 +87,10 @@ for s in $stages; do
         conv_profile) timeout "$(limit conv_profile 200)" python3 -m experiments.probes.conv_profile \
                           "${KB_DIR:?set KB_DIR}" --level "${KB_LEVEL:-2}" --problems "${KB_PROBLEMS:?set KB_PROBLEMS}" \
                           --out "$OUT/conv_profile_$C.json" 2>&1 | grep -v Warn | tail -8 ;;
-        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown kb conv_profile)"; exit 2 ;;
+        sweep) timeout "$(limit sweep 200)" python3 -m experiments.probes.sweep --out "$OUT" --tag "sweep_$C" \
+                   --workloads "${SWEEP_WORKLOADS:?set SWEEP_WORKLOADS}" --kb "${KB_DIR:-}" \
+                   --kinds "${SWEEP_KINDS:-}" --max-configs "${SWEEP_CONFIGS:-40}" ${SWEEP_WHERE:+--where "$SWEEP_WHERE"} 2>&1 | grep -v Warn | tail -24 ;;
+        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown kb conv_profile sweep)"; exit 2 ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done

@@ -4,7 +4,10 @@ is from the best one and which configs fail, without a search in the way.
 
     python -m experiments.probes.sweep --workloads attention_scores --max-configs 64 --out $OUT
 
-Workloads are the public suite's and the model-style functions' (``experiments/bench/model_functions.py``).
+Workloads are the public suite's and the model-style functions' (``experiments/bench/model_functions.py``),
+or KernelBench problems named ``L<level>_<number>`` with ``--kb KB`` (a KernelBench folder, as
+for ``experiments.kernelbench``; the problem's own shapes, fp32, on the GPU); ``--kinds`` keeps
+the groups of those kernel kinds only (``reduction,pointwise``).
 ``--variants plain,unselective`` times each config twice: as generated, and with every ``where``
 loading both branches everywhere (``load_hints.select_branch`` off), to show what the selective
 loads save.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import time
 from pathlib import Path
 
@@ -74,6 +78,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--where", default="", help='keep configs c where this holds: "c.BLOCK_K==128"')
     p.add_argument("--variants", default="plain", help="plain,unselective")
+    p.add_argument("--kb", default="", help="KernelBench folder for workloads named L2_52")
+    p.add_argument("--kinds", default="", help="only groups of these kernel kinds")
     a = p.parse_args()
     timer = GPUTimer()
     doc = {"stamp": stamp(), "workloads": []}
@@ -89,13 +95,15 @@ def main() -> None:
 
 
 def sweep_workload(name: str, timer: GPUTimer, a: argparse.Namespace) -> list[dict]:
-    w = WORKLOADS[name]
-    graph = autofuse.capture(w.fn, w.inputs()).graph
+    graph = workload_graph(name, a.kb)
     part = Partitioner(graph).greedy()
     groups = []
+    kinds = set(filter(None, a.kinds.split(",")))
     for g in part.groups:
         info = Partitioner(graph).check(g)
         if isinstance(info, str) or len(info.nodes) < 2 and info.kind == "gemm":
+            continue
+        if kinds and info.kind not in kinds:
             continue
         r = sweep_group(graph, info, timer, a.max_configs, a.seed, a.where)
         groups.append(r)
@@ -108,6 +116,22 @@ def sweep_workload(name: str, timer: GPUTimer, a: argparse.Namespace) -> list[di
         for row in [x for x in r["rows"] if x["failure"]][:3]:
             print(f"    FAILED {row['config']}: {row['failure'][:300]}", flush=True)
     return groups
+
+
+def workload_graph(name: str, kb: str):
+    """The captured graph of a suite or model workload, or of KernelBench problem ``L2_52``."""
+    m = re.fullmatch(r"L(\d+)_(\d+)", name)
+    if m is None:
+        w = WORKLOADS[name]
+        return autofuse.capture(w.fn, w.inputs()).graph
+    if not kb:
+        raise SystemExit(f"--workloads {name}: a KernelBench problem needs --kb")
+    from experiments.kernelbench.problems import BY_STAGE, discover, instantiate, load_module
+
+    (problem,) = discover(Path(kb), int(m.group(1)), {int(m.group(2))})
+    module, _ = load_module(problem, BY_STAGE["shipped"])
+    model, inputs = instantiate(module, 0, None, "cuda")
+    return autofuse.capture(model, inputs).graph
 
 
 if __name__ == "__main__":
