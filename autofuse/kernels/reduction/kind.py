@@ -20,7 +20,7 @@ from autofuse.kernels.common.configs import KernelConfig, check_pow2
 from autofuse.kernels.common.cost import LoopKind
 from autofuse.kernels.common.emitter import Emitter
 from autofuse.kernels.common.loop_kernel import render_loop_kernel
-from autofuse.kernels.common.reads import streamed_loads
+from autofuse.kernels.common.reads import phase_levels, streamed_loads
 from autofuse.kernels.common.sizes import config_xnumel
 
 
@@ -136,6 +136,12 @@ class ReductionKind(LoopKind):
             x = min(64, next_pow2(inner), max(1, prev_pow2(config_xnumel(info) // 128)))
             if x * r <= _WHOLE_OUTER:
                 return KernelConfig(x, r, 8 if x * r <= 4096 else 4)
+            if phases(graph, info) > 1 and _WHOLE_OUTER // r >= _MIN_WHOLE_X:
+                # a looped kernel walks its rows once per phase (a variance: the mean, then the
+                # squared deviations), reading them and computing their pointwise prologue
+                # again each time; a narrower block holding its rows whole does both once
+                # (L2_52's BatchNorm statistics over a mish: 32-byte channel segments, 8 x 1024)
+                return KernelConfig(_WHOLE_OUTER // r, r, 8)
             rb = min(r, max(4, 4096 // x))
             return KernelConfig(x, rb, min(8, max(1, x * rb // 512)))
         return self.row_config(info)
@@ -168,6 +174,12 @@ class ReductionKind(LoopKind):
 
 
 _WHOLE_OUTER = 8192  # elements of an outer reduction's block held whole (persistent)
+_MIN_WHOLE_X = 8  # neighbouring outputs of a whole multi-phase block: a 32-byte fp32 segment
+
+
+def phases(graph: Graph, info: GroupInfo) -> int:
+    """How many passes over its rows a looped kernel of the group makes (reduction levels)."""
+    return max(phase_levels(graph, info).values(), default=0)
 
 
 def inner_rows(graph: Graph, info: GroupInfo) -> int:
