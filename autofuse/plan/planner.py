@@ -45,6 +45,7 @@ from autofuse.plan.buckets import partition_of, structure_key
 from autofuse.plan.build import build_plan
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs
 from autofuse.plan.graphs import GraphReplay
+from autofuse.plan.library_fusion import choose_fused, fusions
 from autofuse.plan.plan_choice import (
     PlanChoice,
     choose_plan,
@@ -186,21 +187,28 @@ class Planner:
         try:
             others = self.alternatives(base, label)
             variants = library_variants(self.graph)
-            ins: Any = list(inputs()) if others or variants else None
+            timed = bool(others or variants or fusions(plan) or any(map(fusions, others)))
+            ins: Any = list(inputs()) if timed else None
         except Exception as e:  # noqa: BLE001 - a measurement never fails the plan: the fused one
             why = f"not timed: {type(e).__name__}: {e}"[:300]
             return Planned(plan, None, PlanChoice(plan.label, ((plan.label, None),), why))
-        if not others and not variants:
+        if not timed:
             return Planned(plan)
         run = lambda p: execute(p, ins)  # noqa: E731
         choices = []
         if others:  # fused matmuls against cuBLAS, channels-last convolutions against contiguous
             plan, choice = choose_plan([plan, *others], run, True)
             choices.append(choice)
+        fused = choose_fused(plan, run)  # then chains a library call fuses (cuDNN's conv + ReLU)
+        if fused is not None:
+            plan, choice = fused
+            choices.append(choice)
         variants = library_variants(plan.graph)  # then the library calls on offer (SDPA's)
         if variants:
             plan, choice = choose_plan([plan, *(with_calls(plan, v) for v in variants)], run, True)
             choices.append(choice)
+        if not choices:
+            return Planned(plan)
         return Planned(_measured(plan, merged(choices), label), None, merged(choices))
 
     def alternatives(self, base: Any, label: str) -> list[Plan]:
@@ -274,18 +282,27 @@ class Planner:
         return Planned(plan, record, None, entry, call)
 
     def _library_choice(self, record: Any, flat: Sequence[Any] | None) -> Any:
-        """The search's record, its plan's library calls on offer (SDPA's backends) timed end to
-        end against the rule's on ``flat`` (the graph's inputs) where they are on CUDA."""
+        """The search's record, its plan's library calls on offer (chains a call fuses,
+        SDPA's backends) timed end to end against the plan's own on ``flat`` (the graph's
+        inputs) where they are on CUDA."""
         variants = library_variants(self.graph)
         cuda = flat is not None and any(isinstance(t, torch.Tensor) and t.is_cuda for t in flat)
-        if not variants or not cuda or interpreting():
+        if not (variants or fusions(record.plan)) or not cuda or interpreting():
             return record
         plan, ins = record.plan, list(flat)
-        cands = [plan, *(with_calls(plan, v) for v in variants)]
-        chosen, choice = choose_plan(cands, lambda p: execute(p, ins), True)
+        run = lambda p: execute(p, ins)  # noqa: E731
+        choices, chosen = [], plan
+        fused = choose_fused(plan, run)
+        if fused is not None:
+            chosen, choice = fused
+            choices.append(choice)
+        if variants:
+            cands = [chosen, *(with_calls(chosen, v) for v in variants)]
+            chosen, choice = choose_plan(cands, run, True)
+            choices.append(choice)
         if chosen is plan:
             return record
-        chosen = _measured(replace(chosen, label=plan.label), choice, plan.label)
+        chosen = _measured(replace(chosen, label=plan.label), merged(choices), plan.label)
         return replace(record, plan=chosen)
 
 

@@ -31,7 +31,7 @@ from math import prod
 from autofuse.ir.conv_fold import is_convolution
 from autofuse.ir.graph import Graph, buffer_strides
 
-__all__ = ["ConvSpec", "conv_refusal", "conv_spec"]
+__all__ = ["ConvCall", "ConvSpec", "conv_call", "conv_refusal", "conv_spec"]
 
 _DOT_DTYPES = ("float32", "float16", "bfloat16")
 MAX_GROUPS = 65535  # the GEMM template's batch (here: group) axis is grid axis 1
@@ -87,6 +87,31 @@ class ConvSpec:
     def pointwise(self) -> bool:
         """A 1x1 (1, 1x1x1) kernel of stride 1 and no padding: a plain GEMM over pixels."""
         return self.taps == 1 and set(self.stride) == {1} and set(self.padding) == {0}
+
+
+@dataclass(frozen=True)
+class ConvCall:
+    """A captured ``aten.convolution``'s constant arguments, per spatial dim."""
+
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    transposed: bool
+    output_padding: tuple[int, ...]
+    groups: int
+    has_bias: bool  # the bias is in the call (``AUTOFUSE_CONV_BIAS=library``)
+
+
+def conv_call(graph: Graph, i: int) -> ConvCall:
+    """Convolution ``i``'s arguments as its ATen call holds them (node ``i`` must be one)."""
+    if not is_convolution(graph[i]):
+        raise ValueError(f"node {i} ({graph[i].op}) is not a convolution")
+    args, dims = _args(graph, i), len(graph[i].shape) - 2
+    stride, padding, dilation, out_pad = (
+        tuple(_per_dim(_ints(args[k]), dims)) for k in (3, 4, 5, 7)
+    )
+    return ConvCall(stride, padding, dilation, bool(args[6]), out_pad, int(args[8]),
+                    args[2] is not None)  # fmt: skip
 
 
 def _args(graph: Graph, i: int) -> tuple:

@@ -1,6 +1,7 @@
 """Library providers: a group of the graph run by a named library call instead of a generated
 kernel: cuBLAS through ``torch.mm`` (``cublas.py``), SDPA's backends for attention kept whole
-(``sdpa.py``); cuDNN convolution to come.
+(``sdpa.py``), a convolution and its bias, residual and ReLU as one cuDNN call
+(``cudnn.py``).
 
 A provider offers, for a group, the calls that compute it (``offers``). A call
 (:class:`LibraryCall`) is data: the provider's name, the function's name, the graph nodes it
@@ -16,10 +17,11 @@ from typing import Any
 from autofuse.ir.graph import Graph
 from autofuse.kernels.library.call import LibraryCall, Provider
 from autofuse.kernels.library.cublas import CublasProvider
+from autofuse.kernels.library.cudnn import CudnnProvider
 from autofuse.kernels.library.sdpa import FORWARD_OPS as SDPA_FORWARD_OPS
 from autofuse.kernels.library.sdpa import SdpaProvider
 
-PROVIDERS: tuple[Provider, ...] = (CublasProvider(), SdpaProvider())
+PROVIDERS: tuple[Provider, ...] = (CublasProvider(), SdpaProvider(), CudnnProvider())
 _BY_NAME = {p.name: p for p in PROVIDERS}
 
 
