@@ -23,8 +23,8 @@
 # problem in eager, both memory formats, beside torch.compile; KernelBench level 2 CONV_PROBLEMS
 # under KB_DIR); breakdown (experiments.bench.breakdown: each of MODELS' training step by phase
 # and kernel class, eager, torch.compile default and autofuse); kb (experiments.kernelbench on
-# KB_DIR: level KB_LEVEL, problems KB_PROBLEMS, dtype KB_DTYPE, variants KB_VARIANTS, one record
-# file); conv_profile (experiments.probes.conv_profile: each KB_PROBLEMS problem's kernels by
+# KB_DIR: level KB_LEVEL, problems KB_PROBLEMS, dtype KB_DTYPE, variants KB_VARIANTS, KB_PHASE
+# as-made / eval / train, one record file); conv_profile (experiments.probes.conv_profile: each KB_PROBLEMS problem's kernels by
 # device time, the plan choice and layout times); sweep (experiments.probes.sweep: every launch
 # config of SWEEP_WORKLOADS' groups timed alone, L2_52-style names from KB_DIR, SWEEP_KINDS,
 # SWEEP_CONFIGS at most per group).
@@ -80,9 +80,9 @@ for s in $stages; do
                        --models "${MODELS:-gpt2,llama_eager,llama_sdpa,bert,vit}" --size realistic 2>&1 | tail -8
                    mv "$OUT/breakdown.json" "$OUT/breakdown_$C.json" 2>/dev/null ;;
         kb) timeout "$(limit kb 540)" python3 -m experiments.kernelbench "${KB_DIR:?set KB_DIR}" \
-                --level "${KB_LEVEL:-2}" --mode gpu --dtype "${KB_DTYPE:-fp32}" \
+                --level "${KB_LEVEL:-2}" --mode gpu --dtype "${KB_DTYPE:-fp32}" --phase "${KB_PHASE:-as-made}" \
                 --variants "${KB_VARIANTS:-default,greedy}" --problems "${KB_PROBLEMS:?set KB_PROBLEMS}" \
-                --out /tmp/kb_out --records "$OUT/kb_L${KB_LEVEL:-2}_${KB_DTYPE:-fp32}_$C.json" \
+                --out /tmp/kb_out --records "$OUT/kb_L${KB_LEVEL:-2}_${KB_DTYPE:-fp32}${KB_PHASE:+_$KB_PHASE}_$C.json" \
                 --deadline "$(( $(limit kb 540) - 60 ))" --timeout 150 2>&1 | grep -v Warn | tail -14 ;;
         conv_profile) timeout "$(limit conv_profile 200)" python3 -m experiments.probes.conv_profile \
                           "${KB_DIR:?set KB_DIR}" --level "${KB_LEVEL:-2}" --problems "${KB_PROBLEMS:?set KB_PROBLEMS}" \

@@ -149,6 +149,61 @@ def test_gpu_path_with_injected_timers(tmp_path):
     json.dumps(rec)  # a JSON record
 
 
+LAYER = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+        self.bn = nn.BatchNorm1d(dim)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.fc(x)))
+
+batch_size = 8
+dim = 16
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+def get_init_inputs():
+    return [dim]
+"""
+
+
+@pytest.mark.parametrize("phase", ["eval", "train"])
+def test_gpu_path_phases_eval_and_a_training_step(tmp_path, phase):
+    """eval: the module in eval mode (BatchNorm's running statistics); train: every variant's
+    callable is a forward and backward that returns the outputs and the parameters'
+    gradients, timed and judged with autograd on; autofuse through the backend."""
+    p = toy_problem(tmp_path, LAYER, "3_Layer.py")
+    seen = []
+
+    def compile_fn(model, mode):
+        seen.append((mode, model.training))
+        return model if "max" not in mode else (lambda *xs: model(*xs) * 1.5)
+
+    opts = GpuOptions(rounds=1, stage="shipped", correct_trials=1, phase=phase,
+                      variants=("eager", *COMPILE, "autofuse greedy"))  # fmt: skip
+    ceil = {"copy_bytes_per_s": 1e12, "bf16_mm_flops_per_s": 1e15}
+    timer = FakeTimer(TIMES)
+    outs = []
+
+    def keeping(label, fn, args):
+        outs.append(fn(*args))
+        return timer(label, fn, args)
+
+    rec = time_problem(p, opts, ceil, device="cpu", timer=keeping, compile_fn=compile_fn,
+                       optimize_fn=greedy_only)  # fmt: skip
+    assert rec["phase"] == phase and all(t == (phase == "train") for _, t in seen)
+    assert rec["correct"]["autofuse greedy"] and rec["correct"][COMPILE[0]]
+    assert rec["correct"][COMPILE[1]] is False  # a wrong output (or gradient) is caught
+    n_out = 1 + (4 if phase == "train" else 0)  # the output, then fc and bn's gradients
+    assert all(len(o) == n_out if isinstance(o, list) else n_out == 1 for o in outs)
+
+
 def test_a_wrong_compile_mode_is_not_the_better_one(tmp_path):
     p = toy_problem(tmp_path)
 

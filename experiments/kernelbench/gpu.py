@@ -88,6 +88,30 @@ class GpuOptions:
     cache_dir: str | None = None
     stage: str = "shipped"  # the problem's own shapes; a reduced stage for tests
     variants: tuple[str, ...] = DEFAULT_VARIANTS
+    phase: str = "as-made"  # as-made (training mode, forward), eval (inference), train (a step)
+
+
+PHASES = ("as-made", "eval", "train")
+
+
+def grad_mode(opts: GpuOptions) -> Any:
+    """Autograd on for a training step's variants, off for the forward phases."""
+    import torch
+
+    return torch.set_grad_enabled(opts.phase == "train")
+
+
+def train_call(model: Any, fn: Callable, weights: list) -> Callable:
+    """``fn``'s training step on ``model``: the forward, the backward of ``sum(out * w)``
+    (``weights`` fixed), its outputs and every parameter's gradient (zeroed first)."""
+
+    def call(*inputs: Any) -> list:
+        model.zero_grad(set_to_none=True)
+        out = fn(*inputs)
+        sum(((o.float() * w).sum() for o, w in zip(flat(out), weights))).backward()
+        return [*flat(out), *(p.grad for p in model.parameters() if p.grad is not None)]
+
+    return call
 
 
 def precision_flags() -> dict:
@@ -169,6 +193,14 @@ def default_compile(model: Any, mode: str) -> Any:
     return torch.compile(model, mode=None if mode == "default" else mode)
 
 
+def backend_optimize(model: Any, inputs: list, **options: Any) -> Any:
+    """autofuse through torch.compile (forward and backward graphs), ``options`` as the
+    backend's."""
+    import torch
+
+    return torch.compile(model, backend="autofuse", options=options or None)
+
+
 def default_optimize(model: Any, inputs: list, **options: Any) -> Any:
     import autofuse
 
@@ -176,17 +208,21 @@ def default_optimize(model: Any, inputs: list, **options: Any) -> Any:
 
 
 def build(model, inputs, opts: GpuOptions, compile_fn, optimize_fn,
-          guard: PrecisionGuard | None = None) -> tuple[list, dict, dict]:  # fmt: skip
-    """(name, callable) per variant that built, the errors of those that did not, seconds."""
+          guard: PrecisionGuard | None = None, wrap: Callable | None = None,
+          ) -> tuple[list, dict, dict]:  # fmt: skip
+    """(name, callable) per variant that built, the errors of those that did not, seconds;
+    ``wrap(fn)``: what each variant's callable becomes (a training step)."""
     import torch
 
-    order: list[tuple[str, Any]] = [("eager", model)]
+    order: list[tuple[str, Any]] = [("eager", wrap(model) if wrap is not None else model)]
     errors: dict[str, str] = {}
     build_s: dict[str, float] = {}
     torch._dynamo.reset()
     tuned_opts = {"trials": opts.trials, "time_budget": opts.budget_s, "progress": False}
     if opts.cache_dir:
         tuned_opts["cache_dir"] = opts.cache_dir
+    if opts.phase == "train":  # a training step: autofuse as torch.compile's backend
+        optimize_fn = backend_optimize
     makers = [(label, lambda m=mode: compile_fn(model, m)) for label, mode in zip(COMPILE, MODES)]
     makers += [("autofuse greedy", lambda: optimize_fn(model, inputs)),
                (LIBRARY_BIAS, lambda: optimize_fn(model, inputs)),
@@ -197,8 +233,9 @@ def build(model, inputs, opts: GpuOptions, compile_fn, optimize_fn,
             continue
         t0 = time.perf_counter()
         try:
-            with torch.no_grad(), arm(label):
+            with grad_mode(opts), arm(label):
                 fn = make()
+                fn = wrap(fn) if wrap is not None else fn
                 fn(*inputs)  # compiles (torch.compile is lazy)
             order.append((label, fn))
         except Exception as e:  # noqa: BLE001 - recorded; the other variants still run
@@ -212,13 +249,12 @@ def build(model, inputs, opts: GpuOptions, compile_fn, optimize_fn,
 def judge(order, module, inputs, opts: GpuOptions, dtype, device,
           guard: PrecisionGuard | None = None) -> dict:  # fmt: skip
     """KernelBench's rule per variant: every draw's outputs allclose to eager's."""
-    import torch
 
     eager = order[0][1]
     out: dict[str, dict] = {name: {"correct": True, "max_abs_err": 0.0} for name, _ in order[1:]}
     for trial in range(opts.correct_trials):
         xs = inputs if trial == 0 else new_inputs(module, 1000 + trial, dtype, device)
-        with torch.no_grad():
+        with grad_mode(opts):
             ref = eager(*xs)
             for name, fn in order[1:]:
                 try:
@@ -236,13 +272,14 @@ def judge(order, module, inputs, opts: GpuOptions, dtype, device,
     return out
 
 
-def interleaved(order, inputs, rounds: int, timer,
-                guard: PrecisionGuard | None = None) -> dict[str, list[float]]:  # fmt: skip
-    """Every variant timed once per round; odd rounds in reverse order (none always hottest)."""
+def interleaved(order, inputs, rounds: int, timer, guard: PrecisionGuard | None = None,
+                grad: bool = False) -> dict[str, list[float]]:  # fmt: skip
+    """Every variant timed once per round; odd rounds in reverse order (none always hottest);
+    autograd on where ``grad`` (training steps)."""
     import torch
 
     times: dict[str, list[float]] = {name: [] for name, _ in order}
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         for r in range(rounds):
             for name, fn in order if r % 2 == 0 else order[::-1]:
                 with arm(name):
@@ -284,19 +321,27 @@ def time_problem(problem: Problem, opts: GpuOptions, ceil: dict, device: str = "
     module, changed = load_module(problem, BY_STAGE[opts.stage])
     model, inputs = instantiate(module, 0, dtype, device)
     no_dropout(model)  # random masks cannot match eager's
+    if opts.phase == "eval":
+        model.eval()
     with torch.no_grad():
         outputs = flat(model(*inputs))
+    wrap = None
+    if opts.phase == "train":
+        torch.manual_seed(1)
+        weights = [torch.randn_like(o.float()) for o in outputs]
+        wrap = lambda fn: train_call(model, fn, weights)  # noqa: E731
     guard = PrecisionGuard()
-    order, errors, build_s = build(model, inputs, opts, compile_fn, optimize_fn, guard)
+    order, errors, build_s = build(model, inputs, opts, compile_fn, optimize_fn, guard, wrap)
     checks = judge(order, module, inputs, opts, dtype, device, guard)
-    rounds = interleaved(order, inputs, opts.rounds, timer, guard)
+    rounds = interleaved(order, inputs, opts.rounds, timer, guard, opts.phase == "train")
     times = {name: {"us": min(ts) * 1e6, "source": "measured"} for name, ts in rounds.items()}
     for name in opts.variants:
         if name not in times:
             times[name] = {"us": None, "source": f"failed: {errors.get(name, 'not built')}"}
     rec: dict[str, Any] = {"workload": problem.key, "complete": True, "mode": "gpu",
                            "level": problem.level, "number": problem.number,
-                           "problem": problem.name, "dtype": opts.dtype, **stamp(),
+                           "problem": problem.name, "dtype": opts.dtype, "phase": opts.phase,
+                           **stamp(),
                            **library_versions(), "precision": guard.start,
                            "precision_changed": guard.changed, "variants": list(opts.variants),
                            "headline": headline(opts.variants),

@@ -58,8 +58,9 @@ def default_dir() -> Path | None:
     return None
 
 
-def run_folder(out: str | Path, level: int, mode: str, dtype: str) -> Path:
-    return Path(out) / f"L{level}_{mode}_{dtype}"
+def run_folder(out: str | Path, level: int, mode: str, dtype: str, phase: str = "as-made") -> Path:
+    tail = "" if phase == "as-made" else f"_{phase}"
+    return Path(out) / f"L{level}_{mode}_{dtype}{tail}"
 
 
 def worker_cmd(a: argparse.Namespace, folder: Path) -> list[str]:
@@ -70,7 +71,7 @@ def worker_cmd(a: argparse.Namespace, folder: Path) -> list[str]:
             "--correct-trials", str(a.correct_trials), "--tol", str(a.tol),
             *(["--problems", a.problems] if a.problems else []),
             *(["--variants", a.variants] if a.variants else []),
-            *(["--train"] if a.train else [])]  # fmt: skip
+            "--phase", a.phase, *(["--train"] if a.train else [])]  # fmt: skip
 
 
 def run_child(a: argparse.Namespace, problem: Problem, folder: Path, worker: Worker) -> dict:
@@ -122,7 +123,7 @@ def run_one(a: argparse.Namespace, problem: Problem, folder: Path) -> dict:
 
             opts = GpuOptions(trials=a.trials, budget_s=a.budget, rounds=a.rounds, dtype=a.dtype,
                               correct_trials=a.correct_trials, tol=a.tol,
-                              variants=parse_variants(a.variants))  # fmt: skip
+                              variants=parse_variants(a.variants), phase=a.phase)  # fmt: skip
             ceil = (read_json(folder / "run.json") or {}).get("ceilings") or {}
             rec.update(time_problem(problem, opts, ceil))
             rec["status"] = "ok" if rec["tuned_correct"] else "wrong"
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not problems:
         raise SystemExit(f"kernelbench: no level-{a.level} problem matches {a.problems!r}")
-    folder = run_folder(a.out, a.level, a.mode, a.dtype)
+    folder = run_folder(a.out, a.level, a.mode, a.dtype, a.phase)
     start_run(a, folder)
     from experiments.kernelbench.summary import line, write_summary
 
@@ -226,6 +227,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "greedy-library-bias, greedy-own-conv, tuned (default: all but "
                    "greedy-library-bias and greedy-own-conv)")  # fmt: skip
     p.add_argument("--train", action="store_true", help="cpu: a training step (level 3 always)")
+    p.add_argument(
+        "--phase",
+        choices=("as-made", "eval", "train"),
+        default="as-made",
+        help="gpu: the module as made (training mode, forward), eval (inference) or "
+        "a training step (forward and backward, autofuse as the backend)",
+    )
     p.add_argument("--resume", action="store_true", help="skip problems with a record")
     p.add_argument(
         "--records",
