@@ -147,3 +147,12 @@ def test_cache_key_names_cudnn_only_with_a_convolution(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91900)
     assert library_key_parts(_graph(conv_bias_relu, *_inputs())).get("cudnn") == "91900"
     assert "cudnn" not in library_key_parts(_graph(lambda a: a.relu(), torch.randn(3)))
+
+
+def test_float32_under_tf32_is_held_to_float16s_tolerance(monkeypatch):
+    from autofuse.plan.library_fusion import tolerance_of
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert tolerance_of(torch.float32) == "float16" and tolerance_of(torch.bfloat16) == "bfloat16"
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert tolerance_of(torch.float32) == "float32"
