@@ -6,8 +6,9 @@ convolution, its bias add, a residual add and a ReLU as cuDNN's fused convolutio
 activation). :func:`fused_call_plans` builds, per call name, the plan with every such chain run
 as its call — the rest of the kernel that held the chain's epilogue still generated — for the
 planner to time end to end against the plan as it is (``planner.py``), after
-:func:`agreeing` has checked each variant's outputs against the plan's on the same inputs: a
-call whose result differs is never chosen.
+:func:`agreeing` has checked each variant's outputs against the plan's on the same inputs
+(:func:`tolerance_of`: float32 under cuDNN's TF32 at float16's tolerance): a call whose result
+differs is never chosen.
 
 The chains are found without knowing any provider: from each lone step (a node run alone as a
 library call or in eager), the path of single readers into the kernel that reads it, each
