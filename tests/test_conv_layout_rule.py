@@ -271,3 +271,37 @@ def test_a_chain_of_convolutions_converts_nothing_between_them(dtype, layout_rul
     assert_close(got, net(x), dtype, "optimize")
     assert got.stride() == net(x).stride() and set(f.plan.layouts) >= set(relu)
     backend_training_matches(net, x, dtype, "chain", strides=True)
+
+
+def test_mixed_picks_offer_the_plan_with_every_convolution_channels_last():
+    """Each convolution picked alone (its input's conversion in its time) can leave a network
+    converting between formats at every layer; where the picks differ the planner also builds
+    the plan with every convolution channels-last: one conversion at the input, the layers
+    between read and write channels-last, values and output strides as eager's."""
+    from autofuse.ir.conv_layout import mixed_layouts
+    from autofuse.plan.planner import Planner
+    from autofuse.plan.runtime import execute
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 8, 3, padding=1), torch.nn.ReLU(),
+    )  # fmt: skip
+    x = torch.randn(2, 3, 6, 5)
+    graph = capture(net, (x,)).graph
+    times = iter([3e-6, 2e-6, 2e-6, 3e-6])  # the first faster channels-last, the second not
+    picked = choose_layouts(graph, cuda=True, rule="measure", timer=lambda fn: next(times),
+                            device="cpu")  # fmt: skip
+    assert [picked[i].attr("layout") for i in _convs(picked)] == ["channels_last", "contiguous"]
+    assert mixed_layouts(picked) and not mixed_layouts(relayout(picked, "channels_last"))
+    planner = Planner(picked)
+    alts = planner.alternatives(planner.space.untuned(), "untuned")
+    (cl,) = [p for p in alts if p.label == "untuned, convolutions channels-last"]
+    assert [cl.graph[i].attr("layout") for i in _convs(cl.graph)] == ["channels_last"] * 2
+    copies = [n for n in cl.graph.nodes if n.attr("layout_copy")]
+    assert len(copies) == 1 and copies[0].inputs == (graph.inputs[0],)  # converted once
+    with torch.no_grad():
+        (got,) = execute(cl, [x, *[p.detach() for p in net.parameters()]][: len(graph.inputs)])
+        want = net(x)
+    assert_close(got, want, torch.float32, "channels-last plan")
+    assert got.stride() == want.stride()

@@ -37,7 +37,14 @@ from autofuse.ir.eager import bind_node
 from autofuse.ir.graph import Graph, Node, contiguous_strides, dedupe, make_attrs
 from autofuse.settings import settings
 
-__all__ = ["LAYOUTS", "channels_last_strides", "choose_layouts", "measure_layouts", "relayout"]
+__all__ = [
+    "LAYOUTS",
+    "channels_last_strides",
+    "choose_layouts",
+    "measure_layouts",
+    "mixed_layouts",
+    "relayout",
+]
 
 LAYOUTS = ("contiguous", "channels_last")
 _MEASURED: dict[str, tuple[float, float]] = {}  # convolution signature -> (contiguous, cl) s
@@ -81,6 +88,13 @@ def relayout(graph: Graph, layout: str) -> Graph:
     if layout == "channels_last":
         return keep_inputs(convert_inputs(out))
     return _without_copies(out)
+
+
+def mixed_layouts(graph: Graph) -> bool:
+    """Whether the graph's convolutions with a recorded layout were given different ones."""
+    return (
+        len({n.attr("layout") for n in graph.nodes if is_convolution(n) and n.attr("layout")}) > 1
+    )
 
 
 def _in_eager_layout(node: Node, **extra: str) -> Node:

@@ -38,7 +38,7 @@ import torch
 
 from autofuse import logs
 from autofuse.interpreter import interpreting
-from autofuse.ir.conv_layout import relayout
+from autofuse.ir.conv_layout import mixed_layouts, relayout
 from autofuse.ir.graph import Graph
 from autofuse.partition import Partitioner
 from autofuse.plan.buckets import partition_of, structure_key
@@ -214,8 +214,10 @@ class Planner:
     def alternatives(self, base: Any, label: str) -> list[Plan]:
         """The untuned plans timed beside ``base``'s: every matmul in cuBLAS where ``base``
         fuses one; every convolution contiguous where ``base`` keeps one's result
-        channels-last (whether the kernels reading it are as fast in that layout); each
-        variant graph's untuned plan."""
+        channels-last (whether the kernels reading it are as fast in that layout); every
+        convolution channels-last where their measured picks differ (each picked alone, with
+        its input's conversion in its time: a network whose convolutions all run
+        channels-last converts once, at its input); each variant graph's untuned plan."""
         out = []
         alt = self.space.library_gemms(base)
         if alt is not None:
@@ -224,6 +226,11 @@ class Planner:
             flat = Planner(relayout(self.graph, "contiguous"))
             out.append(
                 flat.build(flat.space.untuned().groups, label=f"{label}, convolutions contiguous")
+            )
+        if mixed_layouts(self.graph):  # each convolution's own pick converts between them
+            cl = Planner(relayout(self.graph, "channels_last"))
+            out.append(
+                cl.build(cl.space.untuned().groups, label=f"{label}, convolutions channels-last")
             )
         for what, graph in self.variants:
             other = Planner(graph)

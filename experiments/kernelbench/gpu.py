@@ -259,7 +259,7 @@ def judge(order, module, inputs, opts: GpuOptions, dtype, device,
             for name, fn in order[1:]:
                 try:
                     with arm(name):
-                        c = compare(fn(*xs), ref, opts.tol)
+                        c = compare(fn(*xs), ref, opts.tol, scaled=opts.phase == "train")
                 except Exception as e:  # noqa: BLE001 - a variant that fails a draw is wrong
                     c = {"correct": False, "why": first_line(e)}
                 if guard is not None:
