@@ -15,6 +15,7 @@ from autofuse.interpreter import interpreting
 from autofuse.ir.eager import conform, eval_node, run_graph
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, buffer_strides
 from autofuse.ir.ops import OPS, op_def
+from autofuse.ir.tolerance import TOLERANCES, compare
 from autofuse.kernels import GroupInfo, Kernel
 from autofuse.measure.candidate import (
     Candidate,
@@ -144,15 +145,6 @@ def reference_outputs(
     return [env[j] for j in graph.outputs]
 
 
-# (relative to max |ref|, absolute)
-TOLERANCES: dict[str, tuple[float, float]] = {
-    "float64": (1e-7, 1e-10),
-    "float32": (1e-4, 1e-5),
-    "float16": (5e-3, 1e-3),
-    "bfloat16": (2e-2, 1e-2),
-}
-
-
 def tolerance_dtype(graph: Graph, info: GroupInfo) -> str | None:
     """The float dtype whose tolerance applies: the least precise of the stored outputs and of
     the casts inside the group (a value rounded to bf16 mid-kernel is only bf16-accurate)."""
@@ -160,60 +152,6 @@ def tolerance_dtype(graph: Graph, info: GroupInfo) -> str | None:
     dts += [graph[m].attr("dtype") for m in info.nodes if graph[m].op == "cast"]
     floats = [d for d in dts if d in TOLERANCES]
     return max(floats, key=lambda d: TOLERANCES[d][0]) if floats else None
-
-
-def compare(
-    out: torch.Tensor,
-    ref: torch.Tensor,
-    dtype: str | None,
-    k: int,
-    eager: torch.Tensor | None = None,
-) -> str | None:
-    """None when ``out`` matches the float64 reference ``ref`` within tolerance, else why.
-
-    With ``eager`` (eager's own result in the graph's dtypes), an error up to twice eager's
-    own distance from ``ref`` is accepted too: a sum that cancels to near zero, then divides,
-    is ill-conditioned in float32 for eager as for any kernel."""
-    if tuple(out.shape) != tuple(ref.shape):
-        return f"wrong result: output {k} has shape {list(out.shape)}, expected {list(ref.shape)}"
-    if not out.is_floating_point():
-        ref = ref.to(out.dtype)
-        if not torch.equal(out, ref):
-            bad = int((out != ref).sum().item())
-            return f"wrong result: {bad} of {out.numel()} elements differ on output {k} (exact)"
-        return None
-    rtol, atol = TOLERANCES.get(dtype or "", TOLERANCES["float32"])
-    # a reference value beyond the output dtype's range is the infinity eager stores there
-    o, r = out.double(), ref.double()
-    big = torch.finfo(out.dtype).max
-    r = torch.where(r.abs() > big, ref.to(out.dtype).double(), r)
-    o_nan, r_nan = torch.isnan(o), torch.isnan(r)
-    if not torch.equal(o_nan, r_nan):
-        extra = int((o_nan & ~r_nan).sum().item())
-        missing = int((r_nan & ~o_nan).sum().item())
-        if extra:
-            return (
-                f"wrong result: NaN at {extra} positions where the reference has none on "
-                f"output {k} (unwritten or invalid elements)"
-            )
-        return f"wrong result: {missing} values where the reference is NaN on output {k}"
-    r_inf = torch.isinf(r)
-    if not torch.equal(o[r_inf], r[r_inf]) or bool(torch.isinf(o[~r_inf & ~r_nan]).any()):
-        return f"wrong result: infinities differ from the reference on output {k}"
-    finite = torch.isfinite(r)
-    if not bool(finite.any()):
-        return None
-    scale = r[finite].abs().max().item()
-    err = (o[finite] - r[finite]).abs().max().item()
-    allowed = rtol * scale + atol
-    if eager is not None and eager.shape == ref.shape:
-        e = eager.double()
-        if torch.equal(torch.isfinite(e), finite):  # eager overflowed nowhere the ref did not
-            allowed = max(allowed, 2.0 * (e[finite] - r[finite]).abs().max().item())
-    if err > allowed:
-        rel = err / (scale + 1e-30)
-        return f"wrong result: max rel err {rel:.3g} > {rtol:g} on output {k}"
-    return None
 
 
 def _sync(device: torch.device) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from autofuse.ir.graph import Graph
+from autofuse.ir.tolerance import compare
 from autofuse.kernels import (
     FusionRefused,
     LibraryCall,
@@ -33,7 +34,6 @@ from autofuse.kernels import (
     generate,
     library_calls,
 )
-from autofuse.measure.verify import compare
 from autofuse.plan.plan_choice import PlanChoice, choose_plan
 from autofuse.plan.steps import KernelStep, LibraryStep, Plan, Step
 
