@@ -124,16 +124,15 @@ def conv_refusal(graph: Graph, i: int) -> str | None:
     node = graph[i]
     if not is_convolution(node):
         return f"{node.attr('target', node.op)} is not a forward convolution"
-    args = _args(graph, i)
-    if args[2] is not None or len(node.inputs) != 2:
+    call = conv_call(graph, i)
+    if call.has_bias or len(node.inputs) != 2:
         return "its bias is in the library call (AUTOFUSE_CONV_BIAS=library)"
     x, w = graph[node.inputs[0]], graph[node.inputs[1]]
     if not (node.dtype == x.dtype == w.dtype) or node.dtype not in _DOT_DTYPES:
         return f"{node.dtype} operands: tl.dot takes float32, float16 and bfloat16"
     if len(node.shape) not in (3, 4, 5) or len(x.shape) != len(node.shape):
         return f"a {len(node.shape)}-D convolution: 1-3 spatial dims with a batch dim only"
-    stride, output_padding = _ints(args[3]), _ints(args[7])
-    if args[6] and (set(stride) != {1} or set(output_padding) != {0}):
+    if call.transposed and (set(call.stride) != {1} or set(call.output_padding) != {0}):
         return (
             "a strided transposed convolution scatters each input pixel over several output "
             "pixels: no implicit GEMM with one tap per output (cuDNN's own)"
@@ -158,13 +157,11 @@ def conv_spec(graph: Graph, i: int) -> ConvSpec:
 
 def _spec(graph: Graph, i: int) -> ConvSpec:
     node = graph[i]
-    args = _args(graph, i)
+    call = conv_call(graph, i)
     x, w = graph[node.inputs[0]], graph[node.inputs[1]]
-    dims = len(x.shape) - 2
-    stride, padding, dilation = (tuple(_per_dim(_ints(args[k]), dims)) for k in (3, 4, 5))
-    groups = int(args[8])
+    stride, padding, dilation = call.stride, call.padding, call.dilation
+    groups, flipped = call.groups, call.transposed
     kernel = tuple(w.shape[2:])
-    flipped = bool(args[6])
     if flipped:  # stride-1 transposed: the forward padding that gives its output
         padding = tuple(d * (k - 1) - p for d, k, p in zip(dilation, kernel, padding))
         c_out = w.shape[1] * groups
