@@ -458,3 +458,14 @@ def test_variants_option_parses_short_names():
         parse_args([".", "--level", "2", "--mode", "gpu", "--variants", "nope"])
     with pytest.raises(SystemExit):
         parse_args([".", "--level", "2", "--variants", "greedy"])  # cpu mode
+
+
+def test_measured_choices_read_from_step_reasons():
+    from types import SimpleNamespace as NS
+
+    from experiments.kernelbench.gpu import measured_choices
+
+    why = "measured: convolutions channels-last vs plan -> plan"
+    plan = NS(steps=(NS(reason=f"fused; {why}"), NS(reason=why), NS(reason=None),
+                     NS(reason="peeled bias")))  # fmt: skip
+    assert measured_choices(plan) == [why]

@@ -367,7 +367,7 @@ def plan_fields(tuned: Any) -> dict:
 
     plan = getattr(tuned, "plan", None)
     if plan is None:
-        return {"kernels": [], "eager_ops": {}, "trials": None}
+        return {"kernels": [], "eager_ops": {}, "trials": None, "measured": []}
     tuning = getattr(tuned, "tuning", None)
     rows = summarize(plan, getattr(tuning, "kernel_times", None)).rows
     return {
@@ -376,7 +376,20 @@ def plan_fields(tuned: Any) -> dict:
                      "source": r.time_source} for r in rows],
         "eager_ops": dict(sorted(eager_steps(plan).items())),
         "trials": getattr(tuning, "trials", None),
+        "measured": measured_choices(plan),
     }  # fmt: skip
+
+
+def measured_choices(plan: Any) -> list[str]:
+    """The plan-level choices timed end to end (layouts, fused library calls), as the steps'
+    reasons state them: ``measured: <why> -> <chosen>``."""
+    found: list[str] = []
+    for step in plan.steps:
+        reason = getattr(step, "reason", None) or ""
+        part = reason[reason.find("measured: "):] if "measured: " in reason else None
+        if part is not None and part not in found:
+            found.append(part)
+    return found
 
 
 def verdicts(rec: dict) -> dict:
