@@ -34,6 +34,11 @@ them again, for tests and for programs that change the environment on purpose):
   in each on a CUDA device, eager's layout on a CPU; ``ir/conv_layout.py``), ``eager``,
   ``contiguous`` or ``channels_last`` (forced, any device); an unknown value warns and means
   ``measure``.
+- ``AUTOFUSE_BN_FOLD``: inference BatchNorm after a convolution (``ir/conv_fold.py``):
+  ``measure`` (default: kept as a per-channel scale and shift in the epilogue kernel; on CUDA
+  the plan with it folded into the convolution's weight is timed beside), ``fold`` (folded
+  wherever it can be) or ``keep`` (never folded); an unknown value warns and means
+  ``measure``.
 - ``AUTOFUSE_SDPA``: which SDPA backend runs attention the torch.compile backend keeps whole:
   ``auto`` (default: the backend torch picked when tracing, or on CUDA the fastest offered one,
   timed end to end; ``kernels/library/sdpa.py``), or ``cudnn``, ``flash``, ``efficient`` or
@@ -128,6 +133,7 @@ class Settings:
     conv_layout: str = "measure"  # "measure", "eager", "contiguous", "channels_last"
     sdpa: str = "auto"  # "auto", an SDPA backend (cudnn, flash, efficient, math) or "autofuse"
     conv_kernel: str = "rule"  # "rule", "kernel", "library"
+    bn_fold: str = "measure"  # "measure", "fold", "keep"
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -156,6 +162,7 @@ def settings() -> Settings:
         conv_layout=_choice("AUTOFUSE_CONV_LAYOUT", CONV_LAYOUT),
         sdpa=_choice("AUTOFUSE_SDPA", SDPA),
         conv_kernel=_choice("AUTOFUSE_CONV_KERNEL", CONV_KERNEL),
+        bn_fold=_choice("AUTOFUSE_BN_FOLD", BN_FOLD),
         signing_key=_signing_key(),
     )
 
@@ -164,6 +171,7 @@ CONV_BIAS = ("kernel", "library")
 CONV_LAYOUT = ("measure", "eager", "contiguous", "channels_last")
 SDPA = ("auto", "cudnn", "flash", "efficient", "math", "autofuse")
 CONV_KERNEL = ("rule", "kernel", "library")
+BN_FOLD = ("measure", "fold", "keep")
 
 
 def _choice(name: str, choices: tuple[str, ...]) -> str:

@@ -49,14 +49,10 @@ def _interpreter_setting_unchanged(request):
 
 def _settings_with(monkeypatch, **env: str):
     """The settings read again with ``env`` set, for one test; read again after it."""
-    from autofuse import settings as af_settings
+    from tests.helpers import settings_env
 
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    af_settings.reload_settings()
-    yield
-    monkeypatch.undo()
-    af_settings.reload_settings()
+    with settings_env(monkeypatch, **env):
+        yield
 
 
 @pytest.fixture

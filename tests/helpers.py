@@ -1,6 +1,7 @@
 """Shared checks: run a plan through the interpreter and compare it with eager."""
 
 import random
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -165,3 +166,20 @@ def fresh_runtime(monkeypatch):
     monkeypatch.setattr(loader, "_LOADED", {})
     monkeypatch.setattr(launcher, "_LAUNCHERS", {})
     monkeypatch.setattr(runtime, "_BROKEN", {})
+
+
+@contextmanager
+def settings_env(monkeypatch, **env: str):
+    """The settings read again with the ``AUTOFUSE_*`` variables ``env`` set; on leaving, the
+    variables undone and the settings read again."""
+    from autofuse import settings as af_settings
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    af_settings.reload_settings()
+    try:
+        yield
+    finally:
+        for name in env:
+            monkeypatch.delenv(name, raising=False)
+        af_settings.reload_settings()

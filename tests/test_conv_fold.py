@@ -2,7 +2,9 @@
 weight and bias are computed in the graph from the module's parameters and statistics (so a
 later change to them is honoured), the convolution runs on the folded weight, its bias add
 joins the epilogue kernel; training keeps BatchNorm's batch statistics and running-stat
-updates. Both front ends, fp32 and bf16, equal to eager."""
+updates. Both front ends, fp32 and bf16, equal to eager. By default the fold is a plan the
+planner times beside the unfolded one (``AUTOFUSE_BN_FOLD=measure``); ``fold`` applies it
+at capture (what most tests here use, ``fold_on``), ``keep`` never."""
 
 import pytest
 import torch
@@ -10,8 +12,10 @@ import torch
 import autofuse
 from autofuse.capture.trace import capture
 from autofuse.ir.conv_fold import find_folds
+from autofuse.plan.planner import Planner
+from autofuse.plan.runtime import execute
 from autofuse.settings import reload_settings
-from tests.helpers import assert_close, backend_training_matches
+from tests.helpers import assert_close, backend_training_matches, settings_env
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
@@ -49,9 +53,38 @@ def _folded(graph):
 KINDS = ["conv2d", "conv3d", "convT2d"]
 
 
+@pytest.fixture
+def fold_on(monkeypatch):
+    """``AUTOFUSE_BN_FOLD=fold``: BatchNorm folded at capture."""
+    with settings_env(monkeypatch, AUTOFUSE_BN_FOLD="fold"):
+        yield
+
+
+@pytest.mark.parametrize("rule", ["measure", "keep"])
+def test_by_default_the_folded_plan_is_an_alternative(monkeypatch, rule):
+    """Unfolded, BatchNorm's scale and shift join the epilogue kernel (no kernel per call for
+    the weight); the plan with it folded is among the alternatives the planner times on CUDA,
+    its convolution on the folded weight — under ``keep``, it is not."""
+    with settings_env(monkeypatch, AUTOFUSE_BN_FOLD=rule):
+        net, x = _net("conv2d", bias=False)
+        graph = capture(net, (x,)).graph
+        assert not _folded(graph) and len(find_folds(graph)) == 1
+        planner = Planner(graph)
+        others = planner.alternatives(planner.space.untuned(), "untuned")
+    folded = [p for p in others if p.label.endswith("BatchNorm folded into the convolutions")]
+    assert len(folded) == (rule == "measure")
+    for plan in folded:
+        assert len(_folded(plan.graph)) == 1 and not find_folds(plan.graph)
+        with torch.no_grad():
+            got = execute(plan, [x, *(p.detach() for p in net.parameters()), *net.buffers()])
+            assert_close(got[0], net(x), torch.float32, "folded alternative")
+    with torch.no_grad():
+        assert_close(autofuse.optimize(net, (x,))(x), net(x), torch.float32, "optimize")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", KINDS)
-def test_eval_batchnorm_is_folded_and_equals_eager(kind, dtype):
+def test_eval_batchnorm_is_folded_and_equals_eager(kind, dtype, fold_on):
     net, x = _net(kind, dtype)
     graph = capture(net, (x,)).graph
     (conv,) = _convs(graph)
@@ -69,14 +102,16 @@ def test_eval_batchnorm_is_folded_and_equals_eager(kind, dtype):
     assert [len(_folded(c.plan.graph)) for c in dynamo.compiled_since(before)] == [1]
 
 
-def test_eval_mode_with_autograd_equals_eager():
+@pytest.mark.parametrize("rule", ["fold", "measure"])
+def test_eval_mode_with_autograd_equals_eager(monkeypatch, rule):
     """An eval-mode network called with gradients on (the backend's joint graphs): forward and
     gradients equal eager's, folded or not."""
-    net, x = _net("conv2d")
-    backend_training_matches(net, x, torch.float32)
+    with settings_env(monkeypatch, AUTOFUSE_BN_FOLD=rule):
+        net, x = _net("conv2d")
+        backend_training_matches(net, x, torch.float32)
 
 
-def test_fold_without_conv_bias_and_library_bias(monkeypatch):
+def test_fold_without_conv_bias_and_library_bias(monkeypatch, fold_on):
     """A conv without bias (ResNet's) folds; with the bias kept in the library call the folded
     bias goes into the call."""
     net, x = _net("conv2d", bias=False)
@@ -96,7 +131,7 @@ def test_fold_without_conv_bias_and_library_bias(monkeypatch):
         reload_settings()
 
 
-def test_fold_follows_later_changes_to_the_module():
+def test_fold_follows_later_changes_to_the_module(fold_on):
     """The fold is computed from the parameters on each call: a plan built before the module's
     weights and statistics change gives eager's result after."""
     net, x = _net("conv2d")
@@ -108,7 +143,7 @@ def test_fold_follows_later_changes_to_the_module():
         assert_close(fast(x), net(x), torch.float32)
 
 
-def test_conv_output_read_elsewhere_is_not_folded():
+def test_conv_output_read_elsewhere_is_not_folded(fold_on):
     """A convolution whose output is also returned keeps BatchNorm as a pointwise op (folding
     would run the convolution twice)."""
 
@@ -161,7 +196,7 @@ def test_training_mode_keeps_batch_statistics(kind):
         assert_close(a.grad, b.grad, torch.float32, f"grad {name}")
 
 
-def test_explain_and_reports_say_what_was_done_with_each_convolution(monkeypatch):
+def test_explain_and_reports_say_what_was_done_with_each_convolution(monkeypatch, fold_on):
     """explain lists each convolution with its bias (peeled into a named kernel, or in the
     call) and its folded BatchNorm (the kernel that scales the weight); the plan reports of
     both front ends carry the same note on the convolution's row."""

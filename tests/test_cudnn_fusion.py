@@ -156,3 +156,30 @@ def test_float32_under_tf32_is_held_to_float16s_tolerance(monkeypatch):
     assert tolerance_of(torch.float32) == "float16" and tolerance_of(torch.bfloat16) == "bfloat16"
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     assert tolerance_of(torch.float32) == "float32"
+
+
+def test_folded_batchnorm_opens_the_fused_call(cpu_cudnn):
+    """The plan with inference BatchNorm folded into a bias-free convolution (ResNet's) is timed
+    with its fused-call variant: the folded shift is the bias cuDNN's convolution-bias-ReLU
+    takes; the variant agrees with the plan and with eager."""
+    from autofuse.ir.conv_fold import fold_batchnorm
+    from autofuse.plan.library_fusion import with_fused_variants
+
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(8)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    net = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, bias=False), bn, torch.nn.ReLU()).eval()
+    x = torch.randn(2, 4, 7, 7)
+    graph = autofuse.capture(net, (x,)).graph
+    flat = [x, *(p.detach() for p in net.parameters()), *net.buffers()]
+    run = lambda p: execute(p, flat)  # noqa: E731
+    assert not fusions(_untuned(graph))  # unfolded: BatchNorm's scale sits before the ReLU
+    folded = _untuned(fold_batchnorm(graph))
+    plans = with_fused_variants([folded], run)
+    assert plans[0] is folded and len(plans) == 2
+    fused = plans[1]
+    assert any(isinstance(s, LibraryStep) and "relu" in s.call.label for s in fused.steps)
+    with torch.no_grad():
+        torch.testing.assert_close(run(fused)[0], net(x), rtol=1e-4, atol=1e-4)

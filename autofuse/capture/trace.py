@@ -21,11 +21,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from autofuse.capture.decompositions import decomposition_table
 from autofuse.capture.rules import Call, convert, dtype_name
 from autofuse.capture.structural import convert_multi, convert_structural, mutates
-from autofuse.ir.conv_fold import fold_batchnorm
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs
 from autofuse.ir.ops import TL_DTYPE
 from autofuse.ir.pipeline import before_planning
-from autofuse.settings import settings
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -276,9 +274,7 @@ def fx_to_ir(gm: torch.fx.GraphModule) -> Graph:
             b.env[fx_node] = _made_constant(b, gm, fx_node)
         else:
             raise CaptureError(f"unsupported FX node kind {fx_node.op!r} ({fx_node.name})")
-    graph = Graph(tuple(b.nodes), tuple(inputs), tuple(outputs))
-    # inference BatchNorm folded into the convolution before it (ir/conv_fold.py)
-    return fold_batchnorm(graph, bias_in_call=settings().conv_bias == "library")
+    return Graph(tuple(b.nodes), tuple(inputs), tuple(outputs))
 
 
 def _made_constant(b: _Builder, gm: torch.fx.GraphModule, n: torch.fx.Node) -> int:

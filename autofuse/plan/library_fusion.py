@@ -37,7 +37,14 @@ from autofuse.kernels import (
 from autofuse.plan.plan_choice import PlanChoice, choose_plan
 from autofuse.plan.steps import KernelStep, LibraryStep, Plan, Step
 
-__all__ = ["agreeing", "choose_fused", "fused_call_plans", "fusions", "tolerance_of"]
+__all__ = [
+    "agreeing",
+    "choose_fused",
+    "fused_call_plans",
+    "fusions",
+    "tolerance_of",
+    "with_fused_variants",
+]
 
 Fusion = tuple[int, KernelStep, LibraryCall]  # the lone step's index, the kernel, the call
 
@@ -167,3 +174,14 @@ def choose_fused(plan: Plan, run: Callable[[Plan], Any]) -> tuple[Plan, PlanChoi
     if notes:
         choice = replace(choice, why="; ".join([choice.why, *notes]))
     return chosen, choice
+
+
+def with_fused_variants(plans: Sequence[Plan], run: Callable[[Plan], Any]) -> list[Plan]:
+    """Each of ``plans`` followed by its fused-call variants that agree with it: an alternative
+    whose gain lies in the calls it opens (BatchNorm folded into a convolution's weight makes
+    its shift a bias cuDNN's fused call takes) is timed with them, not only as it is."""
+    out: list[Plan] = []
+    for plan in plans:
+        out.append(plan)
+        out.extend(agreeing(plan, fused_call_plans(plan), run)[0])
+    return out

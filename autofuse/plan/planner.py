@@ -38,6 +38,7 @@ import torch
 
 from autofuse import logs
 from autofuse.interpreter import interpreting
+from autofuse.ir.conv_fold import fold_batchnorm
 from autofuse.ir.conv_layout import mixed_layouts, relayout
 from autofuse.ir.graph import Graph
 from autofuse.partition import Partitioner
@@ -45,7 +46,7 @@ from autofuse.plan.buckets import partition_of, structure_key
 from autofuse.plan.build import build_plan
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs
 from autofuse.plan.graphs import GraphReplay
-from autofuse.plan.library_fusion import choose_fused, fusions
+from autofuse.plan.library_fusion import choose_fused, fusions, with_fused_variants
 from autofuse.plan.plan_choice import (
     PlanChoice,
     choose_plan,
@@ -55,6 +56,7 @@ from autofuse.plan.plan_choice import (
 )
 from autofuse.plan.runtime import execute
 from autofuse.plan.steps import Plan, annotated
+from autofuse.settings import settings
 
 
 class PlanStore(Protocol):
@@ -197,6 +199,7 @@ class Planner:
         run = lambda p: execute(p, ins)  # noqa: E731
         choices = []
         if others:  # fused matmuls against cuBLAS, channels-last convolutions against contiguous
+            others = with_fused_variants(others, run)
             plan, choice = choose_plan([plan, *others], run, True)
             choices.append(choice)
         fused = choose_fused(plan, run)  # then chains a library call fuses (cuDNN's conv + ReLU)
@@ -217,7 +220,10 @@ class Planner:
         channels-last (whether the kernels reading it are as fast in that layout); every
         convolution channels-last where their measured picks differ (each picked alone, with
         its input's conversion in its time: a network whose convolutions all run
-        channels-last converts once, at its input); each variant graph's untuned plan."""
+        channels-last converts once, at its input); inference BatchNorm folded into the
+        convolutions before it (``ir/conv_fold.py``: the folded weight is computed on every
+        call, kernels the plan without it does not launch, for a bias cuDNN's fused call
+        takes); each variant graph's untuned plan."""
         out = []
         alt = self.space.library_gemms(base)
         if alt is not None:
@@ -232,7 +238,12 @@ class Planner:
             out.append(
                 cl.build(cl.space.untuned().groups, label=f"{label}, convolutions channels-last")
             )
-        for what, graph in self.variants:
+        variants = [*self.variants]
+        if settings().bn_fold == "measure":
+            folded = fold_batchnorm(self.graph, bias_in_call=settings().conv_bias == "library")
+            if folded is not self.graph:
+                variants.append(("BatchNorm folded into the convolutions", folded))
+        for what, graph in variants:
             other = Planner(graph)
             out.append(other.build(other.space.untuned().groups, label=f"{label}, {what}"))
         return out

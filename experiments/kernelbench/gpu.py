@@ -386,7 +386,7 @@ def measured_choices(plan: Any) -> list[str]:
     found: list[str] = []
     for step in plan.steps:
         reason = getattr(step, "reason", None) or ""
-        part = reason[reason.find("measured: "):] if "measured: " in reason else None
+        part = reason[reason.find("measured: ") :] if "measured: " in reason else None
         if part is not None and part not in found:
             found.append(part)
     return found
