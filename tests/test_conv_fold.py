@@ -238,3 +238,16 @@ def test_explain_and_reports_say_what_was_done_with_each_convolution(monkeypatch
         monkeypatch.delenv("AUTOFUSE_CONV_BIAS")
         reload_settings()
     assert [n.split("; ")[1] for n in notes] == ["bias in the call", "no bias", "bias in the call"]
+
+
+def test_a_cached_plan_of_the_folded_graph_runs_the_captured_graph():
+    """A tuned plan that chose the folded graph (timed against the search's on CUDA) is saved
+    under the captured graph: loading it, the planner of the captured graph takes it as it
+    is; a plan of an unrelated graph it refuses."""
+    net, x = _net("conv2d", bias=False)
+    graph = capture(net, (x,)).graph
+    planner = Planner(graph)
+    (folded,) = [p for p in planner.graph_alternatives("tuned") if _folded(p.graph)]
+    assert planner.fitted(folded) is folded
+    other, y = _net("conv3d")
+    assert planner.fitted(Planner(capture(other, (y,)).graph).greedy()) is None

@@ -46,7 +46,7 @@ from autofuse.plan.buckets import partition_of, structure_key
 from autofuse.plan.build import build_plan
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs
 from autofuse.plan.graphs import GraphReplay
-from autofuse.plan.library_fusion import choose_fused, fusions, with_fused_variants
+from autofuse.plan.library_fusion import agreeing, choose_fused, fusions, with_fused_variants
 from autofuse.plan.plan_choice import (
     PlanChoice,
     choose_plan,
@@ -144,6 +144,8 @@ class Planner:
         structure (a shape bucket's entry); None where it cannot run this graph."""
         if plan.graph.key == self.graph.key:
             return plan
+        if any(plan.graph.key == g.key for _, g in self.other_graphs):
+            return plan  # a timed alternative (another layout, BatchNorm folded) was chosen
         if structure_key(plan.graph) != structure_key(self.graph):
             return None
         return self.rebuilt(partition_of(plan), plan.label)
@@ -228,22 +230,29 @@ class Planner:
         alt = self.space.library_gemms(base)
         if alt is not None:
             out.append(self.build(alt.groups, label=f"{label}, matmuls in cuBLAS"))
+        return out + self.graph_alternatives(label)
+
+    @cached_property
+    def other_graphs(self) -> tuple[tuple[str, Graph], ...]:
+        """(what, graph) for each graph computing the same from the same inputs whose plan is
+        timed beside this graph's (:meth:`alternatives`): a cached plan of one of them runs
+        this graph's calls as it is (:meth:`fitted`)."""
+        out = []
         if any(n.attr("eager_strides") for n in self.graph.nodes):
-            flat = Planner(relayout(self.graph, "contiguous"))
-            out.append(
-                flat.build(flat.space.untuned().groups, label=f"{label}, convolutions contiguous")
-            )
+            out.append(("convolutions contiguous", relayout(self.graph, "contiguous")))
         if mixed_layouts(self.graph):  # each convolution's own pick converts between them
-            cl = Planner(relayout(self.graph, "channels_last"))
-            out.append(
-                cl.build(cl.space.untuned().groups, label=f"{label}, convolutions channels-last")
-            )
-        variants = [*self.variants]
+            out.append(("convolutions channels-last", relayout(self.graph, "channels_last")))
+        out += self.variants
         if settings().bn_fold == "measure":
             folded = fold_batchnorm(self.graph, bias_in_call=settings().conv_bias == "library")
             if folded is not self.graph:
-                variants.append(("BatchNorm folded into the convolutions", folded))
-        for what, graph in variants:
+                out.append(("BatchNorm folded into the convolutions", folded))
+        return tuple(out)
+
+    def graph_alternatives(self, label: str) -> list[Plan]:
+        """The untuned plan of each of :attr:`other_graphs`."""
+        out = []
+        for what, graph in self.other_graphs:
             other = Planner(graph)
             out.append(other.build(other.space.untuned().groups, label=f"{label}, {what}"))
         return out
@@ -300,20 +309,28 @@ class Planner:
         return Planned(plan, record, None, entry, call)
 
     def _library_choice(self, record: Any, flat: Sequence[Any] | None) -> Any:
-        """The search's record, its plan's library calls on offer (chains a call fuses,
-        SDPA's backends) timed end to end against the plan's own on ``flat`` (the graph's
-        inputs) where they are on CUDA."""
-        variants = library_variants(self.graph)
+        """The search's record, its plan timed end to end on ``flat`` (the graph's inputs,
+        where they are on CUDA) against the other graphs' untuned plans (another layout,
+        BatchNorm folded: :attr:`other_graphs`, each with its fused calls, each agreeing with
+        it), then the winner's library calls on offer (chains a call fuses, SDPA's backends)."""
         cuda = flat is not None and any(isinstance(t, torch.Tensor) and t.is_cuda for t in flat)
-        if not (variants or fusions(record.plan)) or not cuda or interpreting():
+        if not cuda or interpreting():
             return record
         plan, ins = record.plan, list(flat)
         run = lambda p: execute(p, ins)  # noqa: E731
+        others = self.graph_alternatives(plan.label)
+        if not (others or library_variants(self.graph) or fusions(plan)):
+            return record
         choices, chosen = [], plan
-        fused = choose_fused(plan, run)
+        if others:
+            kept, notes = agreeing(plan, with_fused_variants(others, run), run)
+            chosen, choice = choose_plan([plan, *kept], run, True)
+            choices.append(replace(choice, why="; ".join([choice.why, *notes])))
+        fused = choose_fused(chosen, run)
         if fused is not None:
             chosen, choice = fused
             choices.append(choice)
+        variants = library_variants(chosen.graph)
         if variants:
             cands = [chosen, *(with_calls(chosen, v) for v in variants)]
             chosen, choice = choose_plan(cands, run, True)
