@@ -1,8 +1,10 @@
 """Where a convolution problem's time goes: the GPU kernels of eager, torch.compile's default
 mode and autofuse's greedy plan (and the greedy plan with every convolution forced
-channels-last), each kernel's device time per call from the profiler.
+channels-last, and with inference BatchNorm folded into the convolutions), each kernel's device
+time per call from the profiler and the kernels launched per call.
 
     python -m experiments.probes.conv_profile KB --level 2 --problems 4,32,52 --out OUT.json
+        [--phase as-made|eval]
 
 KB is a KernelBench folder (as for ``experiments.kernelbench``). Per problem and arm the record
 lists ``(kernel name, µs per call)`` sorted by time, and the total; with ``TORCH_LOGS=
@@ -27,11 +29,19 @@ from experiments.kernelbench.problems import (
     parse_numbers,
 )
 
-ARMS = ("eager", "compile default", "autofuse greedy", "autofuse channels_last")
+# each autofuse arm's settings (the others' left at their defaults)
+AUTOFUSE_ARMS = {
+    "autofuse greedy": {},
+    "autofuse channels_last": {"AUTOFUSE_CONV_LAYOUT": "channels_last"},
+    "autofuse folded": {"AUTOFUSE_BN_FOLD": "fold"},
+}
+ARMS = ("eager", "compile default", *AUTOFUSE_ARMS)
+SETTINGS = ("AUTOFUSE_CONV_LAYOUT", "AUTOFUSE_BN_FOLD")
 
 
 def kernel_times(fn: Any, inputs: list, calls: int = 5) -> list[tuple[str, float]]:
-    """(kernel name, µs per call) of ``fn(*inputs)``'s GPU kernels, the longest first."""
+    """(kernel name, µs per call) of ``fn(*inputs)``'s GPU kernels, the longest first (with
+    ``launches``: the kernels per call, under the name ``"(launches)"`` at the end)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -43,10 +53,12 @@ def kernel_times(fn: Any, inputs: list, calls: int = 5) -> list[tuple[str, float
             fn(*inputs)
         torch.cuda.synchronize()
     total: collections.Counter = collections.Counter()
+    launches = 0
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             total[ev.name[:140]] += ev.device_time_total / calls
-    return [(k, round(v, 2)) for k, v in total.most_common()]
+            launches += 1
+    return [(k, round(v, 2)) for k, v in total.most_common()] + [("(launches)", launches / calls)]
 
 
 def build(arm: str, model: Any, inputs: list) -> Any:
@@ -59,9 +71,16 @@ def build(arm: str, model: Any, inputs: list) -> Any:
         return model
     if arm == "compile default":
         return torch.compile(model)
-    os.environ["AUTOFUSE_CONV_LAYOUT"] = "channels_last" if arm.endswith("last") else "measure"
+    for name in SETTINGS:
+        os.environ.pop(name, None)
+    os.environ.update(AUTOFUSE_ARMS[arm])
     reload_settings()
-    return autofuse.optimize(model, inputs)
+    try:
+        return autofuse.optimize(model, inputs)
+    finally:
+        for name in SETTINGS:
+            os.environ.pop(name, None)
+        reload_settings()
 
 
 def plan_facts(fn: Any) -> dict:
@@ -79,21 +98,25 @@ def plan_facts(fn: Any) -> dict:
     return {"choice": None if choice is None else choice.why, "layouts": layouts}
 
 
-def profile_problem(problem: Any, dtype: str) -> dict:
+def profile_problem(problem: Any, dtype: str, phase: str = "as-made") -> dict:
     import torch
 
     dt = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
     module, _ = load_module(problem, BY_STAGE["shipped"])
     model, inputs = instantiate(module, 0, dt, "cuda")  # the mode KernelBench runs it in
-    rec: dict = {"problem": problem.key, "arms": {}}
+    if phase == "eval":
+        model.eval()
+    rec: dict = {"problem": problem.key, "phase": phase, "arms": {}}
     for arm in ARMS:
         torch._dynamo.reset()
         try:
             with torch.no_grad():
                 fn = build(arm, model, inputs)
                 kernels = kernel_times(fn, inputs)
+            launches = kernels.pop()[1]
             rec["arms"][arm] = {"total_us": round(sum(t for _, t in kernels), 1),
-                                "kernels": kernels[:12], **plan_facts(fn)}  # fmt: skip
+                                "launches": launches, "kernels": kernels[:12],
+                                **plan_facts(fn)}  # fmt: skip
         except Exception as e:  # noqa: BLE001 - recorded; the other arms still run
             rec["arms"][arm] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     return rec
@@ -107,13 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--level", type=int, default=2)
     p.add_argument("--problems", default="")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument(
+        "--phase",
+        choices=("as-made", "eval"),
+        default="as-made",
+        help="eval: the model in eval mode (BatchNorm on running statistics)",
+    )
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     from autofuse.tune.roofline import stamp
 
     doc: dict = {"stamp": stamp(), "records": []}
     for problem in discover(a.dir, a.level, parse_numbers(a.problems)):
-        doc["records"].append(profile_problem(problem, a.dtype))
+        doc["records"].append(profile_problem(problem, a.dtype, a.phase))
         a.out.write_text(json.dumps(doc, indent=1))
         r = doc["records"][-1]
         print(problem.key, {k: v.get("total_us", v.get("error")) for k, v in r["arms"].items()},
