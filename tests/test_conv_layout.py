@@ -1,6 +1,8 @@
 """experiments.probes.conv_layout on CPU with an injected timer: the first convolution is found, every
 variant computes the model's own result, and the record holds both layout ratios."""
 
+import os
+
 import torch
 
 from experiments.kernelbench.problems import Problem
@@ -42,3 +44,23 @@ def test_conv_layout_record_on_cpu(tmp_path):
     torch.testing.assert_close(calls[2], calls[3])  # the model in both layouts: one result
     torch.testing.assert_close(calls[0], calls[1])
     assert calls[1].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_conv_profile_arms_set_their_settings_and_restore_them(monkeypatch):
+    """conv_profile's autofuse arms build under their own settings (BatchNorm folded, every
+    convolution channels-last) and leave the settings as they found them."""
+    from autofuse.settings import settings
+    from experiments.probes.conv_profile import build
+
+    monkeypatch.delenv("AUTOFUSE_BN_FOLD", raising=False)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, bias=False), torch.nn.BatchNorm2d(4))
+    net.eval()
+    x = torch.randn(1, 3, 5, 5)
+    with torch.no_grad():
+        folded = build("autofuse folded", net, [x])
+        plain = build("autofuse greedy", net, [x])
+        torch.testing.assert_close(folded(x), net(x), rtol=1e-4, atol=1e-4)
+    assert any(n.attr("folded") for n in folded.plan.graph.nodes)
+    assert not any(n.attr("folded") for n in plain.plan.graph.nodes)
+    assert settings().bn_fold == "measure" and "AUTOFUSE_BN_FOLD" not in os.environ
