@@ -1,0 +1,114 @@
+"""How the KernelBench runner judges a training step's gradients (experiments/kernelbench/check.py):
+against eager's fp32 gradients, and where that fails, against a float64 eager step, scaled by
+eager's own distance from it. BatchNorm over two values per channel (a batch of 2 at 1x1
+spatial size) makes the weight gradients before it ill-conditioned: 1 - x_hat^2 cancels, and
+any two fp32 summation orders differ by as much as eager differs from float64."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from experiments.kernelbench import check
+from experiments.kernelbench.check import (
+    REFERENCE_FACTOR,
+    float64_grads,
+    grad_error_ratio,
+    grad_verdict,
+    train_step,
+)
+
+
+def test_a_gradient_as_close_to_float64_as_eager_is_passes_and_a_far_one_does_not():
+    g = torch.Generator().manual_seed(0)
+    ref64 = 10 * torch.randn(64, generator=g, dtype=torch.float64)
+    eager = (ref64 + 0.05 * torch.randn(64, generator=g, dtype=torch.float64)).float()
+    near = (ref64 + 0.05 * torch.randn(64, generator=g, dtype=torch.float64)).float()
+    far = (ref64 + 0.05 * 3 * REFERENCE_FACTOR * torch.randn(64, generator=g)).float()
+    assert grad_verdict(eager.clone(), eager, None, 1e-2) == "ok"
+    assert grad_verdict(near, eager, None, 1e-2) == "wrong"  # off eager's by more than tol
+    assert grad_verdict(near, eager, ref64, 1e-2) == "float64"
+    assert grad_verdict(far, eager, ref64, 1e-2) == "wrong"
+    assert grad_verdict(ref64.float(), eager, ref64, 1e-2) == "float64"
+    assert grad_verdict(None, eager, ref64, 1e-2) == "wrong"
+    assert grad_verdict(None, None, None, 1e-2) == "ok"
+    nan = near.clone()
+    nan[3] = float("nan")
+    assert grad_error_ratio(nan, eager, ref64) == float("inf")
+    assert grad_verdict(nan, eager, ref64, 1e-2) == "wrong"
+    assert grad_error_ratio(eager, eager, ref64) == 1.0
+
+
+def two_value_batchnorm(seed: int = 0) -> tuple[nn.Module, list]:
+    """Linear -> BatchNorm1d over a batch of 2 -> Linear, scaled so the BatchNorm's variance is
+    far above its eps and the first weight's gradient is large: eager fp32 is off float64 by
+    several times KernelBench's tolerance there."""
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Linear(4, 32), nn.BatchNorm1d(32), nn.Linear(32, 4))
+    with torch.no_grad():
+        m[0].weight.mul_(3.0)
+        m[2].weight.mul_(1e4)
+    return m, [100 * torch.randn(2, 4)]
+
+
+def test_an_ill_conditioned_training_step_through_the_backend_is_judged_against_float64(
+    monkeypatch,
+):
+    torch._dynamo.reset()
+    model, inputs = two_value_batchnorm()
+    params = list(model.parameters())
+    with monkeypatch.context() as mp:  # against eager's fp32 gradients alone: wrong
+        mp.setattr(check, "float64_grads", lambda *args: None)
+        assert train_step(model, inputs, 1e-2)["wrong_grads"] == ["0.weight"]
+    torch._dynamo.reset()
+    rec = train_step(model, inputs, 1e-2)
+    assert rec["correct"] and rec["float64_reference"], rec
+    assert rec["grads_judged_by_float64"] == ["0.weight"]  # off eager's, as close to float64
+    assert rec["worst_grad_error_ratio"] <= REFERENCE_FACTOR
+    # the module is back in float32, its parameters the same objects
+    assert list(model.parameters()) == params and all(p.dtype == torch.float32 for p in params)
+
+
+class ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return 1.5 * g
+
+
+def wrong_backward(gm: torch.fx.GraphModule, example_inputs: list):
+    """A backend whose forward is eager's and whose gradients are 1.5 times too large."""
+
+    def run(*args):
+        return [ScaleGrad.apply(o) if isinstance(o, torch.Tensor) else o for o in gm(*args)]
+
+    return run
+
+
+def test_a_wrong_gradient_stays_wrong_with_a_float64_reference():
+    torch._dynamo.reset()
+    model, inputs = two_value_batchnorm()
+    rec = train_step(model, inputs, 1e-2, backend=wrong_backward)
+    assert rec["max_abs_err"] == 0.0 and rec["float64_reference"]
+    assert not rec["correct"] and {"2.weight", "2.bias"} <= set(rec["wrong_grads"]), rec
+
+
+class MakesFloat32(nn.Module):
+    """A forward that makes a float32 tensor of its own: it cannot run in float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) @ torch.ones(4, 4)
+
+
+def test_a_model_that_cannot_run_in_float64_has_no_reference_and_stays_float32():
+    model = MakesFloat32()
+    x = torch.randn(2, 4)
+    assert float64_grads(model, [x], [torch.randn(2, 4)]) is None
+    assert all(p.dtype == torch.float32 and p.grad is None for p in model.parameters())
