@@ -251,3 +251,24 @@ def test_a_cached_plan_of_the_folded_graph_runs_the_captured_graph():
     assert planner.fitted(folded) is folded
     other, y = _net("conv3d")
     assert planner.fitted(Planner(capture(other, (y,)).graph).greedy()) is None
+
+
+def test_a_tuned_backend_whose_untuned_pick_is_the_folded_plan_tunes_its_own_graph(
+    monkeypatch, tmp_path
+):
+    """The backend times its variant graphs' untuned plans to pick the graph it tunes; where
+    the fastest is an alternative of the graph itself (BatchNorm folded), that graph's own
+    planner is tuned (its search's plan is timed against the folded one again)."""
+    from autofuse.frontend import dynamo
+    from autofuse.plan.planner import Planned
+
+    net, x = _net("conv2d", bias=False)
+    graph = capture(net, (x,)).graph
+    planner = Planner(graph, [("a variant", capture(net, (x,)).graph)])
+    (folded,) = [p for p in planner.graph_alternatives("u") if _folded(p.graph)]
+    tuned = []
+    monkeypatch.setattr(Planner, "untuned", lambda self, *a, **k: Planned(folded))
+    monkeypatch.setattr(Planner, "tuned", lambda self, *a, **k: tuned.append(self) or "plan")
+    backend = dynamo.make_backend(trials=1, cache_dir=str(tmp_path))
+    assert backend._tuned(planner, "inference", [x]) == "plan"
+    assert tuned == [planner]

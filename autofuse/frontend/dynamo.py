@@ -498,7 +498,9 @@ class AutofuseBackend:
                 if hit is not None:
                     return hit  # tuned before: the cached plan, nothing timed or read again
             pick = planner.untuned(f"greedy {kind}", True, lambda: list(inputs)).plan.graph
-            chosen = next(p for p in planners if p.graph is pick)
+            # another layout or BatchNorm folded: the graph's own planner (its search's plan
+            # is timed against those again)
+            chosen = next((p for p in planners if p.graph is pick), planner)
         captured = _captured(chosen.graph, kind)
         return chosen.tuned(captured, inputs, store, search, example_flat=inputs, **options)
 
