@@ -1,0 +1,132 @@
+"""How the differential fuzzer judges a float result that differs from eager's (experiments/fuzz
+compare.py, reference.py): against a float64 run of the program that exists for programs making
+float32 values of their own, with eager's error on nearby inputs as the measure of its rounding,
+and the float64 run's finite value allowed where eager's NaN is an overflow of its own.
+
+The programs are the fuzzer's layer_norm finds of seed 5, shrunk (graphs 7281, 5254, 337):
+autofuse is as close to the float64 result as eager, or closer, in each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from experiments.fuzz.compare import check_program, compare
+from experiments.fuzz.program import InputSpec, OpNode, Program
+from experiments.fuzz.reference import nearby, run_float64
+
+# the true gradient is 0: terms of rstd * |dy| (1e3 |dy|) that cancel; eager's float32 sum of
+# them is exactly 0 on these inputs by chance, autofuse's 1.5e-5 off (eager's is on 8 of 20
+# draws of inputs an ulp or two away)
+CONSTANT_ROW_GRAD = Program(
+    (InputSpec("x0", (1, 2), "float32", seed=3954),),
+    (OpNode("v0", "norm_const",
+            "F.layer_norm({0}.amax(-1, keepdim=True).expand({0}.shape), [2], eps=1e-6)",
+            ("x0",)),),
+    ("v0",),
+)  # fmt: skip
+
+# a float32 row made from integers (``x * 0 + 0.3``): the float64 run failed (a float32 value
+# beside float64 weights), so eager decided alone; eager's weight gradient is 0.03 from the
+# true 0 (its float32 (sum(dy x) - mean sum(dy)) rstd, rstd 1e6), autofuse's 4e-11
+INT_MADE_ROW = Program(
+    (InputSpec("x0", (3, 1), "int32", kind="int", seed=54361),
+     InputSpec("x1", (4,), "float32", seed=58104),
+     InputSpec("x2", (4,), "float32", seed=57398)),
+    (OpNode("v0", "where", "torch.where({0} > 0, {0}, 0.0)", ("x0",)),
+     OpNode("v1", "norm_const", "F.layer_norm(({0} * 0 + 0.3).expand(3, 4), [4], {1}, {2}, "
+            "eps=1e-12)", ("v0", "x2", "x1"))),
+    ("v1",),
+)  # fmt: skip
+
+# a float16 constant row: the gradient at layer_norm's input is (-4e4, -1.9e5, 2e5, 3e4); eager's
+# float16 backward gives NaN in all four, autofuse the float16 values (two overflow, and the
+# softmax backward over the size-1 dim turns those into NaN); the float64 gradient of x0 is 0,
+# autofuse's 0 where it has a number
+HALF_CONSTANT_ROW = Program(
+    (InputSpec("x0", (1, 4), "float16", seed=41091), InputSpec("x3", (4,), "float32", seed=16120)),
+    (OpNode("v1", "norm_const", "F.layer_norm(torch.log(torch.softmax({0}.cumsum(-1), 0).abs()"
+            " + 1), [4], eps=1e-5)", ("x0",)),
+     OpNode("v4", "norm", "({0} * torch.rsqrt({0}.pow(2).mean(-1, keepdim=True) + 1e-6) * {1})",
+            ("v1", "x3"))),
+    ("v4",),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "program", [CONSTANT_ROW_GRAD, INT_MADE_ROW, HALF_CONSTANT_ROW], ids=["7281", "5254", "337"]
+)
+def test_layer_norm_of_a_constant_row_passes(program, fresh_dynamo):
+    for backward in (False, True):
+        for v in check_program(program, backward, ["optimize", "compile"], timeout_s=120):
+            assert v.status == "pass", v
+
+
+def _off_by(delta: float):
+    """A planted miscompilation: every float output moved by ``delta`` times its input's sum."""
+
+    def compiler(fn, _inputs):
+        def wrong(*xs):
+            shift = sum(x.float().sum() for x in xs if x.is_floating_point()) * delta
+            return tuple(o + shift if o.is_floating_point() else o for o in fn(*xs))
+
+        return wrong
+
+    return {"wrong": compiler}
+
+
+def test_a_real_error_beside_a_cancellation_still_fails():
+    """Eager's noise on nearby inputs (1.5e-5 here) excuses that much, not 100 times more."""
+    for backward in (False, True):
+        (v,) = check_program(CONSTANT_ROW_GRAD, backward, ["wrong"], compilers=_off_by(1e-3))
+        assert v.status == "mismatch", v
+
+
+def test_the_float64_run_of_a_program_making_float32():
+    p = Program(
+        (InputSpec("x0", (4,), "int32", kind="int", seed=1), InputSpec("x1", (4,), "float32")),
+        (OpNode("v0", "unary", "({0}.to(torch.float32) * 0.1 + {0} * 0.3)", ("x0",)),
+         OpNode("v1", "binary", "({0} * {1})", ("v0", "x1"))),
+        ("v1",),
+    )  # fmt: skip
+    from experiments.fuzz.program import compile_program
+    from experiments.fuzz.reference import float64_program
+
+    fn, make = compile_program(p)
+    out, grads = run_float64(float64_program(p), make, True, [torch.float32])
+    (r,) = out
+    assert r.dtype == torch.float64 and grads[0].dtype == torch.float64
+    x0, x1 = make()
+    want = (x0.double() * 0.1 + x0.double() * 0.3) * x1.double()
+    torch.testing.assert_close(r.detach(), want, rtol=1e-15, atol=0)
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_nearby_inputs_are_an_ulp_or_two_away_in_their_own_strides():
+    base = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    x = base.clone().t()[:, ::2]
+    ints = torch.arange(5)
+    moved, same = nearby([x, ints], 3)
+    assert moved is x and moved.stride() == (1, 12) and torch.equal(same, torch.arange(5))
+    ulps = (moved.double() - base.t()[:, ::2].double()).abs() / base.t()[:, ::2].abs().double()
+    eps = torch.finfo(torch.float32).eps
+    assert (ulps > 0.4 * eps).all() and (ulps < 2.6 * eps).all()
+
+
+def test_compare_takes_eager_noise_on_nearby_inputs():
+    r = torch.zeros(2, dtype=torch.float64)
+    e = torch.zeros(2)  # eager exact here by chance
+    a = torch.tensor([1.5e-5, 0.0])
+    assert "value 0" in compare((a,), (e,), lambda: (r,))
+    assert compare((a,), (e,), lambda: (r,), None, lambda: [1.5e-5]) == ""
+    assert "value 0" in compare((a * 100,), (e,), lambda: (r,), None, lambda: [1.5e-5])
+
+
+def test_compare_takes_the_true_value_where_eager_overflows_to_nan():
+    r = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)
+    e = torch.tensor([float("nan"), float("nan"), 2.0])
+    nan = float("nan")
+    assert compare((torch.tensor([0.0, nan, 2.0]),), (e,), lambda: (r,)) == ""
+    assert "value 0" in compare((torch.tensor([0.5, nan, 2.0]),), (e,), lambda: (r,))
+    assert "value 0" in compare((torch.tensor([0.0, nan, nan]),), (e,), lambda: (r,))
+    assert "value 0" in compare((torch.tensor([float("inf"), nan, 2.0]),), (e,), lambda: (r,))
