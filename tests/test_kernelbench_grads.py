@@ -112,3 +112,40 @@ def test_a_model_that_cannot_run_in_float64_has_no_reference_and_stays_float32()
     x = torch.randn(2, 4)
     assert float64_grads(model, [x], [torch.randn(2, 4)]) is None
     assert all(p.dtype == torch.float32 and p.grad is None for p in model.parameters())
+
+
+class _Cancels(nn.Module):
+    """Sums of exp of sums (Mamba2's segment sums in small): values near 1e15 whose fp32
+    rounding differs by summation order far beyond KernelBench's 1e-2 rule near zero."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(4, 16, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        e = torch.exp(self.a.cumsum(-1) * 3) * x
+        return e.sum(-1) - e.flip(-1).sum(-1)  # 0 exactly; fp32 rounds by summation order
+
+
+def test_forward_outputs_failing_against_eager_are_judged_against_float64():
+    """An output as close to the float64 one as eager's fp32 output is passes (recorded as
+    judged by float64); one further off than REFERENCE_FACTOR times eager's distance fails; a
+    model that cannot run in float64 keeps the fp32 verdict."""
+    model = _Cancels()
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = model(x)
+    ref64 = check.float64_outputs(model, [x])
+    assert ref64 is not None and model.a.dtype == torch.float32
+    exact = ref64[0].float()
+    eager_err = (ref.double() - ref64[0]).abs().max().item()
+    assert not check.compare(exact, ref, 1e-2)["correct"]  # eager fp32 is itself off
+    far = exact + 4 * REFERENCE_FACTOR * max(eager_err, 1.0)
+    assert check.judged_by_float64(exact, ref, ref64, 1e-2)["correct"]
+    assert check.judged_by_float64(far, ref, ref64, 1e-2) is None
+    assert check.judged_by_float64(exact, ref, None, 1e-2) is None
+
+    rec = check.front_end("t", lambda: (lambda _: exact, []), [x], ref, 1e-2, 1e-4, lambda: ref64)
+    wrong = check.front_end("t", lambda: (lambda _: far, []), [x], ref, 1e-2, 1e-4, lambda: ref64)
+    assert rec["correct"] and rec.get("judged_by_float64")
+    assert not wrong["correct"] and "judged_by_float64" not in wrong
