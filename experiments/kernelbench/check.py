@@ -240,7 +240,11 @@ def judged_by_float64(out: Any, ref: Any, ref64: list | None, tol: float) -> dic
     if "wrong" in verdicts:
         return None
     ratios = [grad_error_ratio(*t) for t, v in zip(triples, verdicts) if v == "float64"]
-    return {"correct": True, "judged_by_float64": True, "worst_error_ratio": max(ratios, default=0.0)}
+    return {
+        "correct": True,
+        "judged_by_float64": True,
+        "worst_error_ratio": max(ratios, default=0.0),
+    }
 
 
 def grad_error_ratio(got: Any, eager: Any, ref64: Any) -> float:
