@@ -115,3 +115,30 @@ def test_a_length_in_a_batched_gemm_s_strides_is_an_argument(gemm_kernels, front
         for g, r in zip(grads, torch.autograd.grad(want.square().sum(), args)):
             assert_close(g, r, torch.float32, f"length {t} grad")
     assert built[7] == built[9] == built[11] == 0, built
+
+
+def linear_norm(x, w, b):
+    return F.layer_norm(x.reshape(-1, 16) @ w, (32,), b)
+
+
+def test_a_row_gemm_kernel_is_built_once_per_bucket():
+    """A 2-D row GEMM (a linear layer's rows normalized in its kernel) is a loop kernel: under
+    runtime sizes its rows are the ``xnumel`` argument, its text the same at every length
+    (its configs are still chosen per exact shape: ``GemmRowKind.runtime_sizes``)."""
+    backend = dynamo.make_backend()
+    fast = torch.compile(linear_norm, backend=backend, dynamic=True)
+    built = {}
+    for t in (9, 13, 16, 17, 24):
+        torch.manual_seed(t)
+        args = [torch.randn(2, t, 16), torch.randn(16, 32), torch.randn(32)]
+        args = [a.requires_grad_() for a in args]
+        before = kernels_built()
+        got = fast(*args)
+        grads = torch.autograd.grad(got.square().sum(), args)
+        built[t] = kernels_built() - before
+        want = linear_norm(*args)
+        assert_close(got, want, torch.float32, f"length {t}")
+        for g, r in zip(grads, torch.autograd.grad(want.square().sum(), args)):
+            assert_close(g, r, torch.float32, f"length {t} grad")
+    kinds = {k.info.kind for r in backend.records for k in r.plan.kernels}
+    assert "gemm_row" in kinds and built[13] == built[16] == built[17] == built[24] == 0, built
