@@ -13,8 +13,9 @@ from autofuse.frontend import dynamo
 from autofuse.kernels import analyze_group, default_config, generate
 from autofuse.kernels.common.loader import kernels_built
 from autofuse.kernels.common.sizes import runtime_sizes
-from autofuse.kernels.gemm.kind import GemmKind
+from autofuse.kernels.gemm.kind import GemmKind, gemm_configs
 from autofuse.partition.partitioner import Partitioner
+from autofuse.plan.runtime import build_plan, execute
 from tests.helpers import assert_close
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
@@ -142,3 +143,29 @@ def test_a_row_gemm_kernel_is_built_once_per_bucket():
             assert_close(g, r, torch.float32, f"length {t} grad")
     kinds = {k.info.kind for r in backend.records for k in r.plan.kernels}
     assert "gemm_row" in kinds and built[13] == built[16] == built[17] == built[24] == 0, built
+
+
+def test_tma_descriptors_span_the_size_arguments():
+    """Under runtime sizes a TMA descriptor's shape is the M, K (K, N) arguments: 40 and 33
+    rows share the kernel text, and rows past the edge read as zero at both."""
+
+    def fn(x, w, b):
+        return F.gelu(x @ w + b)
+
+    sources = set()
+    for rows in (40, 33):
+        g = torch.Generator().manual_seed(rows)
+        args = (torch.randn(rows, 64, generator=g), torch.randn(64, 48, generator=g) * 0.2,
+                torch.randn(48, generator=g))  # fmt: skip
+        graph = capture(fn, args).graph
+        groups = Partitioner(graph).greedy().groups
+        (group,) = [grp for grp in groups if len(grp) > 1]
+        with runtime_sizes(("bucket",)):
+            info = analyze_group(graph, group)
+            cfg = next(c for c in gemm_configs(graph, info) if c.TMA)
+            plan = build_plan(graph, groups, [cfg if grp == group else None for grp in groups])
+        (kernel,) = plan.kernels
+        assert "shape=[M, K]" in kernel.source and "shape=[K, N]" in kernel.source
+        sources.add(kernel.source)
+        assert_close(execute(plan, list(args))[0], fn(*args), torch.float32, f"{rows} rows")
+    assert len(sources) == 1
