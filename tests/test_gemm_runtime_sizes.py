@@ -10,12 +10,13 @@ import torch.nn.functional as F
 import autofuse
 from autofuse.capture import capture
 from autofuse.frontend import dynamo
-from autofuse.kernels import analyze_group, default_config, generate
+from autofuse.kernels import analyze_group, bucket_config_fits, default_config, generate
 from autofuse.kernels.common.loader import kernels_built
 from autofuse.kernels.common.sizes import runtime_sizes
 from autofuse.kernels.gemm.kind import GemmKind, gemm_configs
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import build_plan, execute
+from experiments.bench.workloads import attention_scores_causal
 from tests.helpers import assert_close
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
@@ -124,8 +125,8 @@ def linear_norm(x, w, b):
 
 def test_a_row_gemm_kernel_is_built_once_per_bucket():
     """A 2-D row GEMM (a linear layer's rows normalized in its kernel) is a loop kernel: under
-    runtime sizes its rows are the ``xnumel`` argument, its text the same at every length
-    (its configs are still chosen per exact shape: ``GemmRowKind.runtime_sizes``)."""
+    runtime sizes its rows are the ``xnumel`` argument, its text the same at every length, its
+    configs kept for a bucket; a batched one's are chosen per exact shape (BLOCK_M divides M)."""
     backend = dynamo.make_backend()
     fast = torch.compile(linear_norm, backend=backend, dynamic=True)
     built = {}
@@ -141,8 +142,13 @@ def test_a_row_gemm_kernel_is_built_once_per_bucket():
         assert_close(got, want, torch.float32, f"length {t}")
         for g, r in zip(grads, torch.autograd.grad(want.square().sum(), args)):
             assert_close(g, r, torch.float32, f"length {t} grad")
-    kinds = {k.info.kind for r in backend.records for k in r.plan.kernels}
-    assert "gemm_row" in kinds and built[13] == built[16] == built[17] == built[24] == 0, built
+    rows = [k.info for r in backend.records for k in r.plan.kernels if k.info.kind == "gemm_row"]
+    assert rows and all(map(bucket_config_fits, rows))
+    assert built[13] == built[16] == built[17] == built[24] == 0, built
+    q = torch.randn(2, 32, 16)
+    space = Partitioner(capture(attention_scores_causal, (q, q)).graph)
+    info = space.check(frozenset(space.nodes))  # a batched row GEMM
+    assert info.kind == "gemm_row" and not bucket_config_fits(info)
 
 
 def test_tma_descriptors_span_the_size_arguments():

@@ -37,8 +37,8 @@ def test_each_config_class_names_its_switches_among_its_fields():
 
 def test_every_kind_says_whether_it_takes_runtime_sizes():
     takes = {k.name for k in KINDS if k.runtime_sizes}
-    assert {"pointwise", "reduction", "scan", "scatter", "gemm"} <= takes  # M, N, K arguments
-    assert not takes & {"gemm_row", "attention", "attention_bwd"}  # sizes baked in
+    assert {"pointwise", "reduction", "scan", "scatter", "gemm", "gemm_row"} <= takes
+    assert not takes & {"conv", "attention", "attention_bwd"}  # sizes baked in
     assert all(isinstance(k.runtime_sizes, bool) for k in KINDS)
 
 
