@@ -122,9 +122,11 @@ _LOWERED = frozenset({"pointwise", "reduction", "matmul"})
 
 def bucket_config_fits(info: GroupInfo) -> bool:
     """Whether a launch config chosen for one shape of a bucket is kept for the bucket's other
-    shapes (the loop kinds, whose configs are chosen by bucket); other kinds choose again at
-    each exact shape."""
-    return kind_of(info).runtime_sizes
+    shapes (the kinds that take runtime sizes, whose configs are chosen by bucket, but for the
+    groups their ``bucket_rule`` refuses); other kinds choose again at each exact shape."""
+    kind = kind_of(info)
+    rule = getattr(kind, "bucket_rule", None)
+    return kind.runtime_sizes and (rule is None or rule(info))
 
 
 def kind_of(info: GroupInfo) -> KernelKind:

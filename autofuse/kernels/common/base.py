@@ -216,7 +216,8 @@ class KernelKind(Protocol):
     calls (cuBLAS) with the rest of the group fused in its own kernel; only a search that
     times the generated kernel faster picks it. ``runtime_sizes``: its kernels take their row
     count as an argument under ``common.sizes.runtime_sizes`` (configs chosen by size bucket,
-    one kernel for the bucket's shapes). ``proposals``: candidate groups among ``members`` that
+    one kernel for the bucket's shapes; an optional ``bucket_rule(info)`` keeps a group's
+    configs per exact shape where it says False). ``proposals``: candidate groups among ``members`` that
     pairwise merging cannot reach (``reach[n]``: the bitset of nodes reachable from ``n``), which
     the partitioner tries first. ``cost_facts`` tells the cost model what its kernel of a
     group under a config moves and computes (``common.cost``: a loop or a tiled product),

@@ -11,6 +11,8 @@ differed become arguments ``ks0, ks1...``, passed their values at this shape. Th
 with those values in place is exactly the text generated at this shape, so the kernel is
 correct by construction; its text, and the kernel built, is then shared by every later shape
 whose literals differ at those positions alone. Literals equal at every shape stay constants.
+A kind whose block shapes are all constexpr names (the GEMM template: ``offs_m[:, None]``) asks
+for ``subscripts``: a line with a subscript is then eligible outside its brackets.
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ _SEEN: dict[tuple, tuple[tuple[int, ...], frozenset[int]]] = {}  # -> (literals,
 _LOCK = threading.Lock()
 
 
-def _literals(source: str, name: str) -> tuple[list[tuple[int, int, int]], str]:
+def _literals(
+    source: str, name: str, subscripts: bool = False
+) -> tuple[list[tuple[int, int, int]], str]:
     """(the eligible literals of the kernel's body: (line, start, end) each, the source with
-    them blanked): the lines after ``def <name>(``, their code before an inline comment."""
+    them blanked): the lines after ``def <name>(``, their code before an inline comment;
+    with ``subscripts``, a line with ``[`` too, its literals outside brackets."""
     lines, found, body = source.split("\n"), [], False
     blank = list(lines)
     for k, line in enumerate(lines):
@@ -45,22 +50,27 @@ def _literals(source: str, name: str) -> tuple[list[tuple[int, int, int]], str]:
             body = line.startswith(f"def {name}(")
             continue
         code = line.split("  # ", 1)[0]
-        if any(b in code for b in _BLOCKED) or _CONSTANTS.match(code):
+        blocked = _BLOCKED[1:] if subscripts else _BLOCKED  # (_BLOCKED[0]: "[")
+        if any(b in code for b in blocked) or _CONSTANTS.match(code):
             continue
-        spans = [m.span(2) for m in _TOKEN.finditer(code) if m.group(2)]
+        spans = [
+            m.span(2)
+            for m in _TOKEN.finditer(code)
+            if m.group(2) and code[: m.start(2)].count("[") == code[: m.start(2)].count("]")
+        ]
         found += [(k, a, b) for a, b in spans]
         for a, b in reversed(spans):
             blank[k] = blank[k][:a] + "#" + blank[k][b:]
     return found, "\n".join(line for line in blank if not line.lstrip().startswith("#"))
 
 
-def with_size_arguments(kernel: Kernel) -> Kernel:
+def with_size_arguments(kernel: Kernel, subscripts: bool = False) -> Kernel:
     """``kernel`` with the literals that differ between the shapes of its traced graph as
     arguments (see the module); as it is outside such a graph or where none differ."""
     scope = getattr(runtime_bucket(), "scope", None)
     if scope is None:
         return kernel
-    found, skeleton = _literals(kernel.source, kernel.name)
+    found, skeleton = _literals(kernel.source, kernel.name, subscripts)
     lines = kernel.source.split("\n")
     values = tuple(int(lines[k][a:b]) for k, a, b in found)
     key = (scope, kernel.name, skeleton)

@@ -25,7 +25,14 @@ from typing import Any
 from autofuse.ir.graph import numel
 from autofuse.kernels.common.base import GroupInfo, next_pow2
 
-__all__ = ["config_xnumel", "runtime_bucket", "runtime_sizes", "runtime_sizes_on", "size_bucket"]
+__all__ = [
+    "config_extent",
+    "config_xnumel",
+    "runtime_bucket",
+    "runtime_sizes",
+    "runtime_sizes_on",
+    "size_bucket",
+]
 
 _BUCKET: contextvars.ContextVar[Any] = contextvars.ContextVar("autofuse_bucket", default=None)
 
@@ -66,3 +73,9 @@ def config_xnumel(info: GroupInfo) -> int:
     if _BUCKET.get() is None:
         return info.xnumel
     return numel(next_pow2(s) for i, s in enumerate(info.domain) if i not in info.reduce_dims)
+
+
+def config_extent(n: int) -> int:
+    """One extent a default config is chosen for: the exact one, or with runtime sizes its
+    bucket's (rounded up to a power of two), for kinds that size tiles by each dim alone."""
+    return n if _BUCKET.get() is None else next_pow2(n)

@@ -280,6 +280,7 @@ class ConvKind(GemmKind):
     space)."""
 
     name = "conv"
+    runtime_sizes = False  # sizes baked in (its index arithmetic): a kernel per exact shape
     # a plan chosen without measuring keeps cuDNN but where kernels/conv/rule.py says
     # (``library_rule``, per group)
     lowers_opaque = True  # its groups hold an opaque node: the convolution

@@ -6,6 +6,13 @@ evaluated per loaded tile at index (m, k) or (k, n)) and the pointwise nodes ove
 (epilogue, evaluated on the accumulator tile at (m, n) before the only store). The same index
 machinery as the other kernels applies: operands reached through views are strided loads, and
 the epilogue may read bias, residual or masks broadcast or full-size.
+
+The template takes M, N and K as arguments. Under runtime sizes (``common/sizes.py``) every
+tile edge is masked against them, whatever the exact shape (no mask is dropped where a block
+divides the extent), a TMA descriptor spans the argument extents, the default config is chosen
+at each extent's bucket, and literals that differ between a traced graph's shapes (a size in
+the index arithmetic) become arguments (``common/literals.py``): the shapes of one bucket share
+one kernel text.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from autofuse.kernels.common.base import (
 )
 from autofuse.kernels.common.cost import TileCost
 from autofuse.kernels.common.emitter import Emitter, Scope
+from autofuse.kernels.common.literals import with_size_arguments
 from autofuse.kernels.common.memory import ITEM, ancestors, memory_offset
 from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype, tile_address
+from autofuse.kernels.common.sizes import config_extent, runtime_sizes_on
 from autofuse.kernels.gemm.cost import gemm_cost
 from autofuse.kernels.gemm.template import (
     GemmConfig,
@@ -165,7 +174,9 @@ class GemmEmitter(Emitter):
     def _descriptor_load(self, src: int, which: int, var: str) -> list[str]:
         """``var`` read through a TMA descriptor of the whole operand, made once in setup."""
         node = self.g[src]
-        rows, cols = node.shape
+        rows, cols = ("M", "K") if which == 0 else ("K", "N")  # the arguments: any size
+        if not runtime_sizes_on():
+            rows, cols = node.shape
         desc, block = f"{var}_desc", ("BLOCK_M, BLOCK_K" if which == 0 else "BLOCK_K, BLOCK_N")
         self.setup_lines.append(
             f"{desc} = tl.make_tensor_descriptor({self.ptr[src]}, shape=[{rows}, {cols}], "
@@ -180,7 +191,10 @@ class GemmEmitter(Emitter):
         return self.lines
 
     def _even(self, which: int) -> bool:
-        """Whether the operand's tiles divide its shape under this config (masks can go)."""
+        """Whether the operand's tiles divide its shape under this config (masks can go);
+        never with runtime sizes (the extents are the arguments: any size)."""
+        if runtime_sizes_on():
+            return False
         _, m, n, k = gemm_dims(self.g, self.info)
         c = self.cfg
         rows = m % c.BLOCK_M == 0 if which == 0 else True
@@ -296,7 +310,7 @@ def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int 
     n_in = len(info.loads)
     layout = template_layout(spec, n_in, m, n, k)
     item = ITEM.get(a_dtype, 2)
-    return Kernel(
+    kernel = Kernel(
         name=name,
         source=source,
         config=config,
@@ -317,10 +331,11 @@ def generate_gemm(graph: Graph, info: GroupInfo, config: GemmConfig, index: int 
             input_alignment=DESCRIPTOR_ALIGNMENT if config.TMA else 0,
         ),
     )
+    return with_size_arguments(kernel, subscripts=True)  # sizes in its index arithmetic
 
 
 def gemm_configs(graph: Graph, info: GroupInfo) -> list[GemmConfig]:
-    batch, m, n, k = gemm_dims(graph, info)
+    batch, m, n, k = (config_extent(d) for d in gemm_dims(graph, info))
     dt = ITEM.get(graph[graph[info.matmuls[0]].inputs[0]].dtype, 2)
     out = prune_configs(default_configs(dt, m, n, k), dt, m, n, k, n_b=len(info.matmuls))
     if tma_eligible(graph, info):  # descriptor loads, for the search to weigh against pointers
@@ -343,7 +358,7 @@ class GemmKind(ProposesNone):
     # kernel for gemm+bias+GELU and SwiGLU (results/h200/lib_a3c3894.*; 447 us), and the
     # generated gemm+bias+GELU kernel took 448-466 us across its best configs
     # (gemm_probe_088186d.json): unmeasured plans, at default configs, start from cuBLAS
-    runtime_sizes = False  # sizes baked in: a config and a kernel per exact shape
+    runtime_sizes = True  # M, N, K the arguments, configs by bucket (see the module)
     library_first = True
     config_class = GemmConfig
 

@@ -492,9 +492,14 @@ def _log2(x: int) -> int:
 
 class GemmRowKind(LoopKind):
     name = "gemm_row"
-    runtime_sizes = False  # sizes baked in: a config and a kernel per exact shape
+    runtime_sizes = True  # a loop kernel: its rows the xnumel argument, columns rnumel
     library_first = False
     config_class = RowGemmConfig
+
+    def bucket_rule(self, info: GroupInfo) -> bool:
+        """Configs by bucket for a 2-D product only: a batched one's programs each lie in one
+        batch (BLOCK_M divides the exact M), so its configs are chosen per exact shape."""
+        return len(info.domain) == 2
 
     def claims(self, graph: Graph, members: frozenset[int]) -> bool:
         kinds = {graph[m].kind for m in members}
