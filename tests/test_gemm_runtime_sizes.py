@@ -38,6 +38,24 @@ def _params(hidden: int = 8):
     return [torch.randn(16, hidden), torch.randn(hidden), torch.randn(hidden, 4)]
 
 
+def _built_per_length(fast, fn, make_args, lengths) -> dict[int, int]:
+    """Kernels built by ``fast``'s call and backward at each length (``make_args(t)``: its
+    arguments, requiring grad), its results and gradients checked against ``fn``'s."""
+    built = {}
+    for t in lengths:
+        torch.manual_seed(t)
+        args = [a.requires_grad_() for a in make_args(t)]
+        before = kernels_built()
+        got = fast(*args)
+        grads = torch.autograd.grad(got.square().sum(), args)
+        built[t] = kernels_built() - before
+        want = fn(*args)
+        assert_close(got, want, torch.float32, f"length {t}")
+        for g, r in zip(grads, torch.autograd.grad(want.square().sum(), args)):
+            assert_close(g, r, torch.float32, f"length {t} grad")
+    return built
+
+
 # a width per front: the graphs differ, so neither reuses a plan the other made (whose kernels
 # name the other graph's nodes in their comments)
 @pytest.mark.parametrize("front, hidden", [("compile", 8), ("optimize", 12)])
@@ -50,18 +68,9 @@ def test_a_gemm_kernel_is_built_once_per_bucket(gemm_kernels, front, hidden):
         fast = torch.compile(mlp, backend=dynamo.make_backend(), dynamic=True)
     else:
         fast = autofuse.optimize(mlp, (torch.randn(2, 9, 16), *params), dynamic={"x": [1]})
-    built = {}
-    for t in (9, 13, 16, 17, 24):
-        torch.manual_seed(t)
-        x = torch.randn(2, t, 16, requires_grad=True)
-        before = kernels_built()
-        got = fast(x, *params)
-        grads = torch.autograd.grad(got.square().sum(), [x, *params])
-        built[t] = kernels_built() - before
-        want = mlp(x, *params)
-        assert_close(got, want, torch.float32, f"length {t}")
-        for g, r in zip(grads, torch.autograd.grad(want.square().sum(), [x, *params])):
-            assert_close(g, r, torch.float32, f"length {t} grad")
+    built = _built_per_length(
+        fast, mlp, lambda t: [torch.randn(2, t, 16), *params], (9, 13, 16, 17, 24)
+    )
     assert built[13] == built[16] == built[24] == 0, built
 
 
@@ -103,19 +112,12 @@ def test_a_length_in_a_batched_gemm_s_strides_is_an_argument(gemm_kernels, front
     else:
         example = (torch.randn(2, 5, 16), torch.randn(2, 5, 16), torch.randn(5, 5))
         fast = autofuse.optimize(fn, example, dynamic={"q": [1], "k": [1], "bias": [0, 1]})
-    built = {}
-    for t in (5, 6, 7, 9, 11):
-        torch.manual_seed(t)
-        args = [torch.randn(2, t, 16), torch.randn(2, t, 16), torch.randn(t, t)]
-        args = [a.requires_grad_() for a in args]
-        before = kernels_built()
-        got = fast(*args)
-        grads = torch.autograd.grad(got.square().sum(), args)
-        built[t] = kernels_built() - before
-        want = fn(*args)
-        assert_close(got, want, torch.float32, f"length {t}")
-        for g, r in zip(grads, torch.autograd.grad(want.square().sum(), args)):
-            assert_close(g, r, torch.float32, f"length {t} grad")
+    built = _built_per_length(
+        fast,
+        fn,
+        lambda t: [torch.randn(2, t, 16), torch.randn(2, t, 16), torch.randn(t, t)],
+        (5, 6, 7, 9, 11),
+    )
     assert built[7] == built[9] == built[11] == 0, built
 
 
@@ -129,19 +131,12 @@ def test_a_row_gemm_kernel_is_built_once_per_bucket():
     configs kept for a bucket; a batched one's are chosen per exact shape (BLOCK_M divides M)."""
     backend = dynamo.make_backend()
     fast = torch.compile(linear_norm, backend=backend, dynamic=True)
-    built = {}
-    for t in (9, 13, 16, 17, 24):
-        torch.manual_seed(t)
-        args = [torch.randn(2, t, 16), torch.randn(16, 32), torch.randn(32)]
-        args = [a.requires_grad_() for a in args]
-        before = kernels_built()
-        got = fast(*args)
-        grads = torch.autograd.grad(got.square().sum(), args)
-        built[t] = kernels_built() - before
-        want = linear_norm(*args)
-        assert_close(got, want, torch.float32, f"length {t}")
-        for g, r in zip(grads, torch.autograd.grad(want.square().sum(), args)):
-            assert_close(g, r, torch.float32, f"length {t} grad")
+    built = _built_per_length(
+        fast,
+        linear_norm,
+        lambda t: [torch.randn(2, t, 16), torch.randn(16, 32), torch.randn(32)],
+        (9, 13, 16, 17, 24),
+    )
     rows = [k.info for r in backend.records for k in r.plan.kernels if k.info.kind == "gemm_row"]
     assert rows and all(map(bucket_config_fits, rows))
     assert built[13] == built[16] == built[17] == built[24] == 0, built

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs, numel
+from autofuse.settings import settings
 
 __all__ = ["CONVOLUTION", "Fold", "bias_add_of", "find_folds", "fold_batchnorm", "is_convolution"]
 
@@ -179,10 +180,13 @@ def find_folds(graph: Graph) -> list[Fold]:
     return folds
 
 
-def fold_batchnorm(graph: Graph, bias_in_call: bool = False) -> Graph:
+def fold_batchnorm(graph: Graph, bias_in_call: bool | None = None) -> Graph:
     """``graph`` with every :func:`find_folds` pattern replaced by the convolution on folded
     weights and its folded bias (added by a pointwise op, or inside the library call when
-    ``bias_in_call``); the graph itself when there is none."""
+    ``bias_in_call``; None: where the settings put a convolution's bias,
+    ``AUTOFUSE_CONV_BIAS``); the graph itself when there is none."""
+    if bias_in_call is None:
+        bias_in_call = settings().conv_bias == "library"
     folds = {f.add: f for f in find_folds(graph)}
     if not folds:
         return graph

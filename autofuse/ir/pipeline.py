@@ -24,7 +24,7 @@ def before_planning(graph: Graph, cuda: bool) -> Graph:
     (``ir/recompute.py``)."""
     graph = pool_before_monotone(graph)
     if settings().bn_fold == "fold":
-        graph = fold_batchnorm(graph, bias_in_call=settings().conv_bias == "library")
+        graph = fold_batchnorm(graph)
     graph = choose_layouts(dedupe(graph), cuda)
     graph = dedupe(split_for_pipeline(graph, cuda))
     return recompute_for_chunk_readers(graph)

@@ -198,20 +198,7 @@ class Planner:
             return Planned(plan, None, PlanChoice(plan.label, ((plan.label, None),), why))
         if not timed:
             return Planned(plan)
-        run = lambda p: execute(p, ins)  # noqa: E731
-        choices = []
-        if others:  # fused matmuls against cuBLAS, channels-last convolutions against contiguous
-            others = with_fused_variants(others, run)
-            plan, choice = choose_plan([plan, *others], run, True)
-            choices.append(choice)
-        fused = choose_fused(plan, run)  # then chains a library call fuses (cuDNN's conv + ReLU)
-        if fused is not None:
-            plan, choice = fused
-            choices.append(choice)
-        variants = library_variants(plan.graph)  # then the library calls on offer (SDPA's)
-        if variants:
-            plan, choice = choose_plan([plan, *(with_calls(plan, v) for v in variants)], run, True)
-            choices.append(choice)
+        plan, choices = timed_choices(plan, others, lambda p: execute(p, ins), agree=False)
         if not choices:
             return Planned(plan)
         return Planned(_measured(plan, merged(choices), label), None, merged(choices))
@@ -244,7 +231,7 @@ class Planner:
             out.append(("convolutions channels-last", relayout(self.graph, "channels_last")))
         out += self.variants
         if settings().bn_fold == "measure":
-            folded = fold_batchnorm(self.graph, bias_in_call=settings().conv_bias == "library")
+            folded = fold_batchnorm(self.graph)
             if folded is not self.graph:
                 out.append(("BatchNorm folded into the convolutions", folded))
         return tuple(out)
@@ -321,24 +308,37 @@ class Planner:
         others = self.graph_alternatives(plan.label)
         if not (others or library_variants(self.graph) or fusions(plan)):
             return record
-        choices, chosen = [], plan
-        if others:
-            kept, notes = agreeing(plan, with_fused_variants(others, run), run)
-            chosen, choice = choose_plan([plan, *kept], run, True)
-            choices.append(replace(choice, why="; ".join([choice.why, *notes])))
-        fused = choose_fused(chosen, run)
-        if fused is not None:
-            chosen, choice = fused
-            choices.append(choice)
-        variants = library_variants(chosen.graph)
-        if variants:
-            cands = [chosen, *(with_calls(chosen, v) for v in variants)]
-            chosen, choice = choose_plan(cands, run, True)
-            choices.append(choice)
+        chosen, choices = timed_choices(plan, others, run, agree=True)
         if chosen is plan:
             return record
         chosen = _measured(replace(chosen, label=plan.label), merged(choices), plan.label)
         return replace(record, plan=chosen)
+
+
+def timed_choices(
+    plan: Plan, others: Sequence[Plan], run: Callable[[Plan], Any], agree: bool
+) -> tuple[Plan, list[PlanChoice]]:
+    """``plan`` against ``others`` (fused matmuls against cuBLAS, another layout, BatchNorm
+    folded; each with its fused calls, and where ``agree``, each checked against ``plan``),
+    then the winner's chains a library call fuses (cuDNN's conv + ReLU), then the library
+    calls on offer (SDPA's), each round timed end to end by ``run``: the plan chosen and each
+    round's choice."""
+    choices = []
+    if others:
+        cands, notes = with_fused_variants(others, run), []
+        if agree:
+            cands, notes = agreeing(plan, cands, run)
+        plan, choice = choose_plan([plan, *cands], run, True)
+        choices.append(replace(choice, why="; ".join([choice.why, *notes])) if notes else choice)
+    fused = choose_fused(plan, run)
+    if fused is not None:
+        plan, choice = fused
+        choices.append(choice)
+    variants = library_variants(plan.graph)
+    if variants:
+        plan, choice = choose_plan([plan, *(with_calls(plan, v) for v in variants)], run, True)
+        choices.append(choice)
+    return plan, choices
 
 
 def _measured(plan: Plan, choice: PlanChoice, label: str) -> Plan:
@@ -351,4 +351,4 @@ def _measured(plan: Plan, choice: PlanChoice, label: str) -> Plan:
     return annotated(plan, lambda s: f"{s.reason}; {measured}" if s.reason else measured)
 
 
-__all__ = ["PlanStore", "Planned", "Planner", "Searcher", "assemble"]
+__all__ = ["PlanStore", "Planned", "Planner", "Searcher", "assemble", "timed_choices"]

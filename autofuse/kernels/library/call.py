@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,6 +25,19 @@ class LibraryCall:
     @property
     def label(self) -> str:
         return f"{self.provider}.{self.name}"
+
+
+def provided(
+    functions: Mapping[str, Callable[..., Any]], who: str, name: str
+) -> Callable[..., Any]:
+    """Provider ``who``'s function ``name`` from its table, or a ValueError naming the ones it
+    has (a cached plan naming a call this version does not provide)."""
+    try:
+        return functions[name]
+    except KeyError:
+        raise ValueError(
+            f"{who} provider has no function {name!r}: expected one of {sorted(functions)}"
+        ) from None
 
 
 class Provider(Protocol):

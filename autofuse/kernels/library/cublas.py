@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from autofuse.ir.graph import Graph
-from autofuse.kernels.library.call import LibraryCall
+from autofuse.kernels.library.call import LibraryCall, provided
 
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "mm": torch.mm,
@@ -33,10 +33,7 @@ class CublasProvider:
         return (call,) if call is not None else ()
 
     def function(self, name: str) -> Callable[..., Any]:
-        try:
-            return _FUNCTIONS[name]
-        except KeyError:
-            raise ValueError(f"cuBLAS provider has no function {name!r}") from None
+        return provided(_FUNCTIONS, "cuBLAS", name)
 
     def reason(self, graph: Graph, call: LibraryCall) -> str:
         op = graph[call.out].op if call.name in _LONE else call.name

@@ -23,7 +23,7 @@ from autofuse.ir.conv_fold import bias_add_of, is_convolution
 from autofuse.ir.eager import conform
 from autofuse.ir.graph import Graph, buffer_strides, numel
 from autofuse.kernels.conv.spec import conv_call
-from autofuse.kernels.library.call import LibraryCall
+from autofuse.kernels.library.call import LibraryCall, provided
 
 __all__ = ["CudnnProvider", "conv_add_relu", "conv_relu"]
 
@@ -74,10 +74,7 @@ class CudnnProvider:
         return (call,) if call is not None else ()
 
     def function(self, name: str) -> Callable[..., Any]:
-        try:
-            return _FUNCTIONS[name]
-        except KeyError:
-            raise ValueError(f"cuDNN provider has no function {name!r}") from None
+        return provided(_FUNCTIONS, "cuDNN", name)
 
     def reason(self, graph: Graph, call: LibraryCall) -> str:
         ops = " + ".join(graph[i].op for i in call.nodes[1:])

@@ -51,7 +51,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from autofuse.ir.eager import resolve_target
 from autofuse.ir.graph import Graph, Node
-from autofuse.kernels.library.call import LibraryCall
+from autofuse.kernels.library.call import LibraryCall, provided
 from autofuse.settings import settings
 
 BACKENDS = ("cudnn", "flash", "efficient", "math")
@@ -318,12 +318,7 @@ class SdpaProvider:
         return calls[0] if calls[0].name == (forced or a.backend) else None
 
     def function(self, name: str) -> Callable[..., Any]:
-        try:
-            return _FUNCTIONS[name]
-        except KeyError:
-            raise ValueError(
-                f"SDPA provider has no function {name!r}: expected one of {sorted(_FUNCTIONS)}"
-            ) from None
+        return provided(_FUNCTIONS, "SDPA", name)
 
     def reason(self, graph: Graph, call: LibraryCall) -> str:
         a = attention_of(graph, call.out)
