@@ -98,15 +98,18 @@ class OptimizedFunction:
         self.py_guard = None
         self._training = self._module.training if self._module is not None else None
         # what the plan depends on in the module (submodules, attributes, hooks, modes)
-        self.module_state = ModuleState(fn) if self._module is not None else None
+        self.module_state = (
+            ModuleState(fn, captured.param_names) if self._module is not None else None
+        )
         self.__name__ = f"autofuse_{captured.source_name}"
         n = self._n = len(captured.leaf_kinds)
         # the common call f(t0, t1, ...) of plain tensors needs no pytree walk
-        flat = self._module is None and captured.in_spec == pytree.tree_flatten(tuple(range(n)))[1]
-        self._flat_call = flat and all(k == "tensor" for k in captured.leaf_kinds)
+        flat = captured.in_spec == pytree.tree_flatten(tuple(range(n)))[1]
+        self._flat_args = flat and all(k == "tensor" for k in captured.leaf_kinds)
+        self._flat_call = self._module is None and self._flat_args
         # f(t0, n_head, t1, ...): plain tensors and the scalars the trace was specialized for
         self._mixed: tuple[tuple[int, ...], tuple[tuple[int, Any], ...]] | None = None
-        if flat and not self._flat_call:
+        if flat and not self._flat_args:
             kinds = captured.leaf_kinds
             at = tuple(k for k, kind in enumerate(kinds) if kind == "tensor")
             fixed = tuple(k for k, kind in enumerate(kinds) if kind != "tensor")
@@ -120,7 +123,9 @@ class OptimizedFunction:
         # untuned on CUDA: fused matmuls timed against cuBLAS (plan/planner.py), else None
         self.plan_choice = None
 
-    def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+    def flat_inputs(self, args: Sequence[Any], detach: bool = True) -> list[torch.Tensor]:
+        """The plan's inputs for a call: the argument tensors, then a module's parameters and
+        buffers (``detach=False``: the tensors themselves, for a run under no_grad)."""
         c = self.captured
         if self._flat_call and all(type(a) is torch.Tensor for a in args):
             check_count(c.graph, args)
@@ -141,19 +146,18 @@ class OptimizedFunction:
                     f"scalar argument {k} is {got!r}, but the plan was specialized for {want!r}"
                 )
         if self._module is not None:
-            state = dict(self._module.named_parameters())
-            state.update(dict(self._module.named_buffers()))
-            tensors += [state[n].detach() for n in c.param_names]
+            found = self.module_state.current()
+            tensors += [t.detach() for t in found] if detach else found
         return tensors
 
     @property
     def plain_call(self) -> bool:
         """Whether calls are flat positional arguments: tensors, and scalars the trace fixed."""
-        return self._flat_call or self._mixed is not None
+        return self._flat_call or (self._module is None and self._mixed is not None)
 
     def _plain_tensors(self, args: tuple) -> tuple | None:
         """The tensors of a flat call whose scalars are the captured ones, else None."""
-        if self._flat_call:
+        if self._flat_args:
             return args if len(args) == self._n else None
         if self._mixed is None or len(args) != len(self.captured.leaf_kinds):
             return None
@@ -172,6 +176,8 @@ class OptimizedFunction:
         # the common call: plain tensors with exactly the captured shapes, dtypes and strides
         # (one guard check), none requiring grad: no routing, no re-check, no pytree
         ts = None if kwargs else self._plain_tensors(args)
+        if ts is not None and self._module is not None:  # + its parameters and buffers
+            ts = (*ts, *self.module_state.tensors) if self.module_state.unchanged() else None
         if ts is not None:
             guard = input_guard(self.plan)
             fast = guard.grad_free and guard.exact(ts)  # the C check: no input requires grad
@@ -183,14 +189,14 @@ class OptimizedFunction:
                     outs = run_plan(self.plan, ts, guard.device if fast else None)
                 return self._wrap(outs)
         if kwargs or self._training is not None or torch.is_grad_enabled():
-            changed = None if self.module_state is None else self.module_state.changed()
+            changed = None if self.module_state is None else self.module_state.check()
             if changed is not None:
                 return routing.run_changed(self, changed, args, kwargs)
 
             why = routing.route(self, args, kwargs)
             if why is not None:
                 return routing.call_routed(self, why, args, kwargs)
-        flat = self.flat_inputs(args)
+        flat = self.flat_inputs(args, detach=False)
         with torch.no_grad():
             outs = execute(self.plan, flat)
         return self._wrap(outs)

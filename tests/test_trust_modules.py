@@ -69,6 +69,9 @@ CHANGES = {
     "forward hook": lambda m: m.act.register_forward_hook(lambda mod, a, out: out + 1.0),
     "submodule to train": lambda m: m.bn.train(),
     "bias None": lambda m: setattr(m.lin, "bias", None),
+    "new weight": lambda m: setattr(m.lin, "weight", torch.nn.Parameter(torch.randn(6, 6))),
+    "buffer rebound": lambda m: setattr(m.bn, "running_mean", torch.zeros(6)),
+    "whole module to train": lambda m: m.train(),
 }
 
 
@@ -76,9 +79,38 @@ def test_the_module_state_names_each_change():
     for how, change in CHANGES.items():
         m = _net().eval()
         state = ModuleState(m)
-        assert state.changed() is None
+        assert state.changed() is None and state.unchanged() and state.check() is None
         change(m)
         assert state.changed() is not None, how
+        assert not state.unchanged(), how  # the per-call identity check sees it too
+        assert state.check() is not None, how
+        assert not state.unchanged(), how  # and keeps seeing it (no new watch taken)
+
+
+def test_a_module_call_checks_in_c_and_follows_its_parameters():
+    """Calls after the first take the C-level checks (module identities, input guard) with
+    the module's own parameters; a value rebound to an equal one is no change (no warning, a
+    new watch); parameters written in place or through ``.data`` are read as they are now."""
+    from autofuse.plan.runtime import input_guard
+
+    m = _net().eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", ModuleChangedWarning)
+        fast = autofuse.optimize(m, X)
+        torch.testing.assert_close(fast(*X), m(*X))
+        state = fast.module_state
+        assert input_guard(fast.plan).exact((*X, *state.tensors))
+        m.scale = float("2.0")  # another float object, the same value
+        assert not state.unchanged() and state.check() is None and state.unchanged()
+        m.lin.weight.add_(0.5)
+        torch.testing.assert_close(fast(*X), m(*X))
+        m.lin.weight.data = torch.randn(6, 6)  # the same Parameter, new storage
+        torch.testing.assert_close(fast(*X), m(*X))
+    for p in m.parameters():  # grad mode on, nothing requires grad: the plan runs
+        p.requires_grad_(False)
+    out = fast(*X)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, m(*X))
 
 
 def test_a_changed_module_computes_what_eager_computes():

@@ -7,8 +7,10 @@ would move them once per call the caller makes, so the buffers are restored afte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import operator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import chain
 from typing import Any
 
 import torch
@@ -48,14 +50,37 @@ def _attr_state(v: Any) -> Any:
     return id(v)
 
 
+def _inner_dicts(attrs: dict[str, Any]) -> list[dict]:
+    """The dicts one level below a module's attributes that ``_attr_state`` reads: its dict
+    attributes (parameters, buffers, submodules, hooks) and other objects' own attributes."""
+    out = []
+    for v in attrs.values():
+        if isinstance(v, dict):
+            out.append(v)
+        elif not isinstance(v, (_SIMPLE, torch.Tensor)):
+            own = getattr(v, "__dict__", None)
+            if type(own) is dict:
+                out.append(own)
+    return out
+
+
 class ModuleState:
     """What a plan captured from a module depends on: each submodule (by identity and path),
     its train/eval flag, its attributes, parameters, buffers and hooks. ``changed()`` names the
-    first difference since capture (None: the plan still computes what the module would)."""
+    first difference since capture (None: the plan still computes what the module would).
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    ``check()`` answers the same per call without walking the module in Python: the keys and
+    values of every attribute dict it depends on, compared by identity in C (``watch``). What
+    that check flags (a value rebound, even to an equal one) goes to ``changed()``; where that
+    finds no difference the watch is taken again. ``tensors`` are the module's parameters and
+    buffers named ``names`` (the plan's trailing inputs), found once per watch: the watch sees
+    any of them rebound."""
+
+    def __init__(self, module: torch.nn.Module, names: Sequence[str] = ()) -> None:
         self.module = module
+        self.names = tuple(names)
         self.snapshot = self._take()
+        self.watch()
 
     def _take(self) -> list[tuple[str, int, bool, dict[str, Any]]]:
         return [
@@ -67,6 +92,49 @@ class ModuleState:
             )
             for name, sub in self.module.named_modules(remove_duplicate=False)
         ]
+
+    def watch(self) -> None:
+        """Take the identities ``check()`` compares, and the parameters and buffers in use."""
+        own = [vars(sub) for _, sub in self.module.named_modules(remove_duplicate=False)]
+        self._dicts = (*own, *chain.from_iterable(map(_inner_dicts, own)))
+        self._sizes = list(map(len, self._dicts))  # most are empty hook dicts: sizes alone
+        self._full = tuple(d for d in self._dicts if d)
+        self._seen = self._identities()
+        self.tensors = self._by_name()
+
+    def current(self) -> tuple[torch.Tensor, ...]:
+        """The parameters and buffers named ``names`` now (found by name again where the
+        module changed since the watch)."""
+        return self.tensors if self.unchanged() else self._by_name()
+
+    def _by_name(self) -> tuple[torch.Tensor, ...]:
+        found = dict(self.module.named_parameters())
+        found.update(self.module.named_buffers())
+        return tuple(found[n] for n in self.names)
+
+    def _identities(self) -> tuple[list, list]:
+        dicts = self._full
+        keys = list(chain.from_iterable(map(dict.keys, dicts)))
+        return keys, list(chain.from_iterable(map(dict.values, dicts)))
+
+    def unchanged(self) -> bool:
+        """Every watched dict has its size, and the keys (strings, hook numbers: equality) and
+        values (identity) of those that held any are the ones watched; C loops, no Python per
+        item."""
+        if list(map(len, self._dicts)) != self._sizes:
+            return False
+        keys, values = self._identities()
+        was_keys, was_values = self._seen
+        return keys == was_keys and all(map(operator.is_, values, was_values))
+
+    def check(self) -> str | None:
+        """``changed()``, made in full only where the identity check flags something."""
+        if self.unchanged():
+            return None
+        why = self.changed()
+        if why is None:
+            self.watch()  # rebound to equal values: nothing the plan depends on moved
+        return why
 
     def changed(self) -> str | None:
         now = self._take()

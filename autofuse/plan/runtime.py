@@ -322,9 +322,11 @@ def _tensor_guards(inputs: Sequence[torch.Tensor]) -> Any:
 
 class InputGuard:
     """The plan's input check as cheap as torch.compile's: Dynamo's C-level ``TensorGuards``
-    (one C call instead of a Python loop over the tensors), built from the first inputs the Python
-    check (:func:`_inputs_match`) accepts. Inputs it rejects go to the Python check again (a
-    Parameter where a Tensor was first seen, another ``requires_grad``, another device)."""
+    (one C call instead of a Python loop over the tensors), built from the inputs the Python
+    check (:func:`_inputs_match`) last accepted. Inputs it rejects go to the Python check again
+    (a Parameter where a Tensor was seen, another ``requires_grad``, another device); where that
+    accepts them, the C-level check is built again from them (a module's calls pass its
+    parameters, the plan's verification detached copies: the calls after the first are C)."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -335,8 +337,8 @@ class InputGuard:
         self.device: torch.device | None = None
 
     def exact(self, inputs: Sequence[Any]) -> bool:
-        """The C-level check alone: every input has the shape, strides, dtype and device the
-        plan first accepted (False before a first accepted call)."""
+        """The C-level check alone: every input has the shape, strides, dtype and device of the
+        inputs the plan last accepted (False before a first accepted call)."""
         fast = self.fast
         return fast is not None and fast.check(*inputs)
 
@@ -347,10 +349,9 @@ class InputGuard:
         if not _inputs_match(self.plan, inputs):
             return False
         check_devices(self.plan.graph, inputs)  # raises naming a meta or misplaced input
-        if fast is None:
-            self.fast = _tensor_guards(inputs)
-            self.grad_free = not any(getattr(x, "requires_grad", False) for x in inputs)
-            self.device = getattr(inputs[0], "device", None) if inputs else None
+        self.fast = _tensor_guards(inputs)
+        self.grad_free = not any(getattr(x, "requires_grad", False) for x in inputs)
+        self.device = getattr(inputs[0], "device", None) if inputs else None
         return True
 
 
