@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autofuse.ir.graph import Graph, buffer_strides
+from autofuse.ir.graph import Graph, buffer_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.common.base import (
     DESCRIPTOR_ALIGNMENT,
@@ -39,6 +39,7 @@ from autofuse.kernels.common.literals import with_size_arguments
 from autofuse.kernels.common.memory import ITEM, ancestors, memory_offset
 from autofuse.kernels.common.render import TL_DTYPE, Val, compute_dtype, tile_address
 from autofuse.kernels.common.sizes import config_extent, runtime_sizes_on
+from autofuse.kernels.common.views import domain_of_flat, flat_of
 from autofuse.kernels.gemm.cost import gemm_cost
 from autofuse.kernels.gemm.template import (
     GemmConfig,
@@ -80,8 +81,8 @@ def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
             raise FusionRefused("one matmul feeds the other: they cannot share a K loop")
     domain = first.shape
     stored = stored_nodes(graph, members)
-    for s in stored:
-        if graph[s].shape != domain:
+    for s in stored:  # over the output, or a reshape of it (``x @ w + b`` with a 3-D ``x``)
+        if numel(graph[s].shape) != numel(domain):
             raise FusionRefused(
                 f"{describe(graph, s)} must be stored but is not over the GEMM output "
                 f"{list(domain)} (a prologue result needed elsewhere)"
@@ -208,9 +209,12 @@ class GemmEmitter(Emitter):
         self.lines, self.scopes = [], [Scope()]
         self.mask, self.tile = "mask", _OUT_TILE
         for s in self.info.stored:
-            v = self.value(s, self.full)
             node = self.g[s]
-            off = linearize(self.full, buffer_strides(node), node.shape)
+            idx = self.full  # a reshape of the output: its element at the tile's flat offset
+            if node.shape != self.info.domain:
+                idx = domain_of_flat(flat_of(idx, self.info.domain), node.shape)
+            v = self.value(s, idx)  # refused unless it reads the tile's own accumulator
+            off = linearize(idx, buffer_strides(node), node.shape)
             code = v.code
             if v.literal or v.cls == 0:
                 code = f"tl.full([BLOCK_M, BLOCK_N], {code}, tl.float32)"
