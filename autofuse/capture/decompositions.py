@@ -3,7 +3,7 @@
 Core ATen's decompositions, plus softmax, log_softmax, layer_norm, gelu, silu, ... and norms
 (vector_norm, batch_norm, group_norm) taken to sums / maxima the reduction kernels compute; var,
 var_mean and std by moments that stay finite where eager's do; hardtanh, log10, flip, and pools and
-constant pads as window offsets (``pooling.py``); convolutions without their bias, which is added
+constant pads as window offsets (``pooling.py``); mish by one exp (``activations.py``); convolutions without their bias, which is added
 by a generated kernel, and inference BatchNorm as a per-channel scale and shift
 (``convolution.py``).
 """
@@ -15,6 +15,7 @@ import math
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from autofuse.capture.activations import activation_decompositions
 from autofuse.capture.convolution import conv_decompositions
 from autofuse.capture.pooling import pooling_decompositions
 from autofuse.ir.kept_ops import upsample_bicubic2d
@@ -281,7 +282,6 @@ def decomposition_table() -> dict:
                 aten.hardtanh,
                 aten.elu,
                 aten.softplus,
-                aten.mish,
                 aten.rms_norm,
                 aten.linalg_vector_norm,
                 aten.native_batch_norm,
@@ -308,5 +308,6 @@ def decomposition_table() -> dict:
     table[aten.multilabel_margin_loss_forward.default] = _multilabel_margin_loss
     table[aten.multilabel_margin_loss.default] = _multilabel_margin_loss_value
     table.update(pooling_decompositions())  # pools and constant pads (capture/pooling.py)
+    table.update(activation_decompositions())  # mish by one exp (capture/activations.py)
     table.update(conv_decompositions())  # bias peeled, inference BatchNorm (convolution.py)
     return {op: _op_where_it_fails(decomp) for op, decomp in table.items()}
