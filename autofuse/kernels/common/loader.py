@@ -18,12 +18,14 @@ folder there that another user owns or can write is refused (:class:`UnsafeFolde
 from __future__ import annotations
 
 import hashlib
+import io
 import linecache
 import os
 import stat
 import sys
 import tempfile
 import threading
+import tokenize
 import types
 import warnings
 from pathlib import Path
@@ -36,7 +38,7 @@ from autofuse.kernels.common.guards import GuardedKernel, guard_source
 from autofuse.settings import settings
 
 _LOADED: dict[tuple[str, str], Any] = {}  # (source, name) -> jitted function
-_BUILT: dict[tuple[str, str], Any] = {}  # (code: the source without comment lines, name) -> fn
+_BUILT: dict[tuple[Any, str], Any] = {}  # (code: the source's tokens but comments, name) -> fn
 _LOCK = threading.Lock()
 
 
@@ -141,19 +143,25 @@ def _module_from_source(source: str, name: str, digest: str) -> types.ModuleType
 
 def kernels_built() -> int:
     """How many kernels this process has built (one per code text and name: sources that
-    differ only in their comment lines, such as the shapes a runtime-size kernel was
-    generated for, share one)."""
+    differ only in their comments, such as the shapes a runtime-size kernel was generated for
+    or the buffer names one front end gives its inputs, share one)."""
     return len(_BUILT)
 
 
-def _code_of(source: str) -> str:
-    return "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+_NOT_CODE = frozenset({tokenize.COMMENT, tokenize.NL, tokenize.ENCODING})
+
+
+def _code_of(source: str) -> tuple[tuple[int, str], ...]:
+    """``source``'s tokens without its comments (whole lines and after code alike; a ``#``
+    inside a string stays part of the string) and blank lines."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return tuple((t.type, t.string) for t in tokens if t.type not in _NOT_CODE)
 
 
 def load_kernel(source: str, name: str) -> Any:
     """Run ``source`` in a fresh module and return its function ``name`` (once per process
-    and code text: a source whose code, without its comment lines, was built already gets
-    that function). With ``AUTOFUSE_CHECK_BOUNDS`` on a GPU, its guarded variant
+    and code text: a source whose code, without its comments, was built already gets that
+    function). With ``AUTOFUSE_CHECK_BOUNDS`` on a GPU, its guarded variant
     (:func:`load_guarded`); the interpreter checks every access itself."""
     if settings().check_bounds and not interpreting():
         return load_guarded(source, name)
