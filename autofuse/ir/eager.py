@@ -65,11 +65,13 @@ def bind_node(node: Node) -> Callable[..., Any]:
         end, dtype = start + step * n, _dtype(node.dtype)
         return lambda device: torch.arange(start, end, step, dtype=dtype, device=device)
     if op == "opaque":
-        fn = library_call(node.attr("target"), node.attr("layout"))
-        pos, kwargs = node.attr("args"), node.attr("kwargs")
-        call = lambda device, *args: fn(  # noqa: E731
-            *_decode(pos, args, device), **{k: _decode(v, args, device) for k, v in kwargs}
-        )
+        fn = library_call(node.attr("target"), node.attr("layout"), node.dtype in _HALF_NAMES)
+        bind = _binder(node.attr("args"), node.attr("kwargs"))
+
+        def call(device: Any, *args: Any) -> Any:
+            pos, kw = bind(args, device)
+            return fn(*pos, **kw)
+
         if node.attr("layout") == "channels_last":  # its result in the node's strides: eager's,
             # or channels-last where it keeps them (ir/conv_layout.py)
             shape, strides = tuple(node.shape), tuple(node.strides)
@@ -97,6 +99,11 @@ def bind_node(node: Node) -> Callable[..., Any]:
     return lambda device, *args: eager(node, *args)
 
 
+# overloads whose torch function has the same schema and binds its arguments in C++ without
+# boxing them (half the host time per call of the OpOverload: a plan of many convolutions)
+_BOUND = {"aten.convolution.default": torch.convolution}
+
+
 def resolve_target(target: str) -> Any:
     """'aten.cumsum.default' -> torch.ops.aten.cumsum.default."""
     ns, *rest = target.split(".")
@@ -106,25 +113,70 @@ def resolve_target(target: str) -> Any:
     return obj
 
 
-def _decode(a: Any, tensors: Sequence[Any], device: Any) -> Any:
-    if isinstance(a, tuple) and a and isinstance(a[0], str) and a[0].startswith("__"):
-        tag = a[0]
-        if tag == "__node__":
-            return tensors[a[1]]
-        if tag == "__seq__":
-            items = [_decode(x, tensors, device) for x in a[2]]
-            return items if a[1] == "list" else tuple(items)
-        if tag == "__dtype__":
-            return _dtype(a[1])
-        if tag == "__device__":
-            return torch.device(device)
-        if tag == "__layout__":
-            return torch.strided
-        if tag == "__complex__":
-            return complex(a[1], a[2])
-        if tag == "__memory_format__":
-            return getattr(torch, a[1].removeprefix("torch."))
-    return a
+def _tagged(a: Any) -> bool:
+    return isinstance(a, tuple) and bool(a) and isinstance(a[0], str) and a[0].startswith("__")
+
+
+_CONSTANTS = {  # tags whose value is known when the node is bound
+    "__dtype__": lambda a: _dtype(a[1]),
+    "__layout__": lambda a: torch.strided,
+    "__complex__": lambda a: complex(a[1], a[2]),
+    "__memory_format__": lambda a: getattr(torch, a[1].removeprefix("torch.")),
+}
+
+Reader = tuple[bool, Any]  # (True, f): f(tensors, device) each call; (False, v): the constant v
+
+
+def _reader(a: Any) -> Reader:
+    """How an opaque op's recorded argument ``a`` becomes its value, decided once: a node's
+    tensor, the run's device, a sequence of those, or a constant (made now)."""
+    if not _tagged(a):
+        return False, a
+    tag = a[0]
+    if tag == "__node__":
+        k = a[1]
+        return True, lambda ts, device: ts[k]
+    if tag == "__device__":
+        return True, lambda ts, device: torch.device(device)
+    if tag == "__seq__":
+        kind = list if a[1] == "list" else tuple
+        parts = [_reader(x) for x in a[2]]
+        template = [None if d else v for d, v in parts]
+        varying = [(k, f) for k, (d, f) in enumerate(parts) if d]
+        if not varying:
+            return False, kind(template)
+        return True, _filled(template, varying, kind)
+    make = _CONSTANTS.get(tag)
+    return False, (make(a) if make else a)
+
+
+def _filled(template: list, varying: list, kind: type) -> Callable[..., Any]:
+    """A sequence's reader: ``template`` (its constants) with each varying item read."""
+
+    def read(ts: Sequence[Any], device: Any) -> Any:
+        out = template.copy()
+        for k, f in varying:
+            out[k] = f(ts, device)
+        return out if kind is list else tuple(out)
+
+    return read
+
+
+def _binder(pos: Any, kwargs: Sequence[tuple[str, Any]]) -> Callable[..., Any]:
+    """``bind(tensors, device) -> (args, kwargs)`` for an opaque op's recorded arguments (the
+    positional ones one recorded sequence), with every constant decoded once."""
+    each, read = _reader(pos)
+    named = [(k, *_reader(v)) for k, v in kwargs]
+    fixed = {k: f for k, d, f in named if not d}
+    varying = [(k, f) for k, d, f in named if d]
+
+    def bind(ts: Sequence[Any], device: Any) -> tuple[Any, dict]:
+        args = read(ts, device) if each else read
+        if not varying:
+            return args, fixed
+        return args, {**fixed, **{k: f(ts, device) for k, f in varying}}
+
+    return bind
 
 
 # Convolutions run as library calls (cuDNN), in the layout its fast kernels take: 16-bit
@@ -136,17 +188,18 @@ def _decode(a: Any, tensors: Sequence[Any], device: Any) -> Any:
 _CHANNELS_LAST = ("aten.convolution.default", "aten.convolution_backward.default")
 
 
-def library_call(target: str, layout: str | None = None) -> Any:
+def library_call(target: str, layout: str | None = None, half: bool = True) -> Any:
     """The callable an opaque op runs: its ATen overload; for a convolution with a ``layout``
     recorded (``ir/conv_layout.py``), on operands in that format (``channels_last``: every 4-D
     and 5-D tensor channels-last, on any device; ``contiguous``: as they come); else for a
-    convolution on CUDA in 16 bits, on channels_last operands (:func:`channels_last_call`)."""
-    fn = resolve_target(target)
+    convolution on CUDA in 16 bits (``half``: the op's dtype may be one), on channels_last
+    operands (:func:`channels_last_call`)."""
+    fn = _BOUND.get(target) or resolve_target(target)
     if layout == "channels_last":  # its result as it comes: the step conforms it
         return channels_last_call(fn, only_cuda=False, every_float=True, back=False)
     if layout == "contiguous":
         return fn
-    return channels_last_call(fn) if target in _CHANNELS_LAST else fn
+    return channels_last_call(fn) if half and target in _CHANNELS_LAST else fn
 
 
 _FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
@@ -187,6 +240,7 @@ def channels_last_call(
 
 
 _HALF = (torch.bfloat16, torch.float16)
+_HALF_NAMES = frozenset({"bfloat16", "float16"})
 
 
 def run_graph(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
