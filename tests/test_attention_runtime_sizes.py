@@ -150,3 +150,40 @@ def test_no_tma_config_under_runtime_sizes():
     assert any(c.TMA for c in attention_configs(graph, info))
     with runtime_sizes(("bucket",)):
         assert not any(c.TMA for c in attention_configs(graph, info))
+
+
+def _trained(fast, fn, t: int, d: int) -> None:
+    """``fast``'s output and its gradients at length ``t`` against eager's."""
+    args = [a.requires_grad_() for a in _qkv(t, d)]
+    outs = [f(*args) for f in (fast, fn)]
+    grads = [torch.autograd.grad(out.square().sum(), args) for out in outs]
+    for got, want, what in [(*outs, ""), *((g, r, " grad") for g, r in zip(*grads))]:
+        assert_close(got, want, torch.float32, f"length {t}{what}")
+
+
+@pytest.mark.parametrize("front, d", [("compile", 16), ("optimize", 8)])
+def test_training_shares_the_forward_and_backward_kernels_per_bucket(front, d):
+    """Forward and backward (dQ, dK, dV in one kernel) through both front ends at 5..8 and
+    9..12, 1 and 37: equal to eager's; the attention kernels of a bucket's lengths have one
+    text (the loader builds each once), T and TK their arguments."""
+    backend = dynamo.make_backend()
+    if front == "compile":
+        fast = torch.compile(causal, backend=backend, dynamic=True)
+    else:
+        example = [a.requires_grad_() for a in _qkv(3, d)]
+        fast = autofuse.optimize(causal, example, dynamic={"q": [2], "k": [2], "v": [2]})
+    texts: dict[tuple[str, int], set] = {}
+    for t in (3, 5, 6, 7, 8, 9, 12, 1, 37):
+        count = dynamo.compiled_count()
+        _trained(fast, causal, t, d)
+        for r in dynamo.compiled_since(count):
+            for k in r.plan.kernels:
+                if k.info.kind.startswith("attention"):
+                    texts.setdefault((k.info.kind, size_bucket(t)), set()).add(
+                        "\n".join(_code(k.source))
+                    )
+    kinds = {kind for kind, _ in texts}
+    assert kinds == {"attention", "attention_bwd"}, kinds
+    assert all(len(v) == 1 for v in texts.values()), {k: len(v) for k, v in texts.items()}
+    shared = texts[("attention_bwd", 8)].pop()
+    assert "nk = tl.cdiv(TK, BLOCK_N)" in shared and "T, TK, BLOCK_M" in shared

@@ -20,7 +20,14 @@ from autofuse.kernels.attention.bounds import (
     whole_range_lines,
 )
 from autofuse.kernels.attention.facts import tile_load
-from autofuse.kernels.attention.runtime import KEY_VARS, ROW_VARS, grown_strides
+from autofuse.kernels.attention.runtime import (
+    BAKED,
+    KEY_VARS,
+    ROW_VARS,
+    Sizes,
+    grown_strides,
+    sized_kernel,
+)
 from autofuse.kernels.common.base import (
     DESCRIPTOR_ALIGNMENT,
     FusionRefused,
@@ -32,7 +39,6 @@ from autofuse.kernels.common.base import (
     kernel_name,
 )
 from autofuse.kernels.common.emitter import Emitter, Scope
-from autofuse.kernels.common.literals import with_probe_arguments, with_size_arguments
 from autofuse.kernels.common.render import (
     LOG2E,
     TL_DTYPE,
@@ -87,20 +93,14 @@ class AttentionEmitter(Emitter):
         return self.cfg.BLOCK_M if axis == "x" else self.cfg.BLOCK_N
 
     def __init__(
-        self,
-        graph: Graph,
-        info: GroupInfo,
-        config,
-        parts: AttentionParts,
-        runtime: bool = False,
-        grown: bool = False,
+        self, graph: Graph, info: GroupInfo, config, parts: AttentionParts, sizes: Sizes = BAKED
     ) -> None:
         super().__init__(graph, info, config)
         self.parts = parts
         # under runtime sizes the counts are the arguments T and TK (``runtime.py``); ``grown``:
         # the probe that finds which strides hold them
-        self.runtime, self.grown = runtime, grown
-        self.T, self.TK = ("T", "TK") if runtime else (str(parts.t), str(parts.tk))
+        self.runtime, self.grown = sizes.runtime, sizes.grown
+        self.T, self.TK, self.T1, _ = sizes.names(parts.t, parts.tk)
         self.dims = parts  # rows, keys and head dims: the group's facts
         self.full = scores_index(info.domain)
         self.bh3 = (
@@ -255,13 +255,12 @@ class AttentionEmitter(Emitter):
         return self.lines
 
     def _bound_lines(self) -> tuple[str, str]:
-        d = self.dims
         if not self.limits:
             return "0", self.TK
         name = self.g[self.select.node].name
         self.line(f"# {name}: the keys its condition leaves live for these rows")
         self.line("r0 = pid_m * BLOCK_M")
-        self.line(f"r1 = tl.minimum(r0 + BLOCK_M - 1, {'T - 1' if self.runtime else d.t - 1})")
+        self.line(f"r1 = tl.minimum(r0 + BLOCK_M - 1, {self.T1})")
         hi, lo = live_columns(self.limits, "r0", "r1")
         self.line(f"hi = tl.minimum(tl.maximum({hi or self.TK}, 0), {self.TK})")
         self.line(f"lo = tl.minimum(tl.maximum({lo or 0}, 0), hi)")
@@ -467,14 +466,12 @@ def generate_attention(
     runtime = runtime_sizes_on()
     if runtime and config.TMA and parts.tk % config.BLOCK_N:
         config = replace(config, TMA=False)
-    runtime = runtime and not config.TMA
-    kernel = _render(graph, info, config, index, AttentionEmitter(graph, info, config, parts,
-                                                                  runtime))  # fmt: skip
-    if runtime:  # the strides that hold T or TK: arguments
-        probe = AttentionEmitter(graph, info, config, parts, runtime, grown=True)
-        kernel = with_probe_arguments(kernel, _render(graph, info, config, index, probe).source,
-                                      subscripts=True)  # fmt: skip
-    return with_size_arguments(kernel, subscripts=True)  # (a traced graph's other literals)
+
+    def render(sizes: Sizes) -> Kernel:
+        em = AttentionEmitter(graph, info, config, parts, sizes)
+        return _render(graph, info, config, index, em)
+
+    return sized_kernel(render, runtime and not config.TMA)
 
 
 def _render(

@@ -13,15 +13,37 @@ a traced graph's second shape on, ``common/literals.with_size_arguments``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from autofuse.ir.graph import dense
 from autofuse.ir.indexing import Expr
+from autofuse.kernels.common.base import Kernel
+from autofuse.kernels.common.literals import with_probe_arguments, with_size_arguments
 
-__all__ = ["KEY_VARS", "ROW_VARS", "grown_strides"]
+__all__ = ["BAKED", "KEY_VARS", "ROW_VARS", "Sizes", "grown_strides", "sized_kernel"]
 
 ROW_VARS = ("xindex", "offs_m")  # the variables of a tile's query rows
 KEY_VARS = ("rindex", "offs_n")  # and of its keys
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How an attention kernel writes its sequence lengths: as numbers, or (``runtime``) as
+    the arguments ``T`` and ``TK``; ``grown``: the probe of such a kernel, whose buffers'
+    strides are :func:`grown_strides`."""
+
+    runtime: bool = False
+    grown: bool = False
+
+    def names(self, t: int, tk: int) -> tuple[str, str, str, str]:
+        """T, TK, T - 1 and TK - 1 as the kernel writes them."""
+        if self.runtime:
+            return "T", "TK", "T - 1", "TK - 1"
+        return str(t), str(tk), str(t - 1), str(tk - 1)
+
+
+BAKED = Sizes()  # outside runtime sizes
 
 
 def grown_strides(
@@ -41,3 +63,13 @@ def grown_strides(
         out[k] = acc
         acc *= grown[k]
     return tuple(out)
+
+
+def sized_kernel(render: Callable[[Sizes], Kernel], runtime: bool) -> Kernel:
+    """The kernel ``render(Sizes(runtime))`` gives; under runtime sizes with the strides that
+    hold T or TK as arguments (found against ``render(Sizes(True, grown=True))``), and in a
+    traced graph with the literals that differ between its shapes as arguments too."""
+    kernel = render(Sizes(runtime))
+    if runtime:
+        kernel = with_probe_arguments(kernel, render(Sizes(True, True)).source, subscripts=True)
+    return with_size_arguments(kernel, subscripts=True)
