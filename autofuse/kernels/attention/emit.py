@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
@@ -20,6 +20,14 @@ from autofuse.kernels.attention.bounds import (
     whole_range_lines,
 )
 from autofuse.kernels.attention.facts import tile_load
+from autofuse.kernels.attention.runtime import (
+    BAKED,
+    KEY_VARS,
+    ROW_VARS,
+    Sizes,
+    grown_strides,
+    sized_kernel,
+)
 from autofuse.kernels.common.base import (
     DESCRIPTOR_ALIGNMENT,
     FusionRefused,
@@ -41,6 +49,7 @@ from autofuse.kernels.common.render import (
     literal,
     tile_address,
 )
+from autofuse.kernels.common.sizes import runtime_sizes_on
 from autofuse.kernels.common.views import (
     broadcast_index,
 )
@@ -83,9 +92,15 @@ class AttentionEmitter(Emitter):
         """Query rows (``x``: BLOCK_M) by keys (``r``: BLOCK_N) per tile."""
         return self.cfg.BLOCK_M if axis == "x" else self.cfg.BLOCK_N
 
-    def __init__(self, graph: Graph, info: GroupInfo, config, parts: AttentionParts) -> None:
+    def __init__(
+        self, graph: Graph, info: GroupInfo, config, parts: AttentionParts, sizes: Sizes = BAKED
+    ) -> None:
         super().__init__(graph, info, config)
         self.parts = parts
+        # under runtime sizes the counts are the arguments T and TK (``runtime.py``); ``grown``:
+        # the probe that finds which strides hold them
+        self.runtime, self.grown = sizes.runtime, sizes.grown
+        self.T, self.TK, self.T1, _ = sizes.names(parts.t, parts.tk)
         self.dims = parts  # rows, keys and head dims: the group's facts
         self.full = scores_index(info.domain)
         self.bh3 = (
@@ -148,6 +163,8 @@ class AttentionEmitter(Emitter):
             return super().load(i, index)
         node = self.g[i]
         strides = buffer_strides(node)
+        if self.grown:
+            strides = grown_strides(node.shape, index, strides)
         off = linearize(index, strides, node.shape)
         mask = self._mask(off.vars)
         cd = compute_dtype(node.dtype)
@@ -161,16 +178,24 @@ class AttentionEmitter(Emitter):
         """The bounds mask of an address using ``names``: only of a dim whose tiles may run
         past its extent (none on a whole tile: the keys of a tile live on every row end
         before the last, see ``_full_lines``), and ``extra``."""
-        d, cfg = self.dims, self.cfg
         parts = []
-        if any(n.startswith(("xindex", "offs_m")) for n in names) and d.t % cfg.BLOCK_M:
+        if any(n.startswith(ROW_VARS) for n in names) and self._ragged("x"):
             parts.append("xmask")
-        keys = any(n.startswith(("rindex", "offs_n")) for n in names)
-        if keys and d.tk % cfg.BLOCK_N and not self.pass_tile:
+        keys = any(n.startswith(KEY_VARS) for n in names)
+        if keys and self._ragged("r") and not self.pass_tile:
             parts.append("rmask" if any(n.startswith("rindex") for n in names) else
-                         f"(offs_n[:, None] < {d.tk})")  # fmt: skip
+                         f"(offs_n[:, None] < {self.TK})")  # fmt: skip
         parts += [extra] if extra else []
         return " & ".join(parts) or None
+
+    def _ragged(self, axis: str) -> bool:
+        """Whether the last tile may run past the query rows (``x``) or the keys (``r``):
+        always under runtime sizes (the counts are arguments), else where a block does not
+        divide them."""
+        if self.runtime:
+            return True
+        d, cfg = self.dims, self.cfg
+        return bool(d.t % cfg.BLOCK_M if axis == "x" else d.tk % cfg.BLOCK_N)
 
     def reduced(self, i: int, index) -> Val:
         mm1 = self.parts.mm1
@@ -188,7 +213,7 @@ class AttentionEmitter(Emitter):
         if which in self.tma:
             return attention_tma.load(self, which, var)
         j = self.parts.operand(self.g, which)
-        base, off = self.parts.operand_offset(self.g, j, index)
+        base, off = self.parts.operand_offset(self.g, j, index, self.grown)
         self.note_load(base)
         self.line(f"{var} = {tile_load(self.ptr[base], off, _TILE[which], mask)}")
 
@@ -199,7 +224,7 @@ class AttentionEmitter(Emitter):
         self.line(f"bh = tl.program_id(1){'.to(tl.int64)' if self.int64 else ''}  # batch x head")
         self.line("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
         self.line("xindex = offs_m[:, None]")
-        self.line(f"xmask = xindex < {d.t}")
+        self.line(f"xmask = xindex < {self.T}")
         self.line("offs_d = tl.arange(0, BLOCK_D)")
         self.line("offs_dv = tl.arange(0, BLOCK_DV)")
         dq = Expr.dim("offs_d[None, :]", 1, d.d, True)
@@ -230,15 +255,14 @@ class AttentionEmitter(Emitter):
         return self.lines
 
     def _bound_lines(self) -> tuple[str, str]:
-        d = self.dims
         if not self.limits:
-            return "0", str(d.tk)
+            return "0", self.TK
         name = self.g[self.select.node].name
         self.line(f"# {name}: the keys its condition leaves live for these rows")
         self.line("r0 = pid_m * BLOCK_M")
-        self.line(f"r1 = tl.minimum(r0 + BLOCK_M - 1, {d.t - 1})")
+        self.line(f"r1 = tl.minimum(r0 + BLOCK_M - 1, {self.T1})")
         hi, lo = live_columns(self.limits, "r0", "r1")
-        self.line(f"hi = tl.minimum(tl.maximum({hi or d.tk}, 0), {d.tk})")
+        self.line(f"hi = tl.minimum(tl.maximum({hi or self.TK}, 0), {self.TK})")
         self.line(f"lo = tl.minimum(tl.maximum({lo or 0}, 0), hi)")
         if self.exact:
             self._full_lines()
@@ -266,7 +290,7 @@ class AttentionEmitter(Emitter):
         d = self.dims
         self.line("offs_n = start_n + tl.arange(0, BLOCK_N)")
         self.line("rindex = offs_n[None, :]")
-        self.line(f"rmask = rindex < {d.tk}")
+        self.line(f"rmask = rindex < {self.TK}")
         dmask = "" if d.d == head_block(d.d) else f"(offs_d[:, None] < {d.d})"
         prec = ', input_precision="ieee"' if self.g[self.parts.mm1].dtype == "float32" else ""
         if not const:
@@ -290,7 +314,7 @@ class AttentionEmitter(Emitter):
                 if x.literal
                 else (f"tl.broadcast_to({code}, [BLOCK_M, BLOCK_N])")
             )
-        if d.tk % self.cfg.BLOCK_N:
+        if self._ragged("r"):
             code = f"tl.where(rmask, {code}, {_NEG_INF})"
         dom = ", times log2 e" if self.fold else ""
         self.line(f"s = {code}  # {self.g[self.parts.x].name}, the softmax input{dom}")
@@ -307,7 +331,7 @@ class AttentionEmitter(Emitter):
         """The folded scale on a tile the selects pass: ``p = exp2(qk * qk_scale - m)``, one
         FMA a score (the row max of ``qk`` times the positive ``qk_scale`` is the row max of
         the products: rounding is monotone)."""
-        if self.dims.tk % self.cfg.BLOCK_N and not self.pass_tile:
+        if self._ragged("r") and not self.pass_tile:
             self.line(f"qk = tl.where(rmask, qk, {_NEG_INF})  # keys past the end")
         self.line("m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)")
         self._online(prec, "tl.fma(qk, qk_scale, -m_use[:, None])")
@@ -369,11 +393,11 @@ class AttentionEmitter(Emitter):
             return
         self.lines.append("")
         if cx is not None:
-            self.line(f"if tl.max(tl.where(offs_m < {self.dims.t}, {cx} - m_i, {_NEG_INF}), 0) > "
+            self.line(f"if tl.max(tl.where(offs_m < {self.T}, {cx} - m_i, {_NEG_INF}), 0) > "
                       f"{_UNDERFLOW}:  # a row whose max the masked keys reach")  # fmt: skip
             self.depth += 1
         self._loop("0", lo, True, "keys the mask hides: no product")
-        self._loop(hi, str(self.dims.tk), True, "keys the mask hides: no product")
+        self._loop(hi, self.TK, True, "keys the mask hides: no product")
         if cx is not None:
             self.depth -= 1
 
@@ -386,13 +410,20 @@ class AttentionEmitter(Emitter):
             f"out = tl.where(l_i[:, None] > 0, acc, {_NAN})  # a row of -inf only: NaN, as eager"
         )
         dv = Expr.dim("offs_dv[None, :]", 1, d.dv, True)
-        off = linearize((*self.bh3, self.full[-2], dv), contiguous_strides(node.shape), node.shape)
+        off = self._written((*self.bh3, self.full[-2], dv), node.shape)
         mask = "xmask" + ("" if d.dv == head_block(d.dv) else f" & (offs_dv[None, :] < {d.dv})")
         addr = tile_address(off, ("xindex", "offs_dv[None, :]"))
         self.line(
             f"tl.store({self.out_ptr[mm2]} + ({addr}), out.to({TL_DTYPE[node.dtype]}), {mask})"
         )
         self._store_stats()
+
+    def _written(self, index, shape) -> Expr:
+        """The offset of ``index`` in a buffer of ``shape`` the kernel writes (contiguous)."""
+        strides = contiguous_strides(shape)
+        if self.grown:
+            strides = grown_strides(shape, index, strides)
+        return linearize(index, strides, shape)
 
     def _store_stats(self) -> None:
         """softmax's row max and sum where the graph keeps them (saved for the backward): the
@@ -406,7 +437,7 @@ class AttentionEmitter(Emitter):
                 self.line(f'l_stat = tl.where(m_i == {_NEG_INF}, float("nan"), l_i)')
             node = g[i]
             shape = node.shape[:-1] if len(node.shape) == len(self.info.domain) else node.shape
-            off = linearize(rows, contiguous_strides(shape), shape)
+            off = self._written(rows, shape)
             val = f"{var}[:, None].to({TL_DTYPE[node.dtype]})"
             addr = tile_address(off, ("xindex",))
             self.line(f"tl.store({self.out_ptr[i]} + ({addr}), {val}, xmask)")
@@ -426,13 +457,32 @@ def parts_of(graph: Graph, info: GroupInfo) -> AttentionParts:
 def generate_attention(
     graph: Graph, info: GroupInfo, config: AttentionConfig, index: int
 ) -> Kernel:
+    """The kernel of the group under ``config``; under runtime sizes one that takes the query
+    and key counts as arguments (``runtime.py``), but for a TMA config: its descriptors span
+    the buffers' rows at this shape and need whole key tiles, so it stays a kernel per shape
+    (the config space offers none under runtime sizes; a TMA config whose ``BLOCK_N`` does
+    not divide this shape's keys reads by pointers)."""
     parts = parts_of(graph, info)
-    em = AttentionEmitter(graph, info, config, parts)
+    runtime = runtime_sizes_on()
+    if runtime and config.TMA and parts.tk % config.BLOCK_N:
+        config = replace(config, TMA=False)
+
+    def render(sizes: Sizes) -> Kernel:
+        em = AttentionEmitter(graph, info, config, parts, sizes)
+        return _render(graph, info, config, index, em)
+
+    return sized_kernel(render, runtime and not config.TMA)
+
+
+def _render(
+    graph: Graph, info: GroupInfo, config: AttentionConfig, index: int, em: AttentionEmitter
+) -> Kernel:
     body = em.emit()
     name = kernel_name(graph, info, "att", index)
-    d = parts
+    d = em.parts
     bd, bdv = head_block(d.d), head_block(d.dv)
     params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored]
+    params += ["T", "TK"] if em.runtime else []
     consts = ["BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV"]
     what = f"attention, scores {list(info.domain)}, head dim {d.d}"
     header = kernel_header(em, name, what, params + [f"{c}: tl.constexpr" for c in consts])
@@ -440,6 +490,7 @@ def generate_attention(
     src = "\n".join(["import triton", "import triton.language as tl", "", ""] + helpers + header)
     layout = [("in", k) for k in range(len(info.loads))]
     layout += [("out", k) for k in range(len(info.stored))]
+    layout += [("int", d.t), ("int", d.tk)] if em.runtime else []
     kw = (
         ("BLOCK_M", config.BLOCK_M), ("BLOCK_N", config.BLOCK_N), ("BLOCK_D", bd),
         ("BLOCK_DV", bdv), ("num_warps", config.num_warps), ("num_stages", config.num_stages),

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from autofuse.ir.graph import Graph, buffer_strides
 from autofuse.ir.indexing import Expr, linearize
+from autofuse.kernels.attention.runtime import grown_strides
 from autofuse.kernels.common.render import tile_address
 from autofuse.kernels.common.views import view_source_index
 
@@ -37,9 +38,12 @@ class AttentionGroup:
             j = graph[j].inputs[0]
         return j
 
-    def operand_offset(self, graph: Graph, j: int, index: tuple[Expr, ...]) -> tuple[int, Expr]:
+    def operand_offset(
+        self, graph: Graph, j: int, index: tuple[Expr, ...], grown: bool = False
+    ) -> tuple[int, Expr]:
         """The loaded buffer behind operand ``j`` (through views and read-through copies) and
-        the offset of ``index`` in it."""
+        the offset of ``index`` in it (``grown``: at the strides of ``runtime.grown_strides``,
+        the probe of a kernel under runtime sizes)."""
         while True:
             if graph[j].kind == "view":
                 index = view_source_index(graph, j, index)
@@ -48,8 +52,10 @@ class AttentionGroup:
                 j = graph[j].inputs[0]
             else:
                 break
-        node = graph[j]
-        return j, linearize(index, buffer_strides(node), node.shape)
+        node, strides = graph[j], buffer_strides(graph[j])
+        if grown:
+            strides = grown_strides(node.shape, index, strides)
+        return j, linearize(index, strides, node.shape)
 
 
 def read_through_copies(graph: Graph, members: frozenset[int], j: int, copies: set[int]) -> int:

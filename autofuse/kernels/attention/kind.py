@@ -16,6 +16,10 @@ see ``attention_bounds.py``) bounds the key loop: tiles whose every element the 
 constant C are skipped. They matter only to a row whose max stays near C (a row the mask hides
 entirely, which eager makes uniform for a finite C): a guarded pass over the skipped tiles then
 adds them exactly as eager would.
+
+Under runtime sizes (``common/sizes.py``) the kernel takes the query and key counts ``T`` and
+``TK`` as arguments, with the strides that hold them (``runtime.py``), masks its rows and keys
+always and is configured by the lengths' bucket: the lengths of one bucket share one kernel.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from autofuse.kernels.common.base import (
 from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES, check_pow2
 from autofuse.kernels.common.cost import TileCost
 from autofuse.kernels.common.memory import ITEM
+from autofuse.kernels.common.sizes import config_extent, runtime_sizes_on
 
 
 def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
@@ -82,11 +87,12 @@ def analyze_attention_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
 def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
     """BLOCK_M 64 / 128 (16 and 32 only for short sequences), BLOCK_N 32..128, 4 or 8 warps,
     2..4 stages: within shared memory (Q once, K and V per stage, the P and S tiles) and about
-    128 fp32 registers per thread for the score tile and the accumulator."""
+    128 fp32 registers per thread for the score tile and the accumulator. Under runtime sizes
+    the same for every length of a bucket, and no TMA config (see ``generate_attention``)."""
     d = parts_of(graph, info)
     item = ITEM.get(graph[graph[info.matmuls[0]].inputs[0]].dtype, 2)
     bd, bdv = head_block(d.d), head_block(d.dv)
-    cap_m, cap_n = max(16, next_pow2(d.t)), max(16, next_pow2(d.tk))
+    cap_m, cap_n = (max(16, next_pow2(config_extent(n))) for n in (d.t, d.tk))
     out = []
     for bm in (16, 32, 64, 128):
         if bm > cap_m or (bm < 64 and cap_m > 64):
@@ -106,7 +112,9 @@ def attention_configs(graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
                     if smem <= HOPPER_SMEM_BYTES:
                         out.append(AttentionConfig(bm, bn, w, st))
     probe = AttentionEmitter(graph, info, AttentionConfig(16, 16), d)
-    if attention_tma.readable(probe):  # K and V tiles by descriptors, on whole key tiles
+    if not runtime_sizes_on() and attention_tma.readable(
+        probe
+    ):  # K and V tiles by descriptors, on whole key tiles
         # (not with 2 stages: Triton 3.6's ptxas crashes on every such config of the causal
         # d = 128 forward, error -11; experiments/probes/kernel_resources.py)
         out += [replace(c, TMA=True) for c in out if d.tk % c.BLOCK_N == 0 and c.num_stages != 2]
@@ -123,7 +131,7 @@ def attention_default(graph: Graph, info: GroupInfo) -> AttentionConfig:
 
 class AttentionKind:
     name = "attention"
-    runtime_sizes = False  # sizes baked in: a config and a kernel per exact shape
+    runtime_sizes = True  # T and TK the arguments, configs by bucket (``runtime.py``)
     library_first = False
     config_class = AttentionConfig
 

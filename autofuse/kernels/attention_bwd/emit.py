@@ -27,10 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from autofuse.ir.graph import Graph, contiguous_strides, numel
+from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.attention.analysis import head_block
 from autofuse.kernels.attention.facts import tile_load
+from autofuse.kernels.attention.runtime import BAKED, Sizes, grown_strides, sized_kernel
 from autofuse.kernels.attention_bwd import tma as attention_bwd_tma
 from autofuse.kernels.attention_bwd.analysis import (
     BwdParts,
@@ -60,6 +61,7 @@ from autofuse.kernels.common.render import (
     literal,
     tile_address,
 )
+from autofuse.kernels.common.sizes import runtime_sizes_on
 from autofuse.kernels.common.views import broadcast_index
 
 KIND = "attention_bwd"  # the plugin's name (AttentionBwdKind, attention_bwd_space.py)
@@ -167,10 +169,16 @@ class BwdEmitter(Emitter):
         """Query rows (``x``: BLOCK_M) by keys (``r``: BLOCK_N) per tile."""
         return self.cfg.BLOCK_M if axis == "x" else self.cfg.BLOCK_N
 
-    def __init__(self, graph: Graph, info: GroupInfo, config, parts: BwdParts) -> None:
+    def __init__(
+        self, graph: Graph, info: GroupInfo, config, parts: BwdParts, sizes: Sizes = BAKED
+    ) -> None:
         super().__init__(graph, info, config)
         self.parts = parts
         p = parts
+        # under runtime sizes the counts are the arguments T and TK, every tile edge masked
+        # (``attention/runtime.py``); ``grown``: the probe that finds the strides holding them
+        self.runtime, self.grown = sizes.runtime, sizes.grown
+        self.T, self.TK, self.T1, self.TK1 = sizes.names(p.t, p.tk)
         self.rows = Expr.dim("xindex", 1, p.t, True)
         self.keys = Expr.dim("rindex", 1, p.tk, True)
         self.full = tile_index(p.domain, p.heads, len(p.domain), self.rows, self.keys)
@@ -192,6 +200,14 @@ class BwdEmitter(Emitter):
             if i == s.cond:
                 return Val(literal(s.cond_live, "bool"), 0, "bool", True)
         return super().value(i, index)
+
+    def load_offset(self, i: int, index) -> Expr:
+        """As loop kernels read a buffer; in the probe under runtime sizes, at grown strides."""
+        if not self.grown:
+            return super().load_offset(i, index)
+        node = self.g[i]
+        strides = grown_strides(node.shape, index, buffer_strides(node))
+        return linearize(index, strides, node.shape)
 
     def _needs_int64(self) -> bool:  # the tiles are never addressed: only loads and outputs
         sizes = [self._extent(i) for i in self.info.loads]
@@ -258,15 +274,21 @@ class BwdEmitter(Emitter):
         """The bounds mask of a tile load or store: rows and keys (``rows`` / ``keys``: the
         broadcast of ``offs_m`` / ``offs_n`` used) where they may run past their extent, a
         head dim past its own."""
-        p, parts = self.parts, []
-        bm, bn = self.sizes()
-        if rows and p.t % bm:
-            parts.append(f"(offs_m{rows} < {p.t})")
-        if keys and p.tk % bn:
-            parts.append(f"(offs_n{keys} < {p.tk})")
+        parts = []
+        ragged_rows, ragged_keys = self._ragged()
+        if rows and ragged_rows:
+            parts.append(f"(offs_m{rows} < {self.T})")
+        if keys and ragged_keys:
+            parts.append(f"(offs_n{keys} < {self.TK})")
         if head is not None and head[0] != head_block(head[0]):
             parts.append(f"({self.head_var(head[0])}{head[1]} < {head[0]})")
         return " & ".join(parts) or None
+
+    def _ragged(self) -> tuple[bool, bool]:
+        """Whether the current role's last tiles may run past the rows, the keys: always
+        under runtime sizes, else where a block does not divide them."""
+        p, (bm, bn) = self.parts, self.sizes()
+        return (True, True) if self.runtime else (bool(p.t % bm), bool(p.tk % bn))
 
     def operand(self, j: int, pair, mask: str | None, fixed: bool, tile=()) -> str:
         """Load matmul operand ``j`` at ``(bh, *pair)`` through its views (before the loop when
@@ -277,7 +299,7 @@ class BwdEmitter(Emitter):
             return self.held[j]
         rank = len(self.g[j].shape)
         index = (*self.bh3, *pair) if rank == 3 else tuple(pair)
-        base, off = self.parts.operand_offset(self.g, j, index)
+        base, off = self.parts.operand_offset(self.g, j, index, self.grown)
         self.note_load(base)
         if not fixed:  # the same tile read again this step, or its transpose
             key = ("operand", base, off.render(), mask)
@@ -304,9 +326,12 @@ class BwdEmitter(Emitter):
         p = self.parts
         kv = [gm for gm in p.grads if gm.over_rows]
         q = [gm for gm in p.grads if not gm.over_rows]
-        nk = -(-p.tk // self.cfg.BLOCK_N) if kv else 0
+        nk = str(-(-p.tk // self.cfg.BLOCK_N) if kv else 0)
         self.line("pid = tl.program_id(0)")
         self.line(f"bh = tl.program_id(1){'.to(tl.int64)' if self.int64 else ''}  # batch x head")
+        if self.runtime and kv and q:
+            self.line("nk = tl.cdiv(TK, BLOCK_N)  # the key blocks: their programs come first")
+            nk = "nk"
         extents = {self.g[self.g[t].inputs[0]].shape[-1] for t in p.tiles}
         extents |= {gm.free_extent(self.g) for gm in p.grads}
         for e in sorted(extents):
@@ -330,20 +355,19 @@ class BwdEmitter(Emitter):
         return ", ".join(self.g[gm.node].name for gm in grads)
 
     def _role(self, role: str, grads: list[GradMatmul], pid: str = "pid") -> None:
-        p = self.parts
         self.role, self.held = role, {}
         self.scopes.append(Scope())
         if role == "kv":
             self.line(f"start_k = ({pid}) * BLOCK_N")
             self.line("offs_n = start_k + tl.arange(0, BLOCK_N)")
             self.line(f"rindex = offs_n{self._ax('keys')}")
-            self.line(f"rmask = rindex < {p.tk}")
+            self.line(f"rmask = rindex < {self.TK}")
         else:
             bm = self.blocks()[0]
             self.line(f"start_q = ({pid}) * {bm}")
             self.line(f"offs_m = start_q + tl.arange(0, {bm})")
             self.line("xindex = offs_m[:, None]")
-            self.line(f"xmask = xindex < {p.t}")
+            self.line(f"xmask = xindex < {self.T}")
         accs = []
         for k, gm in enumerate(grads):
             blk = head_block(gm.free_extent(self.g))
@@ -355,7 +379,7 @@ class BwdEmitter(Emitter):
             self.line(f"{acc} = tl.zeros({shape}, dtype=tl.float32)  # {self.g[gm.node].name}")
         body = lambda: [self._accumulate(gm, acc) for gm, acc in zip(grads, accs)]  # noqa: E731
         if not self.skip:
-            self._loop(role, "0", str(p.t if role == "kv" else p.tk), body, "every tile")
+            self._loop(role, "0", self.T if role == "kv" else self.TK, body, "every tile")
         elif role == "q":
             lo, hi = self.skip.q_bounds(self)
             self._live_loops(role, lo, hi, body, "keys the mask leaves live for", "rows")
@@ -364,7 +388,7 @@ class BwdEmitter(Emitter):
             self._live_loops(role, lo, hi, body, "rows the mask leaves live for", "keys")
             note = "rows the mask hides these keys from: only a row block within reach"
             self._loop(role, "0", lo, body, note, guard=True)
-            self._loop(role, hi, str(p.t), body, note, guard=True)
+            self._loop(role, hi, self.T, body, note, guard=True)
         self.lines.append("")
         for gm, acc in zip(grads, accs):
             self._store(gm, acc)
@@ -388,7 +412,6 @@ class BwdEmitter(Emitter):
         self.dots = dots
 
     def _loop(self, role: str, lo: str, hi: str, body, note: str, guard: bool = False) -> None:
-        p = self.parts
         bm, bn = self.blocks()
         step, var = (bm, "start_m") if role == "kv" else (bn, "start_n")
         self.lines.append("")
@@ -401,11 +424,11 @@ class BwdEmitter(Emitter):
         if role == "kv":
             self.line(f"offs_m = start_m + tl.arange(0, {bm})")
             self.line(f"xindex = offs_m{self._ax('rows')}")
-            self.line(f"xmask = xindex < {p.t}")
+            self.line(f"xmask = xindex < {self.T}")
         else:
             self.line(f"offs_n = start_n + tl.arange(0, {bn})")
             self.line("rindex = offs_n[None, :]")
-            self.line(f"rmask = rindex < {p.tk}")
+            self.line(f"rmask = rindex < {self.TK}")
         if guard:
             self.line(f"if {self.skip.reach(self, 'reach')}:")
             self.depth += 1
@@ -430,8 +453,7 @@ class BwdEmitter(Emitter):
         if v.cls < 2:
             code = (f"tl.full([{bm}, {bn}], {code}, tl.float32)" if v.literal
                     else f"tl.broadcast_to({code}, [{bm}, {bn}])")  # fmt: skip
-        sm, sn = self.sizes()
-        edge = [m for m, ok in (("xmask", p.t % sm), ("rmask", p.tk % sn)) if ok]
+        edge = [m for m, ok in zip(("xmask", "rmask"), self._ragged()) if ok]
         if edge:
             code = f"tl.where({' & '.join(edge)}, {code}, 0.0)"
         dt = g[g[gm.node].inputs[gm.tile_pos]].dtype
@@ -502,7 +524,10 @@ class BwdEmitter(Emitter):
             names = (f"{var}[None, :]", f"{h}[:, None]")
         index = (*self.bh3, *pair) if len(node.shape) == 3 else pair
         # a single query row or a head dim of 1: the whole tile stored all the same
-        off = tile_address(linearize(index, contiguous_strides(node.shape), node.shape), names)
+        strides = contiguous_strides(node.shape)
+        if self.grown:
+            strides = grown_strides(node.shape, index, strides)
+        off = tile_address(linearize(index, strides, node.shape), names)
         masked = f", {mask}" if mask else ""
         out = f"{acc}.to({TL_DTYPE[node.dtype]})"
         self.line(f"tl.store({self.out_ptr[gm.node]} + ({off}), {out}{masked})")
@@ -511,11 +536,26 @@ class BwdEmitter(Emitter):
 def generate_attention_bwd(
     graph: Graph, info: GroupInfo, config: AttentionBwdConfig, index: int
 ) -> Kernel:
+    """The kernel of the group under ``config``; under runtime sizes one that takes the query
+    and key counts as arguments, as the forward's (``attention/runtime.py``): every tile edge
+    masked, so no tile is read through a descriptor (they read only unmasked tiles)."""
     parts = backward_facts(graph, frozenset(info.nodes))
-    em = BwdEmitter(graph, info, config, parts)
+
+    def render(sizes: Sizes) -> Kernel:
+        em = BwdEmitter(graph, info, config, parts, sizes)
+        return _render(graph, info, config, index, em)
+
+    return sized_kernel(render, runtime_sizes_on())
+
+
+def _render(
+    graph: Graph, info: GroupInfo, config: AttentionBwdConfig, index: int, em: BwdEmitter
+) -> Kernel:
+    parts = em.parts
     body = em.emit()
     name = kernel_name(graph, info, "attbwd", index)
     params = [em.ptr[i] for i in info.loads] + [em.out_ptr[i] for i in info.stored]
+    params += ["T", "TK"] if em.runtime else []
     consts = ["BLOCK_M", "BLOCK_N"]
     what = f"attention backward, tiles {list(info.domain)}"
     header = kernel_header(em, name, what, params + [f"{c}: tl.constexpr" for c in consts])
@@ -523,6 +563,7 @@ def generate_attention_bwd(
     src = "\n".join(["import triton", "import triton.language as tl", "", ""] + helpers + header)
     layout = [("in", k) for k in range(len(info.loads))]
     layout += [("out", k) for k in range(len(info.stored))]
+    layout += [("int", parts.t), ("int", parts.tk)] if em.runtime else []
     kv = any(gm.over_rows for gm in parts.grads)
     q = any(not gm.over_rows for gm in parts.grads)
     programs = kv * -(-parts.tk // config.BLOCK_N) + q * -(-parts.t // role_blocks(config, "q")[0])

@@ -8,7 +8,8 @@ keep out configs that would not fit; both were checked against ``ptxas`` for sm_
 causal d = 128 backward (``experiments/probes/kernel_resources.py``, Triton 3.6, aligned buffers):
 128 x 64 tiles with 8 warps and 2 stages compile with no spill in 182 KB of shared memory,
 64 x 64 tiles with 4 warps spill 200 bytes (outside the estimate), 3 stages of 128 x 64 do
-not fit.
+not fit. Under runtime sizes the kernel takes T and TK as arguments, as the forward's
+(``attention/runtime.py``): the space is the bucket's, without TMA (every tile edge masked).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from autofuse.kernels.common.base import GroupInfo, Kernel, ProposesNone, neares
 from autofuse.kernels.common.configs import HOPPER_SMEM_BYTES, check_pow2
 from autofuse.kernels.common.cost import LoopCost, loop_cost
 from autofuse.kernels.common.memory import ITEM
+from autofuse.kernels.common.sizes import config_extent, runtime_sizes_on
 
 
 def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdConfig]:
@@ -47,7 +49,7 @@ def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdCon
     item = max(ITEM.get(graph[graph[m].inputs[0]].dtype, 2) for m in info.matmuls)
     heads = [head_block(gm.free_extent(graph)) for gm in parts.grads]
     dh = max([*heads, *(head_block(graph[graph[t].inputs[0]].shape[-1]) for t in parts.tiles)])
-    cap_m, cap_n = max(16, next_pow2(parts.t)), max(16, next_pow2(parts.tk))
+    cap_m, cap_n = (max(16, next_pow2(config_extent(n))) for n in (parts.t, parts.tk))
     out = []
     for bm in (16, 32, 64, 128):
         if bm > cap_m or (bm < 32 and cap_m > 64):
@@ -68,7 +70,8 @@ def attention_bwd_configs(graph: Graph, info: GroupInfo) -> list[AttentionBwdCon
                             out.append(AttentionBwdConfig(bm, bn, w, st, swap=True, flip=flip))
     wholes = [replace(c, whole=True) for c in out] if skip is not None and skip.exact else []
     tma = []
-    if _tma_reads(graph, info, parts):  # tiles that never run past the sequence
+    # tiles that never run past the sequence (none under runtime sizes: every edge masked)
+    if not runtime_sizes_on() and _tma_reads(graph, info, parts):
         tma = [replace(c, TMA=True) for c in out + wholes if _whole_tiles(parts, c)]
     out += [c for c in wholes if not _ptxas_fails(c)]
     return out + tma or [AttentionBwdConfig(16, 16, 1, 1)]
@@ -115,7 +118,7 @@ def attention_bwd_default(graph: Graph, info: GroupInfo) -> AttentionBwdConfig:
 
 class AttentionBwdKind(ProposesNone):
     name = KIND
-    runtime_sizes = False  # sizes baked in: a config and a kernel per exact shape
+    runtime_sizes = True  # T and TK the arguments, configs by bucket (``attention/runtime.py``)
     library_first = False
     config_class = AttentionBwdConfig
 

@@ -70,34 +70,34 @@ class SkipPlan:
         """The keys a block of rows visits (all of them for a row within reach)."""
         bm, bn = em.blocks()
         em.line("r0 = start_q  # the program's rows")
-        em.line(f"r1 = tl.minimum(r0 + {bm} - 1, {self.t - 1})")
+        em.line(f"r1 = tl.minimum(r0 + {bm} - 1, {em.T1})")
         hi, lo = live_columns(self.limits, "r0", "r1")
-        em.line(f"hi_q = {_clamp(hi, self.tk)}  # live keys")
+        em.line(f"hi_q = {_clamp(hi, em.TK, True)}  # live keys")
         em.line(f"lo_q = {_clamp(lo, 'hi_q')}")
         self.reach(em, "reach")
         em.line(f"lo_q = tl.where(reach, 0, (lo_q // {bn}) * {bn})")
-        em.line(f"hi_q = tl.where(reach, {self.tk}, hi_q)")
+        em.line(f"hi_q = tl.where(reach, {em.TK}, hi_q)")
         return "lo_q", "hi_q"
 
     def kv_bounds(self, em) -> tuple[str, str]:
         """The rows a block of keys is live for (the others: the guarded passes)."""
         em.line("c0 = start_k  # the program's keys")
-        em.line(f"c1 = tl.minimum(c0 + BLOCK_N - 1, {self.tk - 1})")
+        em.line(f"c1 = tl.minimum(c0 + BLOCK_N - 1, {em.TK1})")
         lo = hi = None
         for lim in self.limits:
             if lim.upper and lim.a == 1:  # col <= row + b: rows >= c0 - b
                 cur = f"c0 - {lim.b}"
             elif lim.upper:  # col <= b: no row when c0 > b
-                cur = f"tl.where(c0 > {lim.b}, {self.t}, 0)"
+                cur = f"tl.where(c0 > {lim.b}, {em.T}, 0)"
             elif lim.a == 1:  # col >= row + b: rows <= c1 - b
                 cur = f"c1 - {lim.b} + 1"
             else:  # col >= b: no row when c1 < b
-                cur = f"tl.where(c1 < {lim.b}, 0, {self.t})"
+                cur = f"tl.where(c1 < {lim.b}, 0, {em.T})"
             if lim.upper:
                 lo = cur if lo is None else f"tl.maximum({lo}, {cur})"
             else:
                 hi = cur if hi is None else f"tl.minimum({hi}, {cur})"
-        em.line(f"hi_k = {_clamp(hi, self.t)}  # rows these keys are live for")
+        em.line(f"hi_k = {_clamp(hi, em.T, True)}  # rows these keys are live for")
         em.line(f"lo_k = {_clamp(lo, 'hi_k')}")
         em.line("lo_k = (lo_k // BLOCK_M) * BLOCK_M")
         em.line(
@@ -113,11 +113,11 @@ class SkipPlan:
             if lim.upper and lim.a == 1:  # col <= row + b for every key: rows >= c1 - b
                 cur = f"c1 - {lim.b}"
             elif lim.upper:  # col <= b: every row when c1 <= b, else none
-                cur = f"tl.where(c1 <= {lim.b}, 0, {self.t})"
+                cur = f"tl.where(c1 <= {lim.b}, 0, {em.T})"
             elif lim.a == 1:  # col >= row + b for every key: rows <= c0 - b
                 cur = f"c0 - {lim.b} + 1"
             else:  # col >= b: every row when c0 >= b, else none
-                cur = f"tl.where(c0 >= {lim.b}, {self.t}, 0)"
+                cur = f"tl.where(c0 >= {lim.b}, {em.T}, 0)"
             if lim.upper:
                 flo = cur if flo is None else f"tl.maximum({flo}, {cur})"
             else:
@@ -153,10 +153,10 @@ class SkipPlan:
         return visited, total
 
 
-def _clamp(expr: str | None, top: int | str) -> str:
-    """``expr`` within ``[0, top]``; no expression: ``top`` when it is the extent, else 0."""
+def _clamp(expr: str | None, top: str, extent: bool = False) -> str:
+    """``expr`` within ``[0, top]``; no expression: ``top`` when it is the ``extent``, else 0."""
     if expr is None:
-        return str(top) if isinstance(top, int) else "0"
+        return top if extent else "0"
     return f"tl.minimum(tl.maximum({expr}, 0), {top})"
 
 

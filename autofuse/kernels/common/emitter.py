@@ -240,13 +240,17 @@ class Emitter(ValueRewrites):
             return v
         return Val(f"{v.code}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[v.dtype]})", v.cls, v.dtype)
 
-    def load(self, i: int, index: tuple[Expr, ...]) -> Val:
-        node = self.g[i]  # (never empty: ``value`` answers an empty node itself)
+    def load_offset(self, i: int, index: tuple[Expr, ...]) -> Expr:
+        """The offset of ``index`` in node ``i``'s buffer."""
+        node = self.g[i]
         strides = buffer_strides(node)
         if strides == contiguous_strides(node.shape):  # a reshape's flat offset, as it is
-            off = flat_of(index, node.shape)
-        else:
-            off = linearize(index, strides, node.shape)
+            return flat_of(index, node.shape)
+        return linearize(index, strides, node.shape)
+
+    def load(self, i: int, index: tuple[Expr, ...]) -> Val:
+        node = self.g[i]  # (never empty: ``value`` answers an empty node itself)
+        off = self.load_offset(i, index)
         cls = self.cls_of(off)
         mask = self.active_mask(cls)
         cd = compute_dtype(node.dtype)

@@ -12,7 +12,10 @@ with those values in place is exactly the text generated at this shape, so the k
 correct by construction; its text, and the kernel built, is then shared by every later shape
 whose literals differ at those positions alone. Literals equal at every shape stay constants.
 A kind whose block shapes are all constexpr names (the GEMM template: ``offs_m[:, None]``) asks
-for ``subscripts``: a line with a subscript is then eligible outside its brackets.
+for ``subscripts``: a line with a subscript is then eligible outside its brackets. A kind that
+can render its kernel as at other sizes itself (the attention kind: its strides with the
+sequence dims grown) makes the literals that differ arguments at the first shape already
+(:func:`with_probe_arguments`); their names continue the ``ks`` numbering.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import replace
 from autofuse.kernels.common.base import Kernel
 from autofuse.kernels.common.sizes import runtime_bucket
 
-__all__ = ["with_size_arguments"]
+__all__ = ["with_probe_arguments", "with_size_arguments"]
 
 # a string (skipped) or an integer literal that is not part of a name or a float
 _TOKEN = re.compile(r"""('[^']*'|"[^"]*")|(?<![\w.])(\d+)(?![\w.])""")
@@ -71,19 +74,52 @@ def with_size_arguments(kernel: Kernel, subscripts: bool = False) -> Kernel:
     if scope is None:
         return kernel
     found, skeleton = _literals(kernel.source, kernel.name, subscripts)
-    lines = kernel.source.split("\n")
-    values = tuple(int(lines[k][a:b]) for k, a, b in found)
+    values = _values(kernel.source, found)
     key = (scope, kernel.name, skeleton)
     with _LOCK:
         before, varying = _SEEN.get(key, (values, frozenset()))
         varying |= {i for i, (x, y) in enumerate(zip(before, values)) if x != y}
         _SEEN[key] = (values, varying)
-    if not varying:
+    return _as_arguments(kernel, found, values, [[i] for i in sorted(varying)])
+
+
+def with_probe_arguments(kernel: Kernel, probe: str, subscripts: bool = False) -> Kernel:
+    """``kernel`` with the literals that differ in ``probe`` (its source generated as at other
+    sizes, those the kernel takes at run time) as arguments from the first shape on: one a
+    pair of values (a stride ``T * D`` read by several loads is one argument); as it is where
+    the two texts differ elsewhere than in their literals."""
+    found, skeleton = _literals(kernel.source, kernel.name, subscripts)
+    other, other_skeleton = _literals(probe, kernel.name, subscripts)
+    if skeleton != other_skeleton:
         return kernel
-    for j, i in enumerate(sorted(varying, reverse=True)):
+    pairs: dict[tuple[int, int], list[int]] = {}
+    values = _values(kernel.source, found)
+    for i, pair in enumerate(zip(values, _values(probe, other))):
+        if pair[0] != pair[1]:
+            pairs.setdefault(pair, []).append(i)
+    return _as_arguments(kernel, found, values, list(pairs.values()))
+
+
+def _values(source: str, found: list[tuple[int, int, int]]) -> tuple[int, ...]:
+    lines = source.split("\n")
+    return tuple(int(lines[k][a:b]) for k, a, b in found)
+
+
+def _as_arguments(
+    kernel: Kernel, found: list[tuple[int, int, int]], values: tuple[int, ...], groups
+) -> Kernel:
+    """``kernel`` with each group of its literals (positions in ``found``) one argument
+    ``ks<j>``, numbered after those its signature has, passed first."""
+    if not groups:
+        return kernel
+    lines = kernel.source.split("\n")
+    sig = next(line for line in lines if line.startswith(f"def {kernel.name}("))
+    first = len(re.findall(r"\bks\d+\b", sig))
+    names = {i: f"ks{first + j}" for j, group in enumerate(groups) for i in group}
+    for i in sorted(names, reverse=True):
         k, a, b = found[i]
-        lines[k] = f"{lines[k][:a]}ks{len(varying) - 1 - j}{lines[k][b:]}"
-    names = ", ".join(f"ks{j}" for j in range(len(varying)))
-    source = "\n".join(lines).replace(f"def {kernel.name}(", f"def {kernel.name}({names}, ", 1)
-    extra = tuple(("int", values[i]) for i in sorted(varying))
+        lines[k] = f"{lines[k][:a]}{names[i]}{lines[k][b:]}"
+    params = ", ".join(f"ks{first + j}" for j in range(len(groups)))
+    source = "\n".join(lines).replace(f"def {kernel.name}(", f"def {kernel.name}({params}, ", 1)
+    extra = tuple(("int", values[group[0]]) for group in groups)
     return replace(kernel, source=source, layout=extra + kernel.layout)
