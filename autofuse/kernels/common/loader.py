@@ -151,11 +151,15 @@ def kernels_built() -> int:
 _NOT_CODE = frozenset({tokenize.COMMENT, tokenize.NL, tokenize.ENCODING})
 
 
-def _code_of(source: str) -> tuple[tuple[int, str], ...]:
+def _code_of(source: str) -> Any:
     """``source``'s tokens without its comments (whole lines and after code alike; a ``#``
-    inside a string stays part of the string) and blank lines."""
+    inside a string stays part of the string) and blank lines; a text that does not tokenize
+    is its own key (building it raises Python's own SyntaxError)."""
     tokens = tokenize.generate_tokens(io.StringIO(source).readline)
-    return tuple((t.type, t.string) for t in tokens if t.type not in _NOT_CODE)
+    try:
+        return tuple((t.type, t.string) for t in tokens if t.type not in _NOT_CODE)
+    except (tokenize.TokenError, SyntaxError):
+        return source
 
 
 def load_kernel(source: str, name: str) -> Any:
