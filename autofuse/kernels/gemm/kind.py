@@ -81,8 +81,11 @@ def analyze_gemm_group(graph: Graph, members: frozenset[int]) -> GroupInfo:
             raise FusionRefused("one matmul feeds the other: they cannot share a K loop")
     domain = first.shape
     stored = stored_nodes(graph, members)
-    for s in stored:  # over the output, or a reshape of it (``x @ w + b`` with a 3-D ``x``)
-        if numel(graph[s].shape) != numel(domain):
+    for s in stored:  # over the output, or an epilogue result over a reshape of it (``x @ w
+        # + b`` with a 3-D ``x``); a prologue result of another shape is refused
+        shape = graph[s].shape
+        reshaped = numel(shape) == numel(domain) and not ancestors(graph, s).isdisjoint(mms)
+        if shape != domain and not reshaped:
             raise FusionRefused(
                 f"{describe(graph, s)} must be stored but is not over the GEMM output "
                 f"{list(domain)} (a prologue result needed elsewhere)"
