@@ -100,7 +100,7 @@ def bind_node(node: Node) -> Callable[..., Any]:
 
 
 # overloads whose torch function has the same schema and binds its arguments in C++ without
-# boxing them (half the host time per call of the OpOverload: a plan of many convolutions)
+# boxing them into a stack as the OpOverload's call does (a plan makes one call per convolution)
 _BOUND = {"aten.convolution.default": torch.convolution}
 
 
