@@ -99,6 +99,22 @@ def test_fresh_inputs_after_compiling(forced):
     torch.testing.assert_close(compiled(*args), fn(*args), rtol=1e-5, atol=1e-5)
 
 
+def test_written_out_at_every_shape_of_a_dynamic_graph(forced):
+    """A graph compiled for several lengths (Dynamo's symbolic trace, specialized per shape with
+    inputs of its own fake mode) is written out at each one, the first included."""
+    torch._dynamo.reset()
+    before = dynamo.compiled_count()
+    compiled = torch.compile(_causal, backend="autofuse", dynamic=True)
+    for t in (16, 24, 40):
+        args = _qkv(t=t, seed=t)
+        torch.testing.assert_close(compiled(*args), _causal(*args), rtol=1e-5, atol=1e-5)
+    records = dynamo.compiled_since(before)
+    assert records
+    for record in records:
+        assert any(k.name.startswith("autofuse_att_") for k in record.plan.kernels)
+        assert not record.plan.library and not record.fallback_ops()
+
+
 @pytest.mark.parametrize(
     "fn, args, reason",
     [

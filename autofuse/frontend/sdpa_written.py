@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.operator_schemas import normalize_function
 
@@ -159,6 +159,15 @@ class _WrittenOut(torch.fx.Interpreter):
         return (out, *(None,) * (len(n.meta.get("val") or ()) - 1))
 
 
+def _fake_mode(example_inputs: Sequence[Any]) -> FakeTensorMode | None:
+    """The fake mode of ``example_inputs``' fake tensors (None: they are real). Not the
+    tracing context's: a graph specialized from a symbolic trace has inputs of its own mode."""
+    modes = {id(x.fake_mode): x.fake_mode for x in example_inputs if isinstance(x, FakeTensor)}
+    if len(modes) > 1:
+        raise ValueError("example_inputs: fake tensors of several fake modes")
+    return next(iter(modes.values()), None)
+
+
 def written_out(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], decompositions: dict
 ) -> torch.fx.GraphModule | None:
@@ -167,8 +176,7 @@ def written_out(
     sites = sdpa_sites(gm)
     if not sites:
         return None
-    fake = detect_fake_mode(list(example_inputs))
-    with fake or contextlib.nullcontext():
+    with _fake_mode(example_inputs) or contextlib.nullcontext():
         return make_fx(_WrittenOut(gm, sites).run, decomposition_table=decompositions)(
             *example_inputs
         )
