@@ -19,6 +19,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from autofuse.capture.decompositions import decomposition_table
+from autofuse.capture.overlap import aten_overlapping_write
 from autofuse.capture.rules import Call, convert, dtype_name
 from autofuse.capture.structural import convert_multi, convert_structural, mutates
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs
@@ -142,6 +143,7 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
         with torch.no_grad():
             gm = make_fx(flat_fn, decomposition_table=decomposition_table())(*flat_inputs)
             if mutates(gm):  # in-place ops (add_, x[:, 0].mul_()): trace their functional form
+                _refuse_overlapping_write(gm, fn)
                 gm = _functional(gm, flat_inputs)
     except CaptureError:
         raise
@@ -170,6 +172,17 @@ def _functional(gm: torch.fx.GraphModule, flat_inputs: list) -> torch.fx.GraphMo
     writes that value."""
     fn_ = torch.func.functionalize(gm, remove="mutations")
     return make_fx(fn_, decomposition_table=decomposition_table())(*flat_inputs)
+
+
+def _refuse_overlapping_write(gm: torch.fx.GraphModule, fn: Any) -> None:
+    """Raise :class:`TraceUnsupported` where ``gm`` writes in place into a view whose elements
+    share memory (``capture/overlap.py``: functionalizing it changes the values)."""
+    op = aten_overlapping_write(gm)
+    if op is not None:
+        raise TraceUnsupported(
+            f"{_fn_name(fn)} writes in place ({op}) into a view whose elements share memory "
+            "(an expand); functionalizing it would change the values"
+        )
 
 
 def _raise_eager_error(flat_fn: Callable[..., Any], flat_inputs: list[torch.Tensor]) -> None:

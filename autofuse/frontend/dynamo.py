@@ -61,6 +61,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
 from autofuse.capture import Captured, decomposition_table, function_fixes
+from autofuse.capture.overlap import dynamo_overlapping_write
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.kernels.common.sizes import runtime_bucket, runtime_sizes_on
@@ -282,6 +283,16 @@ def _fix_functions(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
+def _as_captured(gm: torch.fx.GraphModule, why: str) -> Callable[..., Any]:
+    """Dynamo's graph ``gm`` run as captured, in eager, with a warning saying ``why``
+    (strict mode raises instead)."""
+    if settings().strict:
+        raise RuntimeError(f"autofuse (strict): a graph cannot be compiled: {why}")
+    warnings.warn(f"autofuse: {why}; the graph runs as captured, in eager", RuntimeWarning,
+                  stacklevel=3)  # fmt: skip
+    return gm.forward
+
+
 def _effectful_ops(gm: torch.fx.GraphModule) -> list[str]:
     """The ops an AOTAutograd graph calls through ``with_effects`` (ordered side effects such
     as ``linalg.inv``'s error check, threaded through effect tokens)."""
@@ -320,6 +331,10 @@ class AutofuseBackend:
         if kw.get("options"):
             check_options(kw["options"], BACKEND, "torch.compile(backend='autofuse')")
         _fix_functions(gm)
+        shared = dynamo_overlapping_write(gm)
+        if shared is not None:  # functionalizing it changes the values (capture/overlap.py)
+            return _as_captured(gm, f"an in-place {shared} writes into a view whose elements "
+                                "share memory (an expand)")  # fmt: skip
         dims = dynamic_dims(gm, example_inputs)
         symbolic = any(is_symbolic(x) for x in example_inputs)
         if not needs_specializing(gm, symbolic):
@@ -368,10 +383,8 @@ class AutofuseBackend:
         except Exception as e:
             if reached or settings().strict:
                 raise
-            warnings.warn(f"autofuse: AOTAutograd could not trace a graph ({type(e).__name__}: "
-                          f"{str(e)[:200]}); it runs as captured, in eager", RuntimeWarning,
-                          stacklevel=2)  # fmt: skip
-            return gm.forward
+            why = f"AOTAutograd could not trace it ({type(e).__name__}: {str(e)[:200]})"
+            return _as_captured(gm, why)
 
     def aot(
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], compile: Any = None
