@@ -182,6 +182,20 @@ def _to_copy(c: Call) -> Any:
     return None
 
 
+def _copy(c: Call) -> Any:
+    """``aten.copy(dst, src)`` of a src of dst's shape: src's values in dst's dtype (what a
+    functionalized in-place op leaves: ``hardtanh_`` decomposes to ``copy_(x, clamp(x))``);
+    dst's values are all overwritten, so the result does not read them."""
+    if c.overload != "default" or len(c.args) < 2 or not isinstance(c.args[1], torch.fx.Node):
+        return None
+    src = c.node(1)
+    if tuple(c.b.nodes[src].shape) != tuple(c.val.shape):
+        return None  # a broadcast source stays an eager call
+    if c.b.nodes[src].dtype == c.out_dtype:
+        return src  # the source itself
+    return c.like("cast", (src,), dtype=c.out_dtype)
+
+
 def _convert_element_type(c: Call) -> Any:
     return c.like("cast", (c.node(0),), dtype=c.out_dtype)
 
@@ -286,6 +300,7 @@ def _table() -> dict[str, tuple[Rule, ...]]:
     rules.update({p: (_clamp,) for p in ("clamp", "clamp_min", "clamp_max")})
     rules.update({p: (_to_copy,) for p in ("_to_copy", "to")})
     rules["convert_element_type"] = (_convert_element_type,)
+    rules["copy"] = (_copy,)
     rules.update(scalar_tensor=(_full,), full=(_full,), arange=(_arange,))
     rules.update({p: (_reduction,) for p in ("sum", "mean", "amax", "amin", "prod")})
     rules.update(max=(_max_min,), min=(_max_min,), mm=(_matmul,), bmm=(_matmul,))
