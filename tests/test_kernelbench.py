@@ -469,3 +469,27 @@ def test_measured_choices_read_from_step_reasons():
     plan = NS(steps=(NS(reason=f"fused; {why}"), NS(reason=why), NS(reason=None),
                      NS(reason="peeled bias")))  # fmt: skip
     assert measured_choices(plan) == [why]
+
+
+def test_gpu_judge_falls_back_to_a_float64_step_for_a_training_step():
+    """A training step that fails KernelBench's rule against eager's is judged against the same
+    step in float64 (``gpu.float64_step``): it passes where it is no further from float64 than
+    eager is (a 0.5 offset either side of the true step), and a step far from both fails."""
+    from experiments.kernelbench.gpu import float64_step, judge, train_call
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    inputs, weights = [torch.randn(2, 8)], [torch.randn(2, 4)]
+    step = train_call(model, model, weights)
+
+    def shifted(by):
+        return lambda *xs: [o + by for o in step(*xs)]
+
+    order = [("eager", shifted(0.5)), ("near", shifted(-0.5)), ("far", shifted(-8.0))]
+    opts = GpuOptions(phase="train", correct_trials=1)
+    got = judge(order, None, inputs, opts, torch.float32, "cpu", None, float64_step(model, weights))
+    assert got["near"]["correct"] and got["near"]["judged_by_float64"], got
+    assert not got["far"]["correct"], got
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    no_fallback = judge(order, None, inputs, opts, torch.float32, "cpu")
+    assert not no_fallback["near"]["correct"]
