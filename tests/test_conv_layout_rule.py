@@ -305,3 +305,34 @@ def test_mixed_picks_offer_the_plan_with_every_convolution_channels_last():
         want = net(x)
     assert_close(got, want, torch.float32, "channels-last plan")
     assert got.stride() == want.stride()
+
+
+def test_a_chain_picked_contiguous_is_also_timed_channels_last():
+    """Every convolution picked contiguous, each alone (its input's conversion in its time,
+    as MobileNetV2's 52 were on an H100 where the network runs faster channels-last through
+    and through): the plan with every convolution channels-last is timed beside it; a single
+    convolution picked contiguous offers none (its pick already weighed the conversion)."""
+    from autofuse.ir.conv_layout import channels_last_differs
+    from autofuse.plan.planner import Planner
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 1), torch.nn.ReLU6(),
+        torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.ReLU6(),
+    )  # fmt: skip
+    x = torch.randn(2, 3, 6, 5)
+    graph = capture(net, (x,)).graph
+    times = iter([2e-6, 3e-6, 2e-6, 3e-6])  # contiguous faster, each alone
+    picked = choose_layouts(graph, cuda=True, rule="measure", timer=lambda fn: next(times),
+                            device="cpu")  # fmt: skip
+    assert [picked[i].attr("layout") for i in _convs(picked)] == ["contiguous"] * 2
+    assert channels_last_differs(picked)
+    planner = Planner(picked)
+    labels = [p.label for p in planner.alternatives(planner.space.untuned(), "untuned")]
+    assert "untuned, convolutions channels-last" in labels
+    one = capture(torch.nn.Conv2d(3, 8, 1), (x,)).graph
+    times = iter([2e-6, 3e-6])
+    one = choose_layouts(one, cuda=True, rule="measure", timer=lambda fn: next(times),
+                         device="cpu")  # fmt: skip
+    assert [one[i].attr("layout") for i in _convs(one)] == ["contiguous"]
+    assert not channels_last_differs(one)

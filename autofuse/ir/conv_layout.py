@@ -39,6 +39,7 @@ from autofuse.settings import settings
 
 __all__ = [
     "LAYOUTS",
+    "channels_last_differs",
     "channels_last_strides",
     "choose_layouts",
     "measure_layouts",
@@ -95,6 +96,15 @@ def mixed_layouts(graph: Graph) -> bool:
     return (
         len({n.attr("layout") for n in graph.nodes if is_convolution(n) and n.attr("layout")}) > 1
     )
+
+
+def channels_last_differs(graph: Graph) -> bool:
+    """Whether the plan with every convolution channels-last is worth timing beside the graph's
+    own: the convolutions' picks differ (each converting between them), or two or more picked
+    contiguous (each picked alone, its input's conversion in its time: a chain of them all
+    channels-last converts once, at its input, as torch.compile's layout pass makes it)."""
+    layouts = [n.attr("layout") for n in graph.nodes if is_convolution(n) and n.attr("layout")]
+    return len(set(layouts)) > 1 or (len(layouts) > 1 and set(layouts) == {"contiguous"})
 
 
 def _in_eager_layout(node: Node, **extra: str) -> Node:

@@ -39,7 +39,7 @@ import torch
 from autofuse import logs
 from autofuse.interpreter import interpreting
 from autofuse.ir.conv_fold import fold_batchnorm
-from autofuse.ir.conv_layout import mixed_layouts, relayout
+from autofuse.ir.conv_layout import channels_last_differs, relayout
 from autofuse.ir.graph import Graph
 from autofuse.partition import Partitioner
 from autofuse.plan.buckets import partition_of, structure_key
@@ -227,7 +227,7 @@ class Planner:
         out = []
         if any(n.attr("eager_strides") for n in self.graph.nodes):
             out.append(("convolutions contiguous", relayout(self.graph, "contiguous")))
-        if mixed_layouts(self.graph):  # each convolution's own pick converts between them
+        if channels_last_differs(self.graph):  # mixed picks, or a chain picked contiguous
             out.append(("convolutions channels-last", relayout(self.graph, "channels_last")))
         out += self.variants
         if settings().bn_fold == "measure":
