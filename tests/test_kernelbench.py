@@ -489,6 +489,7 @@ def test_gpu_judge_falls_back_to_a_float64_step_for_a_training_step():
     opts = GpuOptions(phase="train", correct_trials=1)
     got = judge(order, None, inputs, opts, torch.float32, "cpu", None, float64_step(model, weights))
     assert got["near"]["correct"] and got["near"]["judged_by_float64"], got
+    assert got["near"]["max_abs_err"] == pytest.approx(1.0)  # against eager, as recorded
     assert not got["far"]["correct"], got
     assert all(p.dtype == torch.float32 for p in model.parameters())
     no_fallback = judge(order, None, inputs, opts, torch.float32, "cpu")

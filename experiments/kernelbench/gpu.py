@@ -274,7 +274,8 @@ def judge(order, module, inputs, opts: GpuOptions, dtype, device,
                     c = compare(got, ref, opts.tol, scaled=opts.phase == "train")
                     if not c["correct"] and step64 is not None:
                         ref64 = ref64 or [step64(xs)]
-                        c = judged_by_float64(got, ref, ref64[0], opts.tol) or c
+                        judged = judged_by_float64(got, ref, ref64[0], opts.tol)
+                        c = c if judged is None else {**judged, "max_abs_err": c["max_abs_err"]}
                 except Exception as e:  # noqa: BLE001 - a variant that fails a draw is wrong
                     c = {"correct": False, "why": first_line(e)}
                 if guard is not None:
