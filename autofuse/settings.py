@@ -49,7 +49,7 @@ them again, for tests and for programs that change the environment on purpose):
 - ``AUTOFUSE_CONV_KERNEL``: which forward convolutions may run as autofuse's own implicit-GEMM
   kernel (``kernels/conv``) beside the library call: ``rule`` (default: every one the kind
   takes is a choice the search measures; a plan chosen without measuring keeps the library
-  call except where ``kernels/conv/rule.py`` states that the kernel wins), ``kernel`` (the
+  call: ``kernels/conv/rule.py``), ``kernel`` (the
   kernel wherever the kind takes the convolution, measured or not) or ``library`` (never: every
   convolution is its library call, as before the kind existed); an unknown value warns and
   means ``rule``.
