@@ -214,3 +214,23 @@ def test_a_tuned_backend_tunes_the_faster_graph_and_reuses_it(monkeypatch, tmp_p
     again = dynamo.make_backend(trials=2, cache_dir=str(tmp_path), polish=0)
     hit = again._tuned(Planner(graph, [(WRITTEN, written)]), "inference", list(args))
     assert hit.plan.graph.key == written.key and hit.entry is None  # from the cache, untimed
+
+
+def test_the_untuned_planner_times_no_alternative_that_differs(monkeypatch):
+    """An alternative graph whose plan gives other values than the plan's own (here a
+    different program posing as one) is not a candidate, however fast: the choice keeps the
+    plan and says why."""
+    fn, make = CASES["causal"]
+    args = make()
+    graph = to_ir(prepare(*_traced(fn, args)))
+    other = to_ir(prepare(*_traced(lambda q, k, v: fn(q, k, v) * 1.5, args)))
+    times = iter([1e-6, 3e-6, 3e-6])  # the impostor ranked fastest, were it timed
+    monkeypatch.setattr(planner_module, "interpreting", lambda: False)
+    monkeypatch.setattr(
+        planner_module, "choose_plan", functools.partial(choose_plan, timer=lambda run: next(times))
+    )
+    planned = Planner(graph, [("impostor", other)]).untuned("greedy inference", True, lambda: args)
+    assert planned.plan.graph is graph
+    assert "impostor: not a candidate" in (planned.choice.why if planned.choice else "")
+    (out,) = execute(planned.plan, list(args))
+    torch.testing.assert_close(out, fn(*args), rtol=1e-5, atol=1e-5)

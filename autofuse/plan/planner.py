@@ -198,7 +198,7 @@ class Planner:
             return Planned(plan, None, PlanChoice(plan.label, ((plan.label, None),), why))
         if not timed:
             return Planned(plan)
-        plan, choices = timed_choices(plan, others, lambda p: execute(p, ins), agree=False)
+        plan, choices = timed_choices(plan, others, lambda p: execute(p, ins))
         if not choices:
             return Planned(plan)
         return Planned(_measured(plan, merged(choices), label), None, merged(choices))
@@ -308,7 +308,7 @@ class Planner:
         others = self.graph_alternatives(plan.label)
         if not (others or library_variants(self.graph) or fusions(plan)):
             return record
-        chosen, choices = timed_choices(plan, others, run, agree=True)
+        chosen, choices = timed_choices(plan, others, run)
         if chosen is plan:
             return record
         chosen = _measured(replace(chosen, label=plan.label), merged(choices), plan.label)
@@ -316,18 +316,17 @@ class Planner:
 
 
 def timed_choices(
-    plan: Plan, others: Sequence[Plan], run: Callable[[Plan], Any], agree: bool
+    plan: Plan, others: Sequence[Plan], run: Callable[[Plan], Any]
 ) -> tuple[Plan, list[PlanChoice]]:
     """``plan`` against ``others`` (fused matmuls against cuBLAS, another layout, BatchNorm
-    folded; each with its fused calls, and where ``agree``, each checked against ``plan``),
+    folded; each with its fused calls, each checked against ``plan`` first: one that differs
+    is not timed, and the choice says why),
     then the winner's chains a library call fuses (cuDNN's conv + ReLU), then the library
     calls on offer (SDPA's), each round timed end to end by ``run``: the plan chosen and each
     round's choice."""
     choices = []
     if others:
-        cands, notes = with_fused_variants(others, run), []
-        if agree:
-            cands, notes = agreeing(plan, cands, run)
+        cands, notes = agreeing(plan, with_fused_variants(others, run), run)
         plan, choice = choose_plan([plan, *cands], run, True)
         choices.append(replace(choice, why="; ".join([choice.why, *notes])) if notes else choice)
     fused = choose_fused(plan, run)
