@@ -382,3 +382,19 @@ def test_a_graph_aot_cannot_trace_raises_in_strict_mode(strict):
     x = torch.randint(-4, 5, (1, 1, 1))
     with pytest.raises(RuntimeError, match="strict.*share memory"):
         torch.compile(_fill_expanded_bool, backend="autofuse")(x)
+
+
+def test_a_graph_aot_refuses_for_another_reason_runs_as_captured(monkeypatch):
+    """Where AOTAutograd raises before any graph reached autofuse (for a reason the overlap
+    check does not see), Dynamo's graph runs as captured, with a warning naming the error."""
+    from autofuse.frontend import dynamo
+
+    def refuse(self, gm, example_inputs, compile=None):
+        raise RuntimeError("functionalization refused this graph")
+
+    monkeypatch.setattr(dynamo.AutofuseBackend, "aot", refuse)
+    torch._dynamo.reset()
+    x = torch.randn(3, 4)
+    with pytest.warns(RuntimeWarning, match="AOTAutograd could not trace it.*refused this graph"):
+        out = torch.compile(lambda t: (t * 2).sin(), backend="autofuse", dynamic=False)(x)
+    torch.testing.assert_close(out, (x * 2).sin())
