@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from autofuse.ir.graph import FLOAT_DTYPES
-from autofuse.ir.ops import aten_table, category, op_def
+from autofuse.ir.ops import HALF_DTYPES, aten_table, category, op_def
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -99,15 +99,12 @@ def converted(value: Any, dtype: str, round_half: bool = True) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return value
     wraps = category(dtype) == 1 and isinstance(value, int)
-    if not wraps and not (round_half and dtype in _HALF):
+    if not wraps and not (round_half and dtype in HALF_DTYPES):
         return value
     try:
         return torch.tensor(value).to(getattr(torch, dtype)).item()
     except (OverflowError, RuntimeError):  # beyond int64: eager rejects it too
         return value
-
-
-_HALF = ("float16", "bfloat16")
 
 
 Rule = Callable[[Call], Any]

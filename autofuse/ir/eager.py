@@ -14,7 +14,7 @@ import torch
 
 from autofuse.ir import kept_ops  # noqa: F401 - the kept ops registered, resolvable by name
 from autofuse.ir.graph import Graph, Node
-from autofuse.ir.ops import op_def
+from autofuse.ir.ops import HALF_DTYPES, op_def
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -65,7 +65,7 @@ def bind_node(node: Node) -> Callable[..., Any]:
         end, dtype = start + step * n, _dtype(node.dtype)
         return lambda device: torch.arange(start, end, step, dtype=dtype, device=device)
     if op == "opaque":
-        fn = library_call(node.attr("target"), node.attr("layout"), node.dtype in _HALF_NAMES)
+        fn = library_call(node.attr("target"), node.attr("layout"), node.dtype in HALF_DTYPES)
         bind = _binder(node.attr("args"), node.attr("kwargs"))
 
         def call(device: Any, *args: Any) -> Any:
@@ -240,7 +240,6 @@ def channels_last_call(
 
 
 _HALF = (torch.bfloat16, torch.float16)
-_HALF_NAMES = frozenset({"bfloat16", "float16"})
 
 
 def run_graph(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

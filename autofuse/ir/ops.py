@@ -27,6 +27,7 @@ import torch
 from autofuse.ir.op_helpers import EXPM1, HYPOT, IPOW, LOG1P, ROUND, TANH, Helper
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+HALF_DTYPES = frozenset({"float16", "bfloat16"})  # the 16-bit float dtypes
 KINDS = ("input", "pointwise", "reduction", "view", "matmul", "opaque")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from autofuse.ir.graph import Graph, Node, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.ir.op_helpers import Helper
-from autofuse.ir.ops import literal_value, op_def
+from autofuse.ir.ops import HALF_DTYPES, literal_value, op_def
 from autofuse.kernels.common import load_hints, rowops
 from autofuse.kernels.common.base import FusionRefused, GroupInfo, describe
 from autofuse.kernels.common.indexed import indexed_value
@@ -49,7 +49,6 @@ from autofuse.kernels.common.views import (
 )
 
 _COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
-_HALF = ("float16", "bfloat16")
 
 
 @dataclass
@@ -234,7 +233,7 @@ class Emitter(ValueRewrites):
         bfloat16 ``x * 0 + 0.3`` taken to float32 by layer_norm is 0.30078125, as its saved
         mean, or ``x - mean`` is not 0 and the backward scales it by rsqrt(eps))."""
         dtype, base = self.g[j].dtype, self.g.base_of(j)  # through views to the computed value
-        if base not in self.members or dtype not in _HALF or v.literal or v.dtype == dtype:
+        if base not in self.members or dtype not in HALF_DTYPES or v.literal or v.dtype == dtype:
             return v
         if into == dtype:  # a cast to its own dtype rounds it itself
             return v
