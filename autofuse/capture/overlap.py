@@ -66,7 +66,8 @@ def _in_place(n: torch.fx.Node) -> bool:
 
 def dynamo_overlapping_write(gm: torch.fx.GraphModule) -> str | None:
     """The first in-place call of Dynamo's graph ``gm`` (``x.masked_fill_``, ``x += y``,
-    ``x[m] = 0``, ``relu(x, inplace=True)``) whose target tensor's elements share memory, named (None: none)."""
+    ``x[m] = 0``, ``relu(x, inplace=True)``) whose target tensor's elements share memory,
+    named (None: none does)."""
     for n in gm.graph.nodes:
         if n.op in ("call_method", "call_function") and n.args and _in_place(n):
             if shares_memory(_val(n.args[0], "example_value")):
