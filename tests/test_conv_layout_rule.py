@@ -278,7 +278,7 @@ def test_mixed_picks_offer_the_plan_with_every_convolution_channels_last():
     converting between formats at every layer; where the picks differ the planner also builds
     the plan with every convolution channels-last: one conversion at the input, the layers
     between read and write channels-last, values and output strides as eager's."""
-    from autofuse.ir.conv_layout import mixed_layouts
+    from autofuse.ir.conv_layout import channels_last_differs
     from autofuse.plan.planner import Planner
     from autofuse.plan.runtime import execute
 
@@ -293,7 +293,8 @@ def test_mixed_picks_offer_the_plan_with_every_convolution_channels_last():
     picked = choose_layouts(graph, cuda=True, rule="measure", timer=lambda fn: next(times),
                             device="cpu")  # fmt: skip
     assert [picked[i].attr("layout") for i in _convs(picked)] == ["channels_last", "contiguous"]
-    assert mixed_layouts(picked) and not mixed_layouts(relayout(picked, "channels_last"))
+    assert channels_last_differs(picked)
+    assert not channels_last_differs(relayout(picked, "channels_last"))
     planner = Planner(picked)
     alts = planner.alternatives(planner.space.untuned(), "untuned")
     (cl,) = [p for p in alts if p.label == "untuned, convolutions channels-last"]

@@ -43,7 +43,6 @@ __all__ = [
     "channels_last_strides",
     "choose_layouts",
     "measure_layouts",
-    "mixed_layouts",
     "relayout",
 ]
 
@@ -89,13 +88,6 @@ def relayout(graph: Graph, layout: str) -> Graph:
     if layout == "channels_last":
         return keep_inputs(convert_inputs(out))
     return _without_copies(out)
-
-
-def mixed_layouts(graph: Graph) -> bool:
-    """Whether the graph's convolutions with a recorded layout were given different ones."""
-    return (
-        len({n.attr("layout") for n in graph.nodes if is_convolution(n) and n.attr("layout")}) > 1
-    )
 
 
 def channels_last_differs(graph: Graph) -> bool:

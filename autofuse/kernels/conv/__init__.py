@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from autofuse.ir.graph import Graph
 from autofuse.kernels.conv.rule import kernel_reason
-from autofuse.kernels.conv.spec import conv_refusal, conv_spec
+from autofuse.kernels.conv.spec import conv_refusal
 from autofuse.settings import settings
 
 __all__ = ["LONE_RULE", "library_alternative", "lone_library", "takes"]
@@ -33,7 +33,7 @@ def lone_library(graph: Graph, group: frozenset[int]) -> bool:
     if len(group) != 1:
         return False
     (i,) = group
-    return takes(graph, i) and kernel_reason(conv_spec(graph, i), fused=False) is None
+    return takes(graph, i) and kernel_reason() is None
 
 
 def library_alternative(graph: Graph, i: int) -> bool:

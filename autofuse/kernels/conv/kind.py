@@ -296,7 +296,7 @@ class ConvKind(GemmKind):
     def rule_note(self, graph: Graph, info: GroupInfo) -> str | None:
         """Why the rule runs the kernel rather than the library call (``rule.py``), if it
         says."""
-        return kernel_reason(conv_spec(graph, info.matmuls[0]), len(info.nodes) > 1)
+        return kernel_reason()
 
     def analyze(self, graph: Graph, members: frozenset[int]) -> GroupInfo:
         return analyze_conv_group(graph, members)

@@ -18,7 +18,6 @@ untuned planner times the two plans end to end on CUDA where the untuned plan fu
 
 from __future__ import annotations
 
-from autofuse.kernels.conv.spec import ConvSpec
 from autofuse.settings import settings
 
 __all__ = ["FORCED", "kernel_reason"]
@@ -26,10 +25,7 @@ __all__ = ["FORCED", "kernel_reason"]
 FORCED = "AUTOFUSE_CONV_KERNEL=kernel"
 
 
-def kernel_reason(spec: ConvSpec, fused: bool) -> str | None:
-    """Why the convolution ``spec`` (alone, or with an epilogue when ``fused``) runs as the
-    kernel in a plan chosen without measuring, or None: it runs as the library call."""
-    mode = settings().conv_kernel
-    if mode == "kernel":
-        return FORCED
-    return None
+def kernel_reason() -> str | None:
+    """Why a convolution runs as the kernel in a plan chosen without measuring, or None: it
+    runs as the library call (every one, under the rule)."""
+    return FORCED if settings().conv_kernel == "kernel" else None
