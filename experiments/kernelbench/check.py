@@ -190,40 +190,45 @@ def step_grads(model: Any, fn: Any, inputs: list, weights: list, dtype: Any) -> 
     return out, [None if p.grad is None else p.grad.clone() for p in model.parameters()]
 
 
-def float64_grads(model: Any, inputs: list, weights: list) -> list | None:
-    """The same step in float64 eager, the module cast in place and back to float32 after (its
-    parameters stay the same objects); None where the forward does not run in float64 (a
-    tensor it makes itself in float32 meets a float64 one in a matmul)."""
+def in_float64(model: Any, inputs: list, run: Any) -> Any:
+    """``run(x64)`` (``x64``: ``inputs`` with their floating tensors in float64) with the module
+    cast to float64 in place and back to float32 after (its parameters stay the same objects,
+    their gradients cleared); None where it does not run so (a tensor the forward makes itself
+    in float32 meets a float64 one in a matmul): eager's fp32 values judge alone."""
     import torch
 
-    xs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-          for x in inputs]  # fmt: skip
+    x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+           for x in inputs]  # fmt: skip
     try:
         model.to(torch.float64)
-        return step_grads(model, model, xs, weights, torch.float64)[1]
-    except Exception:  # noqa: BLE001 - no float64 reference: eager's fp32 gradients judge
+        return run(x64)
+    except Exception:  # noqa: BLE001 - no float64 reference
         return None
     finally:
         model.to(torch.float32)
         model.zero_grad(set_to_none=True)
 
 
-def float64_outputs(model: Any, inputs: list) -> list | None:
-    """The model's outputs in float64 eager under no_grad (seeded as the fp32 reference is),
-    the module cast in place and back to float32 after; None where it does not run so."""
+def float64_grads(model: Any, inputs: list, weights: list) -> list | None:
+    """The same step in float64 eager (:func:`in_float64`): every parameter's gradient."""
     import torch
 
-    xs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-          for x in inputs]  # fmt: skip
-    try:
-        model.to(torch.float64)
+    return in_float64(
+        model, inputs, lambda xs: step_grads(model, model, xs, weights, torch.float64)[1]
+    )
+
+
+def float64_outputs(model: Any, inputs: list) -> list | None:
+    """The model's outputs in float64 eager under no_grad, seeded as the fp32 reference is
+    (:func:`in_float64`)."""
+    import torch
+
+    def outputs(xs: list) -> list:
         with torch.no_grad():
             torch.manual_seed(0)
             return flat(model(*xs))
-    except Exception:  # noqa: BLE001 - no float64 reference: eager's fp32 outputs judge
-        return None
-    finally:
-        model.to(torch.float32)
+
+    return in_float64(model, inputs, outputs)
 
 
 def judged_by_float64(out: Any, ref: Any, ref64: list | None, tol: float) -> dict | None:

@@ -39,6 +39,7 @@ from experiments.kernelbench.check import (
     eager_steps,
     first_line,
     flat,
+    in_float64,
     judged_by_float64,
     no_dropout,
 )
@@ -295,25 +296,16 @@ def _merge(rec: dict, c: dict) -> None:
 
 
 def float64_step(model: Any, weights: list) -> Callable:
-    """``xs -> the training step (train_call) in float64 eager``: the module cast in place and
-    back after (its parameters stay the same objects); None where it does not run so."""
+    """``xs -> the training step (train_call) in float64 eager`` (``check.in_float64``: the
+    module cast in place and back after; None where it does not run so)."""
     import torch
 
-    def step(xs: list) -> list | None:
-        x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-               for x in xs]  # fmt: skip
-        w64 = [w.double() for w in weights]
-        try:
-            model.to(torch.float64)
-            with torch.enable_grad():
-                return [t.detach().clone() for t in train_call(model, model, w64)(*x64)]
-        except Exception:  # noqa: BLE001 - no float64 reference: eager's fp32 step judges
-            return None
-        finally:
-            model.to(torch.float32)
-            model.zero_grad(set_to_none=True)
+    def step(x64: list) -> list:
+        with torch.enable_grad():
+            w64 = [w.double() for w in weights]
+            return [t.detach().clone() for t in train_call(model, model, w64)(*x64)]
 
-    return step
+    return lambda xs: in_float64(model, xs, step)
 
 
 def interleaved(order, inputs, rounds: int, timer, guard: PrecisionGuard | None = None,
