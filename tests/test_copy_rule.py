@@ -10,7 +10,7 @@ from torch import nn
 
 import autofuse
 
-from .helpers import FRONT_ENDS
+from .helpers import FRONT_ENDS, through
 
 
 def _eager_steps(plan) -> list[str]:
@@ -47,13 +47,9 @@ def test_a_copy_into_another_dtype_is_a_cast(front):
         y.copy_(x * 3)  # truncates toward zero, as eager's copy does
         return y + 1
 
-    x = torch.randn(4, 6) * 5
+    f = through(front, fn, [torch.randn(4, 6) * 5])
     if front == "optimize":
-        f = autofuse.optimize(fn, [x])
         assert not [r for r in _eager_steps(f.plan) if "copy" in r]
-    else:
-        torch._dynamo.reset()
-        f = torch.compile(fn, backend="autofuse")
     x2 = torch.randn(4, 6) * 5
     torch.testing.assert_close(f(x2), fn(x2))
 
@@ -65,11 +61,6 @@ def test_a_broadcast_copy_keeps_eagers_values(front):
         y.copy_(r)  # r [1, 6] broadcast over y's rows
         return y.relu()
 
-    args = [torch.randn(4, 6), torch.randn(1, 6)]
-    if front == "optimize":
-        f = autofuse.optimize(fn, args)
-    else:
-        torch._dynamo.reset()
-        f = torch.compile(fn, backend="autofuse")
+    f = through(front, fn, [torch.randn(4, 6), torch.randn(1, 6)])
     new = [torch.randn(4, 6), torch.randn(1, 6)]
     torch.testing.assert_close(f(*new), fn(*new))

@@ -13,11 +13,10 @@ import warnings
 import pytest
 import torch
 
-import autofuse
 from autofuse.capture.overlap import shares_memory
 from autofuse.frontend import dynamo
 
-from .helpers import FRONT_ENDS
+from .helpers import FRONT_ENDS, settings_env, through
 
 
 def _masked_fill_expanded(x0):
@@ -31,15 +30,8 @@ def _index_put_into_expanded(x0):
     return v * 2
 
 
-def _compiled(fn, args, front):
-    if front == "optimize":
-        return autofuse.optimize(fn, [a.clone() for a in args])
-    torch._dynamo.reset()
-    return torch.compile(fn, backend="autofuse", dynamic=False)
-
-
 def _eager_and_ours(fn, args, front):
-    compiled = _compiled(fn, args, front)
+    compiled = through(front, fn, [a.clone() for a in args])
     mine = [a.clone() for a in args]
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -76,17 +68,10 @@ def test_the_backend_says_why_it_runs_the_graph_as_captured():
 
 
 def test_strict_mode_raises(monkeypatch):
-    from autofuse.settings import reload_settings
-
-    monkeypatch.setenv("AUTOFUSE_STRICT", "1")
-    reload_settings()
-    try:
+    with settings_env(monkeypatch, AUTOFUSE_STRICT="1"):
         torch._dynamo.reset()
         with pytest.raises(Exception, match="share memory"):
             torch.compile(_masked_fill_expanded, backend="autofuse")(torch.tensor([3.0]))
-    finally:
-        monkeypatch.delenv("AUTOFUSE_STRICT")
-        reload_settings()
 
 
 @pytest.mark.parametrize("front", FRONT_ENDS)
