@@ -5,8 +5,9 @@ neighbours in memory), though logically its reduced dims are the innermost. The 
 chosen before the split; the split classifies by them and orders the chunked view as memory
 holds it (``[N, C, k, L] -> [N, k, L, C]``): the first stage's rows run along the channels,
 contiguous. Values equal eager's through both front ends, forward and backward; the plan with
-every convolution contiguous (the planner's other plan) runs the split decided for
-channels-last and equals eager too."""
+every convolution contiguous (the planner's other plan) is made from the graph before the
+split (``ir/pipeline.relaid``): its reductions split again, or not, for that layout, and it
+equals eager too."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import torch.nn.functional as F
 
 import autofuse
 from autofuse.capture.trace import capture
-from autofuse.ir.conv_layout import channels_last_strides, relayout
+from autofuse.ir.conv_layout import channels_last_strides
 from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs
+from autofuse.ir.pipeline import relaid
 from autofuse.ir.split import SplitPolicy, decide, plan_splits, split_reductions
 from autofuse.kernels.reduction.kind import inner_rows
 from autofuse.plan.planner import Planner
@@ -162,9 +164,12 @@ def test_batch_norm_statistics_of_a_channels_last_convolution(n, size, cl_split)
     backend_training_matches(net, x, torch.float32, "batch norm")
 
 
-def test_the_contiguous_plan_runs_the_channels_last_split(cl_split):
-    """The planner's plan with every convolution contiguous reads the split decided for the
-    channels-last layout (its chunked view permuted): slower there, never wrong."""
+def test_the_contiguous_plan_splits_for_its_own_layout(cl_split):
+    """The planner's plan with every convolution contiguous is made from the graph before the
+    split: the global pool, an outer reduction of the channels-last result (its chunked view
+    permuted into memory's order), is decided again as an inner one
+    of the contiguous result (too short to split there: no chunk, no permute); eager's
+    values."""
     torch.manual_seed(0)
     w, b = torch.randn(32, 3, 3, 3), torch.randn(32)
     x = torch.randn(2, 3, 16, 16)
@@ -178,10 +183,39 @@ def test_the_contiguous_plan_runs_the_channels_last_split(cl_split):
     (flat,) = planner.alternatives(planner.space.untuned(), "untuned")
     assert flat.label == "untuned, convolutions contiguous"
     assert not any(n.attr("eager_strides") for n in flat.graph.nodes)
-    assert flat.graph == Planner(relayout(graph, "contiguous")).graph
+    assert flat.graph == relaid(graph, "contiguous")
+    assert not any(n.op == "permute" for n in flat.graph.nodes)
+    # an inner row of 256 is under two chunks of 2 x 256: not split
+    assert not any(n.name.endswith(".part") for n in flat.graph.nodes)
     with torch.no_grad():
         (got,) = execute(flat, [x, w, b])
     assert_close(got, pool(x, w, b), torch.float32, "contiguous plan")
+
+
+def test_a_split_only_the_channels_last_layout_wants(cl_split):
+    """A softmax over the plane of a convolution's result, 144 rows of 256 (KernelBench L2_38's
+    form): an outer reduction of the kept channels-last result, split; rows enough to fill the
+    SMs in the contiguous one, not split there. The contiguous plan reads no chunk (its
+    kernels were the channels-last split's, read across the contiguous result, 3x slower on
+    an H100), and both equal eager."""
+    torch.manual_seed(0)
+    w, b = torch.randn(48, 3, 3, 3), torch.randn(48)
+    x = torch.randn(3, 3, 16, 16)
+
+    def soft(x, w, b):
+        y = F.conv2d(x, w, b, padding=1).clamp(0, 1)
+        return torch.softmax(y.flatten(2), dim=2).view_as(y)
+
+    graph = capture(soft, (x, w, b)).graph
+    assert any(n.name.endswith(".part") for n in graph.nodes)
+    flat = relaid(graph, "contiguous")
+    assert not any(n.name.endswith(".part") for n in flat.nodes)
+    back = relaid(flat, "channels_last")  # from the contiguous graph before its passes
+    assert any(n.name.endswith(".part") for n in back.nodes)
+    with torch.no_grad():
+        for g in (graph, flat, back):
+            (got,) = execute(Planner(g).greedy(), [x, w, b])
+            assert_close(got, soft(x, w, b), torch.float32, "softmax plan")
 
 
 def test_arg_reductions_of_a_channels_last_convolution(cl_split):

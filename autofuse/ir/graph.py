@@ -19,6 +19,7 @@ from autofuse.ir.ops import FLOAT_DTYPES, op_def
 __all__ = [
     "FLOAT_DTYPES",
     "Graph",
+    "Lowering",
     "Node",
     "buffer_strides",
     "kept_strides",
@@ -129,12 +130,26 @@ def make_attrs(**kwargs: Any) -> tuple[tuple[str, Any], ...]:
 
 
 @dataclass(frozen=True)
+class Lowering:
+    """Where a graph came from: the graph the layout-reading passes (split reductions, values
+    computed again) made it from, on a CUDA target or not, and the key of the graph they made
+    (a graph changed since, its key another, does not use it): ``ir/pipeline.relaid`` makes
+    another layout's graph from it."""
+
+    graph: Graph
+    cuda: bool
+    made: str
+
+
+@dataclass(frozen=True)
 class Graph:
-    """A frozen, topologically ordered op graph with numbered inputs and outputs."""
+    """A frozen, topologically ordered op graph with numbered inputs and outputs; ``lowering``
+    (not part of its identity) says what the pipeline made it from, where it did."""
 
     nodes: tuple[Node, ...]
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
+    lowering: Lowering | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for i, node in enumerate(self.nodes):

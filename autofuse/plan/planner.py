@@ -39,8 +39,9 @@ import torch
 from autofuse import logs
 from autofuse.interpreter import interpreting
 from autofuse.ir.conv_fold import fold_batchnorm
-from autofuse.ir.conv_layout import channels_last_differs, relayout
+from autofuse.ir.conv_layout import channels_last_differs
 from autofuse.ir.graph import Graph
+from autofuse.ir.pipeline import relaid
 from autofuse.partition import Partitioner
 from autofuse.plan.buckets import partition_of, structure_key
 from autofuse.plan.build import build_plan
@@ -226,9 +227,9 @@ class Planner:
         this graph's calls as it is (:meth:`fitted`)."""
         out = []
         if any(n.attr("eager_strides") for n in self.graph.nodes):
-            out.append(("convolutions contiguous", relayout(self.graph, "contiguous")))
+            out.append(("convolutions contiguous", relaid(self.graph, "contiguous")))
         if channels_last_differs(self.graph):  # mixed picks, or a chain picked contiguous
-            out.append(("convolutions channels-last", relayout(self.graph, "channels_last")))
+            out.append(("convolutions channels-last", relaid(self.graph, "channels_last")))
         out += self.variants
         if settings().bn_fold == "measure":
             folded = fold_batchnorm(self.graph)
