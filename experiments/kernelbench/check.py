@@ -20,6 +20,7 @@ import time
 import warnings
 from typing import Any
 
+from autofuse.settings import settings
 from experiments.kernelbench.problems import STAGES, Problem, Stage, instantiate, load_module
 
 # ops that stay library calls (cuDNN / cuBLAS / SDPA / RNN kernels): an eager step of one of
@@ -342,7 +343,8 @@ def check_problem(problem: Problem, train: bool | None = None, start: str = "sma
     tol, strict = TOL["float32"], STRICT_TOL["float32"]
     rec: dict[str, Any] = {"stage": stage.name, "shapes_changed": info["changed"],
                            "stages_skipped": info["skipped"],
-                           "input_shapes": [list(x.shape) for x in inputs if hasattr(x, "shape")]}  # fmt: skip
+                           "input_shapes": [list(x.shape) for x in inputs if hasattr(x, "shape")],
+                           "interpreter_block": settings().interpreter_block}  # fmt: skip
 
     def via_optimize():
         opt = autofuse.optimize(model, inputs)

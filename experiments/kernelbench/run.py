@@ -168,8 +168,9 @@ def write_records(folder: Path, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    if a.mode == "cpu":  # kernels run in Triton's interpreter (set before triton loads)
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if a.mode == "cpu":  # kernels run in Triton's interpreter (set before triton loads), their
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # pointwise blocks up to 16384 there
+        os.environ.setdefault("AUTOFUSE_INTERPRETER_BLOCK", "16384")  # (autofuse/settings.py)
     wanted = parse_numbers(a.problems)
     problems = discover(a.dir, a.level, wanted)
     if a.worker:

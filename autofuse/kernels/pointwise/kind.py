@@ -10,6 +10,7 @@ along the rows), where a flat loop would read the buffer at a stride of the chan
 
 from __future__ import annotations
 
+from autofuse.interpreter import interpreting
 from autofuse.ir.graph import Graph, kept_strides, numel
 from autofuse.kernels.common.base import (
     FusionRefused,
@@ -25,6 +26,7 @@ from autofuse.kernels.common.cost import LoopKind
 from autofuse.kernels.common.emitter import Emitter
 from autofuse.kernels.common.loop_kernel import render_loop_kernel
 from autofuse.kernels.common.sizes import config_xnumel
+from autofuse.settings import settings
 
 
 class PointwiseKind(LoopKind):
@@ -72,7 +74,8 @@ class PointwiseKind(LoopKind):
         if info.reduces:
             r = next_pow2(info.rnumel)
             return KernelConfig(max(8, 4096 // r), r, 4)
-        x = min(1024, max(16, next_pow2(config_xnumel(info))))
+        largest = settings().interpreter_block if interpreting() else 1024  # settings.py
+        x = min(largest, max(16, next_pow2(config_xnumel(info))))
         return KernelConfig(x, 0, 4 if x >= 128 else 1)
 
     def check_config(self, info: GroupInfo, config: KernelConfig) -> None:
