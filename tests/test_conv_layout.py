@@ -64,3 +64,12 @@ def test_conv_profile_arms_set_their_settings_and_restore_them(monkeypatch):
     assert any(n.attr("folded") for n in folded.plan.graph.nodes)
     assert not any(n.attr("folded") for n in plain.plan.graph.nodes)
     assert settings().bn_fold == "measure" and "AUTOFUSE_BN_FOLD" not in os.environ
+
+
+def test_conv_profile_totals_every_kernel_by_kind():
+    """The record's totals cover every kernel, not only the twelve longest it lists."""
+    from experiments.probes.conv_profile import by_kind
+
+    kernels = [("triton_poi_fused_0", 5.0), ("sm90_xmma_fprop", 7.5)]
+    kernels += [(f"autofuse_poi_fused_add_{i}", 1.0) for i in range(20)]
+    assert by_kind(kernels) == {"generated": 25.0, "other": 7.5}

@@ -98,6 +98,17 @@ def plan_facts(fn: Any) -> dict:
     return {"choice": None if choice is None else choice.why, "layouts": layouts}
 
 
+GENERATED = ("triton_", "autofuse_")  # Inductor's and autofuse's generated kernels' prefixes
+
+
+def by_kind(kernels: list[tuple[str, float]]) -> dict[str, float]:
+    """µs per call of every kernel (not only the longest the record lists), generated kernels
+    and the rest (library calls, eager's own kernels, copies) apart."""
+    gen = sum(t for k, t in kernels if k.startswith(GENERATED))
+    rest = sum(t for k, t in kernels if not k.startswith(GENERATED))
+    return {"generated": round(gen, 1), "other": round(rest, 1)}
+
+
 def profile_problem(problem: Any, dtype: str, phase: str = "as-made") -> dict:
     import torch
 
@@ -116,7 +127,7 @@ def profile_problem(problem: Any, dtype: str, phase: str = "as-made") -> dict:
             launches = kernels.pop()[1]
             rec["arms"][arm] = {"total_us": round(sum(t for _, t in kernels), 1),
                                 "launches": launches, "kernels": kernels[:12],
-                                **plan_facts(fn)}  # fmt: skip
+                                "by_kind_us": by_kind(kernels), **plan_facts(fn)}  # fmt: skip
         except Exception as e:  # noqa: BLE001 - recorded; the other arms still run
             rec["arms"][arm] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     return rec
