@@ -130,3 +130,19 @@ def test_compare_takes_the_true_value_where_eager_overflows_to_nan():
     assert "value 0" in compare((torch.tensor([0.5, nan, 2.0]),), (e,), lambda: (r,))
     assert "value 0" in compare((torch.tensor([0.0, nan, nan]),), (e,), lambda: (r,))
     assert "value 0" in compare((torch.tensor([float("inf"), nan, 2.0]),), (e,), lambda: (r,))
+
+
+def test_compare_takes_the_true_value_where_eager_overflows_to_infinity():
+    """Fuzz graph 7984 (seed 5): eager rounds each float16 intermediate of an RMS-norm chain's
+    backward and overflows to -inf where the float64 gradient is 1e-3; autofuse's value, kept
+    in float32 as Inductor keeps it, is that gradient. Where the float64 value is infinite
+    too, or autofuse's number is far from it, eager's infinity stands."""
+    inf = float("inf")
+    r = torch.tensor([1e-3, 2.0, inf], dtype=torch.float64)
+    e = torch.tensor([-inf, 2.0, inf], dtype=torch.float16)
+    ok = torch.tensor([1e-3, 2.0, inf], dtype=torch.float16)
+    assert compare((ok,), (e,), lambda: (r,)) == ""
+    far = torch.tensor([5.0, 2.0, inf], dtype=torch.float16)
+    assert "value 0" in compare((far,), (e,), lambda: (r,))
+    finite_overflow = torch.tensor([-inf, 2.0, 6e4], dtype=torch.float16)
+    assert "value 0" in compare((finite_overflow,), (e,), lambda: (r,))
