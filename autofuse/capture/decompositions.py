@@ -247,6 +247,22 @@ def _not_for(dtype, decomp):
     return decomposed
 
 
+def _float_results_only(decomp):
+    """linspace / logspace's ``decomp`` where the result is float32 or float64, eager's op
+    otherwise. The decomposition steps from the unrounded endpoints in float32 and rounds once;
+    eager's integer kernel steps from the truncated start (linspace(4.3, -3, 50) in int32 is 1
+    off in 7 of 50 places), its 16-bit kernels round the endpoints first (bf16 logspace(4.3,
+    -3, 2) starts at 20480, the decomposition at 19968). Inductor runs the decomposition."""
+
+    def decomposed(*args, **kwargs):
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+        if dtype not in (torch.float32, torch.float64):
+            return NotImplemented
+        return decomp(*args, **kwargs)
+
+    return decomposed
+
+
 def _op_where_it_fails(decomp):
     """``decomp``, or the op itself (eager's op) where the decomposition raises: some are
     stricter than the op (addcmul's on integer tensors with a float ``value`` raises where
@@ -303,6 +319,8 @@ def decomposition_table() -> dict:
     for op in (aten.upsample_bicubic2d.default, aten.upsample_bicubic2d.vec):
         if op in table:
             table[op] = _not_for(torch.uint8, table[op])
+    for op in [op for op in table if op.overloadpacket in (aten.linspace, aten.logspace)]:
+        table[op] = _float_results_only(table[op])
     table[aten.log10.default] = _log10
     table[aten.flip.default] = _flip
     table[aten.multilabel_margin_loss_forward.default] = _multilabel_margin_loss

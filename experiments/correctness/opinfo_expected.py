@@ -26,25 +26,6 @@ EXPECTED: dict[str, str] = {
         "the same decomposition as nn.functional.interpolate.bilinear on uint8 (rounded float32 "
         "weights against eager's fixed-point kernel: differences of 1)"
     ),
-    "linspace:int32": (
-        "PyTorch's decomposition of linspace (Inductor's too: the same values) steps from the "
-        "unrounded float endpoints and truncates each value; eager's integer kernel steps from "
-        "the truncated start: linspace(4.3, -3, 50) differs by 1 in 7 of 50 places"
-    ),
-    "linspace:bfloat16": (
-        "the same decomposition as linspace on int32, computed in float32 and rounded once "
-        "(Inductor gives the same values); eager's bfloat16 kernel rounds along the way"
-    ),
-    "logspace:bfloat16": (
-        "PyTorch's decomposition of logspace (the one Inductor runs too: it gives the same values)"
-        " raises the base to a float32 linspace of the unrounded endpoints; eager's bfloat16 "
-        "kernel rounds them to bfloat16 first: logspace(4.3, -3, 2) is 19968 (10^4.3 = 19953) "
-        "against eager's 20480"
-    ),
-    "logspace.tensor_overload:bfloat16": (
-        "the same decomposition as logspace on bfloat16 (float32 from the unrounded endpoints, "
-        "as Inductor; eager rounds them to bfloat16 first)"
-    ),
     "ormqr:*:bwd": (
         "a generated kernel of the backward (mm by a (1, 1) operand inside a fused group) fails "
         "to compile: a (16, 1) block where the pointer has (16, 16)"
