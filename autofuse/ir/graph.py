@@ -132,13 +132,13 @@ def make_attrs(**kwargs: Any) -> tuple[tuple[str, Any], ...]:
 @dataclass(frozen=True)
 class Lowering:
     """Where a graph came from: the graph the layout-reading passes (split reductions, values
-    computed again) made it from, on a CUDA target or not, and the key of the graph they made
-    (a graph changed since, its key another, does not use it): ``ir/pipeline.relaid`` makes
-    another layout's graph from it."""
+    computed again) made it from, on a CUDA target or not, and the graph they made (one that
+    no longer equals it, changed since, does not use it): ``ir/pipeline.relaid`` makes another
+    layout's graph from it."""
 
     graph: Graph
     cuda: bool
-    made: str
+    made: Graph
 
 
 @dataclass(frozen=True)

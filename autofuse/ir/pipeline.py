@@ -34,7 +34,7 @@ def _after_layouts(graph: Graph, cuda: bool) -> Graph:
     """The passes that read the layouts chosen (split reductions, values computed again) over
     ``graph``; the result records ``graph`` as what it was made from (:func:`relaid`)."""
     out = recompute_for_chunk_readers(dedupe(split_for_pipeline(graph, cuda)))
-    return replace(out, lowering=Lowering(graph, cuda, out.key))
+    return replace(out, lowering=Lowering(graph, cuda, out))
 
 
 def relaid(graph: Graph, layout: str) -> Graph:
@@ -45,6 +45,6 @@ def relaid(graph: Graph, layout: str) -> Graph:
     contiguous one. A graph the pipeline did not make (or one changed since) is relaid as
     it is: its splits kept, read in the other layout (slower there, never wrong)."""
     low = graph.lowering
-    if low is None or low.made != graph.key:
+    if low is None or low.made != graph:  # compared node by node, not hashed
         return relayout(graph, layout)
     return _after_layouts(relayout(low.graph, layout), low.cuda)

@@ -168,9 +168,11 @@ def write_records(folder: Path, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    if a.mode == "cpu":  # kernels run in Triton's interpreter (set before triton loads), their
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # pointwise blocks up to 16384 there
-        os.environ.setdefault("AUTOFUSE_INTERPRETER_BLOCK", "16384")  # (autofuse/settings.py)
+    if a.mode == "cpu":
+        # kernels run in Triton's interpreter (set before triton loads), their pointwise blocks
+        # up to 16384 elements there (autofuse/settings.py: AUTOFUSE_INTERPRETER_BLOCK)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        os.environ.setdefault("AUTOFUSE_INTERPRETER_BLOCK", "16384")
     wanted = parse_numbers(a.problems)
     problems = discover(a.dir, a.level, wanted)
     if a.worker:
