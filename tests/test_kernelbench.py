@@ -494,3 +494,27 @@ def test_gpu_judge_falls_back_to_a_float64_step_for_a_training_step():
     assert all(p.dtype == torch.float32 for p in model.parameters())
     no_fallback = judge(order, None, inputs, opts, torch.float32, "cpu")
     assert not no_fallback["near"]["correct"]
+
+
+def test_gpu_judge_falls_back_to_float64_outputs_for_a_bf16_forward():
+    """A bf16 forward variant that fails the rule against eager's bf16 outputs is judged against
+    the forward in float64 (``gpu.float64_forward``): one no further from it than eager passes,
+    one far from both fails, and the module comes back in bfloat16 (the cast round-trips)."""
+    from experiments.kernelbench.gpu import float64_forward, judge
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).to(torch.bfloat16)
+    before = [p.detach().clone() for p in model.parameters()]
+    inputs = [torch.randn(2, 8, dtype=torch.bfloat16)]
+
+    def shifted(by):
+        return lambda *xs: model(*xs) + by
+
+    order = [("eager", shifted(0.25)), ("near", shifted(-0.25)), ("far", shifted(-4.0))]
+    opts = GpuOptions(phase="eval", correct_trials=1, dtype="bf16")
+    with torch.no_grad():
+        got = judge(order, None, inputs, opts, torch.bfloat16, "cpu", None, float64_forward(model))
+    assert got["near"]["correct"] and got["near"]["judged_by_float64"], got
+    assert not got["far"]["correct"], got
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))

@@ -193,11 +193,14 @@ def step_grads(model: Any, fn: Any, inputs: list, weights: list, dtype: Any) -> 
 
 def in_float64(model: Any, inputs: list, run: Any) -> Any:
     """``run(x64)`` (``x64``: ``inputs`` with their floating tensors in float64) with the module
-    cast to float64 in place and back to float32 after (its parameters stay the same objects,
-    their gradients cleared); None where it does not run so (a tensor the forward makes itself
-    in float32 meets a float64 one in a matmul): eager's fp32 values judge alone."""
+    cast to float64 in place and back to its own floating dtype after (float32 or bfloat16: both
+    round-trip exactly; its parameters stay the same objects, their gradients cleared); None
+    where it does not run so (a tensor the forward makes itself in float32 meets a float64 one
+    in a matmul): eager's values judge alone."""
     import torch
 
+    own = next((t.dtype for t in (*model.parameters(), *model.buffers())
+                if t.is_floating_point()), torch.float32)  # fmt: skip
     x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
            for x in inputs]  # fmt: skip
     try:
@@ -206,7 +209,7 @@ def in_float64(model: Any, inputs: list, run: Any) -> Any:
     except Exception:  # noqa: BLE001 - no float64 reference
         return None
     finally:
-        model.to(torch.float32)
+        model.to(own)
         model.zero_grad(set_to_none=True)
 
 

@@ -39,6 +39,7 @@ from experiments.kernelbench.check import (
     eager_steps,
     first_line,
     flat,
+    float64_outputs,
     in_float64,
     judged_by_float64,
     no_dropout,
@@ -256,8 +257,9 @@ def build(model, inputs, opts: GpuOptions, compile_fn, optimize_fn,
 
 def judge(order, module, inputs, opts: GpuOptions, dtype, device,
           guard: PrecisionGuard | None = None, step64: Callable | None = None) -> dict:  # fmt: skip
-    """KernelBench's rule per variant: every draw's outputs allclose to eager's; a training
-    step that fails it is judged against ``step64(xs)`` (the same step in float64 eager:
+    """KernelBench's rule per variant: every draw's outputs allclose to eager's; a variant
+    that fails it is judged against ``step64(xs)`` (the same forward or training step in
+    float64 eager, ``float64_forward`` / ``float64_step``:
     ``check.judged_by_float64``, as the CPU mode judges), passing where each output and
     gradient is no more than ``REFERENCE_FACTOR`` times further from it than eager's is."""
 
@@ -306,6 +308,13 @@ def float64_step(model: Any, weights: list) -> Callable:
             return [t.detach().clone() for t in train_call(model, model, w64)(*x64)]
 
     return lambda xs: in_float64(model, xs, step)
+
+
+def float64_forward(model: Any) -> Callable:
+    """``xs -> the forward's outputs in float64 eager`` (``check.float64_outputs``): the
+    reference a forward variant that fails the rule against eager is judged by, in fp32 and
+    bf16 alike (eager's own rounding is then the yardstick, not the tolerance)."""
+    return lambda xs: float64_outputs(model, xs)
 
 
 def interleaved(order, inputs, rounds: int, timer, guard: PrecisionGuard | None = None,
@@ -368,7 +377,7 @@ def time_problem(problem: Problem, opts: GpuOptions, ceil: dict, device: str = "
         wrap = lambda fn: train_call(model, fn, weights)  # noqa: E731
     guard = PrecisionGuard()
     order, errors, build_s = build(model, inputs, opts, compile_fn, optimize_fn, guard, wrap)
-    step64 = float64_step(model, weights) if wrap is not None and dtype == torch.float32 else None
+    step64 = float64_step(model, weights) if wrap is not None else float64_forward(model)
     checks = judge(order, module, inputs, opts, dtype, device, guard, step64)
     rounds = interleaved(order, inputs, opts.rounds, timer, guard, opts.phase == "train")
     times = {name: {"us": min(ts) * 1e6, "source": "measured"} for name, ts in rounds.items()}
