@@ -6,6 +6,7 @@ any two fp32 summation orders differ by as much as eager differs from float64.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -149,3 +150,61 @@ def test_forward_outputs_failing_against_eager_are_judged_against_float64():
     wrong = check.front_end("t", lambda: (lambda _: far, []), [x], ref, 1e-2, 1e-4, lambda: ref64)
     assert rec["correct"] and rec.get("judged_by_float64")
     assert not wrong["correct"] and "judged_by_float64" not in wrong
+
+
+def test_eager_noise_on_nearby_inputs_is_the_yardstick_where_eager_lands_close():
+    """Eager's fp32 gradient exact by chance on the judged inputs: ``got``'s error is measured
+    against eager's error on nearby inputs (``noise``), not against zero."""
+    ref64 = torch.arange(-8, 8, dtype=torch.float64) / 8
+    eager = ref64.float()  # exact (these values are representable)
+    got = eager + 1e-3 * torch.linspace(-1, 1, 16)
+    assert grad_error_ratio(got, eager, ref64) == float("inf")
+    assert grad_error_ratio(got, eager, ref64, noise=1e-3) == pytest.approx(1.0, rel=1e-3)
+    assert grad_verdict(got, eager, ref64, 1e-5) == "wrong"
+    assert grad_verdict(got, eager, ref64, 1e-5, noise=1e-3) == "float64"
+
+
+def test_eager_grad_noise_measures_the_ill_conditioned_gradient_and_restores_the_module():
+    model, inputs = two_value_batchnorm()
+    params = list(model.parameters())
+    weights = [torch.randn(2, 4, generator=torch.Generator().manual_seed(3))]
+    noise = check.eager_grad_noise(model, inputs, weights)
+    assert len(noise) == len(params) and all(n >= 0 for n in noise)
+    assert noise[0] > 0  # 0.weight: fp32 off float64 on nearby inputs
+    assert list(model.parameters()) == params and all(p.dtype == torch.float32 for p in params)
+
+
+def scaled_backward(by: float):
+    """A backend whose forward is eager's and whose gradients are ``by`` times eager's."""
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list):
+        class Scale(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, g):
+                return by * g
+
+        def run(*args):
+            return [Scale.apply(o) if isinstance(o, torch.Tensor) else o for o in gm(*args)]
+
+        return run
+
+    return backend
+
+
+def test_train_step_consults_eager_noise_only_for_gradients_still_wrong(monkeypatch):
+    """5 % too large gradients stay wrong against eager's real noise, and pass where the noise
+    said eager itself is that far off (the plumbing, both ways)."""
+    torch._dynamo.reset()
+    model, inputs = two_value_batchnorm()
+    rec = train_step(model, inputs, 1e-2, backend=scaled_backward(1.05))
+    assert not rec["correct"] and rec["eager_noise_draws"] == check.NEARBY_STEPS, rec
+    torch._dynamo.reset()
+    monkeypatch.setattr(
+        check, "eager_grad_noise", lambda m, xs, w: [1e9] * len(list(m.parameters()))
+    )
+    rec = train_step(model, inputs, 1e-2, backend=scaled_backward(1.05))
+    assert rec["correct"] and not rec["wrong_grads"], rec
