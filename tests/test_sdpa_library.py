@@ -213,7 +213,7 @@ def test_each_variant_runs_and_the_timed_choice_says_why():
     ref = F.scaled_dot_product_attention(*ins, enable_gqa=True)
     for p in (plan, other):
         torch.testing.assert_close(execute(p, ins)[0], ref)
-    times = iter([2e-6, 1e-6])  # the rule's plan, then math
+    times = iter([2e-6, 1e-6, 1e-6, 2e-6])  # the rule's plan, then math; then reversed
     chosen, choice = choose_plan([plan, other], lambda p: None, True, lambda run: next(times))
     assert chosen is other and choice.chosen.endswith("sdpa.math")
 
@@ -222,7 +222,7 @@ def test_the_untuned_planner_times_the_offers_on_cuda(monkeypatch):
     """With timing possible (faked: no interpreter, a timer that ranks math first), the
     untuned plan runs the faster backend and its step says it was measured."""
     graph, op = sdpa_graph(CPU, is_causal=True)
-    times = iter([3e-6, 1e-6])  # the rule's plan (flash), then math
+    times = iter([3e-6, 1e-6, 1e-6, 3e-6])  # the rule's plan (flash), then math; reversed
     timed = functools.partial(choose_plan, timer=lambda run: next(times))
     monkeypatch.setattr(planner_module, "interpreting", lambda: False)
     monkeypatch.setattr(planner_module, "choose_plan", timed)

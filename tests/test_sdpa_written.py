@@ -178,7 +178,8 @@ def test_the_untuned_planner_times_the_written_out_graph(monkeypatch):
         to_ir(prepared),
         to_ir(prepare(written_out(gm, ex, dynamo.backend_decompositions()), ex)),
     )
-    times = iter([3e-6, 1e-6])  # the SDPA graph's plan, then the written-out one
+    # the SDPA graph's plan, then the written-out one; the second round in reverse
+    times = iter([3e-6, 1e-6, 1e-6, 3e-6])
     monkeypatch.setattr(planner_module, "interpreting", lambda: False)
     monkeypatch.setattr(
         planner_module, "choose_plan", functools.partial(choose_plan, timer=lambda run: next(times))
@@ -201,7 +202,7 @@ def test_a_tuned_backend_tunes_the_faster_graph_and_reuses_it(monkeypatch, tmp_p
     gm, ex = _traced(fn, args)
     graph = to_ir(prepare(gm, ex))
     written = to_ir(prepare(written_out(gm, ex, dynamo.backend_decompositions()), ex))
-    times = iter([3e-6, 1e-6])
+    times = iter([3e-6, 1e-6, 1e-6, 3e-6])
     monkeypatch.setattr(planner_module, "interpreting", lambda: False)
     monkeypatch.setattr(
         planner_module, "choose_plan", functools.partial(choose_plan, timer=lambda run: next(times))
