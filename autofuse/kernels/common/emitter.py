@@ -21,6 +21,7 @@ from autofuse.ir.ops import HALF_DTYPES, literal_value, op_def
 from autofuse.kernels.common import load_hints, rowops
 from autofuse.kernels.common.base import FusionRefused, GroupInfo, describe
 from autofuse.kernels.common.indexed import indexed_value
+from autofuse.kernels.common.online import finished, fold_tile, shift_scale
 from autofuse.kernels.common.reads import online_pairs, phase_levels
 from autofuse.kernels.common.render import (
     TL_DTYPE,
@@ -519,10 +520,8 @@ class Emitter(ValueRewrites):
                 rowops.start_index(self, r)
         online = {s: m for s, m in self.online.items() if m in phase}
         for s in online:
-            accs[s] = (
-                self.tmp("tl.full([XBLOCK, 1], 0.0, tl.float32)", 2, "float32"),
-                "float32",
-            )
+            dt = self.acc_dtype(s)
+            accs[s] = (self.tmp(f"tl.full([XBLOCK, 1], 0.0, {TL_DTYPE[dt]})", 2, dt), dt)
         self._in_loop(lambda: self._accumulate(phase, accs, online))
         return accs
 
@@ -538,26 +537,29 @@ class Emitter(ValueRewrites):
             if r not in partner:
                 self.line(f"{acc.code} = {self._combine(node.op, acc.code, val, acc_dtype)}")
                 continue
-            # online softmax, one rescale per tile: the row's running max and the running sum
-            # of exp(x - max) (one exp per element, as the hand-written cross-entropy kernels)
-            s_acc = accs[partner[r]][0].code
+            # a sum riding its max's loop (common/online.py), one update per tile: the row's
+            # running max and the running sum against it (the online softmax: one exp per
+            # element, as the hand-written cross-entropy kernels; the moment mean's shift)
+            s_acc, c = accs[partner[r]][0].code, shift_scale(self.g, partner[r])
             tile = self.tmp(self.row_reduce(node.op, val, acc_dtype), 1, acc_dtype, "tile max")
             m_new = self.tmp(
                 minmax("maximum", acc.code, tile.code, acc_dtype), 1, acc_dtype, "running max"
             )
-            self.line(
-                f'{s_acc} = tl.where({m_new.code} == float("-inf"), 0.0, '
-                f"{s_acc} * tl.exp({acc.code} - {m_new.code}) + tl.sum(tl.where(xmask & rmask, "
-                f"tl.exp({cast(src, acc_dtype)} - {m_new.code}), 0.0), 1)[:, None])"
-            )
-            self.line(f"{acc.code} = {m_new.code}")
+            x = cast(src, acc_dtype)
+            x = x if c is not None else f"tl.exp({x} - {m_new.code})"
+            for ln in fold_tile(
+                lambda e, note, dt=acc_dtype: self.tmp(e, 1, dt, note).code,
+                (s_acc, acc.code, m_new.code),
+                c,
+                x,
+                lambda t: f"tl.sum(tl.where(xmask & rmask, {t}, 0.0), 1)[:, None]",
+            ):
+                self.line(ln)
 
     def finish_online(self, s: int, m: int, s_acc: Val, m_acc: Val) -> None:
-        """sum(exp(x - max)) from the running sum (already relative to the row's max)."""
-        mx = self.red_val[m].code
-        # a row that is all -inf sums exp(-inf - -inf) = NaN in eager
-        expr = f'tl.where({mx} == float("-inf"), float("nan"), {s_acc.code})'
-        self.red_val[s] = self.tmp(expr, 1, "float32", self.g[s].name + " (online)")
+        """The riding sum's value from its running sum (already against the row's max)."""
+        expr = finished(s_acc.code, self.red_val[m].code, shift_scale(self.g, s))
+        self.red_val[s] = self.tmp(expr, 1, s_acc.dtype, self.g[s].name + " (online)")
 
     def loop_iter(self, start: str, end: str) -> str:
         """The iterable of a column loop (subclasses ask Triton to pipeline it)."""

@@ -4,10 +4,10 @@ and dots (``tl.dot`` calls per column tile).
 
 A persistent kernel (the whole row in one block) reads each load once. A looped one walks the
 row in RBLOCK chunks: one loop per reduction phase (the reductions of one dependency level,
-``phase_levels``; a sum of ``exp(x - max)`` rides its max's loop, ``online_pairs``), then the
-row outputs outside any loop, then one loop over the elementwise outputs; each loop recomputes
-the values it needs from its loads, and a value computed outside the loops is reused inside
-them. :class:`Reads` walks the group's values in that order as the emitter
+``phase_levels``; a sum of ``exp(x - max)`` or a moment mean's shifted sum rides its max's
+loop, ``online_pairs``), then the row outputs outside any loop, then one loop over the
+elementwise outputs; each loop recomputes the values it needs from its loads, and a value
+computed outside the loops is reused inside them. :class:`Reads` walks the group's values in that order as the emitter
 (``common/emitter.py``) evaluates them, recording the loads each loop reaches; a kind whose
 kernel has other loops (the row GEMM, the attention backward) drives it its own way.
 """
@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from autofuse.ir.graph import FLOAT_DTYPES, Graph, numel
+from autofuse.ir.graph import Graph, numel
 from autofuse.ir.ops import op_def
 from autofuse.kernels.common.base import INLINE_OPS, GroupInfo
+from autofuse.kernels.common.online import online_partner
 
 CONSTANT = -1  # ``Reads.replaced``: the value is a constant here (it reads nothing)
 
@@ -38,28 +39,13 @@ def phase_levels(graph: Graph, info: GroupInfo) -> dict[int, int]:
 
 
 def online_pairs(graph: Graph, info: GroupInfo) -> dict[int, int]:
-    """Pairs sum(exp(f - amax(f))) -> amax(f) that one looped pass can compute together."""
+    """Sums -> the ``amax`` whose loop they ride in a looped kernel (``common/online.py``: the
+    softmax's ``sum(exp(f - amax(f)))``, the moment mean's shifted sum), one sum per max."""
     members, out = frozenset(info.nodes), {}
     keep_shape = tuple(1 if i in info.reduce_dims else d for i, d in enumerate(info.domain))
     for s in info.nodes:
-        if graph[s].op != "sum" or graph[s].dtype not in FLOAT_DTYPES:
-            continue
-        # direct inputs only: a view between them (exp(...).t().sum) reads other rows
-        e = graph[s].inputs[0]
-        if e not in members or graph[e].op != "exp" or graph[e].shape != info.domain:
-            continue
-        d = graph[e].inputs[0]
-        if d not in members or graph[d].op != "sub" or graph[d].shape != info.domain:
-            continue
-        f, mv = graph[d].inputs
-        m = graph.base_of(mv)
-        if (
-            m in members
-            and m not in out.values()  # one running sum per running max
-            and graph[m].op == "amax"
-            and graph[m].inputs[0] == f
-            and graph[mv].shape == keep_shape
-        ):
+        m = online_partner(graph, s, members, info.domain, keep_shape)
+        if m is not None and m not in out.values():
             out[s] = m
     return out
 

@@ -28,6 +28,7 @@ from autofuse.kernels.common.cost import LoopKind
 from autofuse.kernels.common.emitter import Emitter, Scope
 from autofuse.kernels.common.loop_kernel import render_loop_kernel
 from autofuse.kernels.common.memory import ITEM, memory_offset
+from autofuse.kernels.common.online import finished, fold_tile, shift_scale
 from autofuse.kernels.common.reads import CONSTANT, Reads, walk_loop_kernel
 from autofuse.kernels.common.render import (
     TL_DTYPE,
@@ -291,7 +292,8 @@ class RowGemmEmitter(Emitter):
             accs[r] = (self.tmp(init, 1, dt), dt)
         online = {s: m for s, m in self.online.items() if m in phase}
         for s in online:
-            accs[s] = (self.tmp("tl.zeros([XBLOCK, 1], dtype=tl.float32)", 1, "float32"), "float32")
+            dt = self.acc_dtype(s)
+            accs[s] = (self.tmp(f"tl.zeros([XBLOCK, 1], dtype={TL_DTYPE[dt]})", 1, dt), dt)
         self._in_loop(lambda: self._accumulate_rows(phase, accs, online))
         return accs
 
@@ -313,21 +315,23 @@ class RowGemmEmitter(Emitter):
             if r not in partner:
                 self.line(f"{acc.code} = {self._combine(op, acc.code, tile.code, dt)}")
                 continue
-            # online softmax: the running row max, and the row sum of exp(x - max) rescaled
-            s_acc = accs[partner[r]][0].code
+            # a sum riding its max's loop (common/online.py): the online softmax's running
+            # row max and sum of exp(x - max) rescaled, or the moment mean's shifted sum
+            s_acc, c = accs[partner[r]][0].code, shift_scale(self.g, partner[r])
             m_new = self.tmp(minmax("maximum", acc.code, tile.code, dt), 1, dt, "running max")
-            if per_row:
-                tile_sum = f"{self._count()} * tl.exp({self._row_value(src, dt)} - {m_new.code})"
-            else:
-                tile_sum = (
-                    f"tl.sum(tl.where(xmask & rmask, {exp_minus(cast(src, dt), m_new.code)}, "
-                    "0.0), 1)[:, None]"
-                )
-            self.line(
-                f'{s_acc} = tl.where({m_new.code} == float("-inf"), 0.0, '
-                f"{s_acc} * tl.exp({acc.code} - {m_new.code}) + {tile_sum})"
-            )
-            self.line(f"{acc.code} = {m_new.code}")
+            x = self._row_value(src, dt) if per_row else cast(src, dt)
+            x = x if c is not None else exp_minus(x, m_new.code)
+            count = self._count()
+            for ln in fold_tile(
+                lambda e, note, dt=dt: self.tmp(e, 1, dt, note).code,
+                (s_acc, acc.code, m_new.code),
+                c,
+                x,
+                (lambda t, n=count: f"{n} * ({t})")
+                if per_row
+                else (lambda t: f"tl.sum(tl.where(xmask & rmask, {t}, 0.0), 1)[:, None]"),
+            ):
+                self.line(ln)
 
     def _row_value(self, src: Val, dt: str) -> str:
         """A scalar or per-row value as an [XBLOCK, 1] tensor of dtype ``dt``."""
@@ -350,12 +354,8 @@ class RowGemmEmitter(Emitter):
         if self.persistent:
             return super().finish_online(s, m, s_acc, m_acc)
         # a row that is all -inf: eager sums exp(-inf - -inf) = NaN, the running sum stayed 0
-        self.red_val[s] = self.tmp(
-            f'tl.where({m_acc.code} == float("-inf"), float("nan"), {s_acc.code})',
-            1,
-            "float32",
-            self.g[s].name + " (online)",
-        )
+        expr = finished(s_acc.code, m_acc.code, shift_scale(self.g, s))
+        self.red_val[s] = self.tmp(expr, 1, s_acc.dtype, self.g[s].name + " (online)")
 
 
 class RowGemmReads(Reads):
