@@ -208,3 +208,41 @@ def test_train_step_consults_eager_noise_only_for_gradients_still_wrong(monkeypa
     )
     rec = train_step(model, inputs, 1e-2, backend=scaled_backward(1.05))
     assert rec["correct"] and not rec["wrong_grads"], rec
+
+
+class InPlaceOnSaved(nn.Module):
+    """sigmoid saves its output for the backward; ``relu_`` then writes it in place: eager's
+    backward raises, the functionalized program (AOTAutograd) runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = torch.sigmoid(self.lin(x))
+        y.relu_()
+        return y * 2
+
+
+def test_a_step_eager_refuses_is_judged_against_aot_eager():
+    torch.manual_seed(0)
+    model, x = InPlaceOnSaved(), torch.randn(3, 4)
+    rec = train_step(model, [x], 1e-2)
+    assert "modified by an inplace operation" in rec["eager_error"]
+    assert rec["judged_against"] == "aot_eager" and rec["correct"], rec
+    assert rec["aot_eager_error"] and rec["backend_error"]  # both raise: eager's own error
+    torch._dynamo.reset()
+    quiet = train_step(model, [x], 1e-2, backend=detached)
+    assert not quiet["correct"] and quiet["backend_error"] is None, quiet
+
+
+def detached(gm: torch.fx.GraphModule, example_inputs: list):
+    """A backend that runs the forward without autograd and hands back fresh leaves: its
+    step never raises (and computes no gradient)."""
+
+    def run(*args):
+        with torch.no_grad():
+            outs = gm(*args)
+        return [o.detach().requires_grad_() if isinstance(o, torch.Tensor) else o for o in outs]
+
+    return run
