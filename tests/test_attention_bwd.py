@@ -151,6 +151,9 @@ def test_gradients_match_eager_with_one_backward_kernel(case):
 
 
 def _backward_graph(fn, args) -> Graph:
+    # a fresh Dynamo: a second call at another length would otherwise recompile ``fn`` with
+    # dynamic sizes (automatic dynamic shapes), a symbolic graph with other kernels
+    torch._dynamo.reset()
     backend = dynamo.make_backend()
     torch.compile(fn, backend=backend)(*args).sum().backward()
     return backend.records[-1].plan.graph
