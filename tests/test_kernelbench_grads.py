@@ -246,3 +246,14 @@ def detached(gm: torch.fx.GraphModule, example_inputs: list):
         return [o.detach().requires_grad_() if isinstance(o, torch.Tensor) else o for o in outs]
 
     return run
+
+
+def test_a_gradient_zero_in_float64_is_judged_at_the_rounding_of_the_step():
+    """A float64-zero gradient (eager's fp32 one 0 too, by symmetry) off by rounding of the
+    step's scale passes; one off by a visible fraction of it stays wrong."""
+    refs64 = [torch.zeros(4, dtype=torch.float64), 1e6 * torch.ones(3, dtype=torch.float64)]
+    floors = check.zero_grad_floors(refs64)
+    assert floors == [check.ZERO_GRAD_FLOOR * 1e6, 0.0]
+    eager = torch.zeros(4)
+    assert grad_verdict(torch.full((4,), 3.0), eager, refs64[0], 1e-2, floors[0]) == "float64"
+    assert grad_verdict(torch.full((4,), 3e3), eager, refs64[0], 1e-2, floors[0]) == "wrong"
