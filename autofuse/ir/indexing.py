@@ -60,6 +60,12 @@ class Expr:
     def shift(self, c: int) -> Expr:
         return Expr(self.terms, self.const + c)
 
+    def lane_step(self, var: str) -> int:
+        """How far the offset moves when ``var`` moves by one inside a run of its lowest digit
+        (the coefficients of the undivided terms of ``var``): 1 for a contiguous read, 0 for a
+        broadcast one, 2 for every other element (a 2-wide pooling window's reads)."""
+        return sum(k for t, k in self.terms if t.var == var and t.div == 1)
+
     @property
     def vars(self) -> frozenset[str]:
         out: frozenset[str] = frozenset()

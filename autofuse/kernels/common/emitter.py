@@ -112,6 +112,7 @@ class Emitter(ValueRewrites):
         self.region = 0
         self.dots = 0
         self.loops: list[Loop] = []  # the column loops being emitted (rowops' looped scans)
+        self.lane_steps: set[int] = set()  # each load's offset step per xindex lane
         self.guards: list[tuple[str, int]] = []  # (condition, class) every load must also meet
         self.checked = False  # the kernel asserts its indirect indices are in range
         self.selective: set[int] = set()  # loaded nodes read only where a `where` selects them
@@ -251,6 +252,7 @@ class Emitter(ValueRewrites):
     def load(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]  # (never empty: ``value`` answers an empty node itself)
         off = self.load_offset(i, index)
+        self.lane_steps.add(off.lane_step("xindex"))
         cls = self.cls_of(off)
         mask = self.active_mask(cls)
         cd = compute_dtype(node.dtype)

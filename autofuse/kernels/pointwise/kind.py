@@ -74,8 +74,12 @@ class PointwiseKind(LoopKind):
         if info.reduces:
             r = next_pow2(info.rnumel)
             return KernelConfig(max(8, 4096 // r), r, 4)
-        largest = settings().interpreter_block if interpreting() else 1024  # settings.py
-        x = min(largest, max(16, next_pow2(config_xnumel(info))))
+        if interpreting():
+            x = min(settings().interpreter_block, max(16, next_pow2(config_xnumel(info))))
+            return KernelConfig(x, 0, 4 if x >= 128 else 1)
+        x = min(1024, max(16, next_pow2(config_xnumel(info))))
+        if x == 1024 and strided_lanes(graph, info):
+            return STRIDED_CONFIG
         return KernelConfig(x, 0, 4 if x >= 128 else 1)
 
     def check_config(self, info: GroupInfo, config: KernelConfig) -> None:
@@ -99,6 +103,29 @@ class PointwiseKind(LoopKind):
 
 
 MAX_TILE_COLUMNS = 1024  # a two-axis tile holds a whole column run in one block
+# A flat kernel whose loads step 2-4 elements per lane (a pooling window's reads: every other
+# element, in L2_38's 2 x 2 x 2 average pool): two outputs per thread, not eight. Triton
+# places a thread's outputs side by side (the store vectorized), so at eight per thread one
+# warp's load of a stride-2 operand spans 32 sectors using 4 bytes of each, at two 16; the
+# other 7 loads of the window re-read the same sectors from L1. Inductor's pointwise kernels
+# time exactly these two configs (1024 x 4 warps, 512 x 8) and keep the faster; its pool
+# kernel, the same code as ours, ran in 201 us against our 443 us at 1024 x 4 (H100). A rule
+# until the greedy plan times configs itself; the tuned search explores both.
+STRIDED_CONFIG = KernelConfig(512, 0, 8)
+_STRIDED: dict[tuple[str, tuple[int, ...]], bool] = {}
+
+
+def strided_lanes(graph: Graph, info: GroupInfo) -> bool:
+    """Whether a flat pointwise kernel of ``info`` loads some buffer 2-4 elements apart per
+    lane (found by emitting it once at the plain config; remembered per graph and group)."""
+    key = (graph.key, info.nodes)
+    if key not in _STRIDED:
+        if len(_STRIDED) > 4096:
+            _STRIDED.clear()
+        em = Emitter(graph, info, KernelConfig(1024, 0, 4))
+        em.emit()
+        _STRIDED[key] = any(2 <= s <= 4 for s in em.lane_steps)
+    return _STRIDED[key]
 
 
 def tile_dim(graph: Graph, domain: tuple[int, ...], buffers: tuple[int, ...]) -> int | None:
