@@ -70,23 +70,28 @@ def test_an_ill_conditioned_training_step_through_the_backend_is_judged_against_
     assert list(model.parameters()) == params and all(p.dtype == torch.float32 for p in params)
 
 
-class ScaleGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
+def scaled_backward(by: float):
+    """A backend whose forward is eager's and whose gradients are ``by`` times eager's."""
 
-    @staticmethod
-    def backward(ctx, g):
-        return 1.5 * g
+    def backend(gm: torch.fx.GraphModule, example_inputs: list):
+        class Scale(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, g):
+                return by * g
+
+        def run(*args):
+            return [Scale.apply(o) if isinstance(o, torch.Tensor) else o for o in gm(*args)]
+
+        return run
+
+    return backend
 
 
-def wrong_backward(gm: torch.fx.GraphModule, example_inputs: list):
-    """A backend whose forward is eager's and whose gradients are 1.5 times too large."""
-
-    def run(*args):
-        return [ScaleGrad.apply(o) if isinstance(o, torch.Tensor) else o for o in gm(*args)]
-
-    return run
+wrong_backward = scaled_backward(1.5)  # eager's forward, gradients 1.5 times too large
 
 
 def test_a_wrong_gradient_stays_wrong_with_a_float64_reference():
@@ -172,27 +177,6 @@ def test_eager_grad_noise_measures_the_ill_conditioned_gradient_and_restores_the
     assert len(noise) == len(params) and all(n >= 0 for n in noise)
     assert noise[0] > 0  # 0.weight: fp32 off float64 on nearby inputs
     assert list(model.parameters()) == params and all(p.dtype == torch.float32 for p in params)
-
-
-def scaled_backward(by: float):
-    """A backend whose forward is eager's and whose gradients are ``by`` times eager's."""
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list):
-        class Scale(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x):
-                return x.clone()
-
-            @staticmethod
-            def backward(ctx, g):
-                return by * g
-
-        def run(*args):
-            return [Scale.apply(o) if isinstance(o, torch.Tensor) else o for o in gm(*args)]
-
-        return run
-
-    return backend
 
 
 def test_train_step_consults_eager_noise_only_for_gradients_still_wrong(monkeypatch):
