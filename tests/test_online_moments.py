@@ -152,3 +152,33 @@ def test_a_row_gemm_with_a_long_layer_norm_matches_eager():
         return F.layer_norm(a @ w.t(), (ROW,), eps=1e-12)
 
     check(fn, [a, w], fused=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fn", [var_mean, layer_norm, group_norm])
+def test_gpu_long_rows_match_float64(fn):
+    """Rows of a million elements on the GPU (looped kernels, split where the rows are few):
+    the moments within float32 rounding of the float64 ones; a constant row exactly 0."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 2, 1 << 19, device="cuda") * 5 + 3
+    x[1] = 0.1  # a constant row
+    arg = x if fn is group_norm else x.reshape(8, -1)
+    got = autofuse.optimize(fn, [arg])(arg)
+    ref = fn(arg.double())
+    for g, r in zip(
+        got if isinstance(got, tuple) else (got,), ref if isinstance(ref, tuple) else (ref,)
+    ):
+        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-4)
+    if fn is var_mean:
+        assert torch.equal(got[0][2:4], torch.zeros_like(got[0][2:4]))
+
+
+@pytest.mark.gpu
+def test_gpu_a_pool_takes_the_strided_config_and_matches_eager():
+    from autofuse.kernels.pointwise.kind import STRIDED_CONFIG
+
+    pool = torch.nn.AvgPool3d(2)
+    x = torch.rand(4, 8, 16, 64, 64, device="cuda")
+    run = autofuse.optimize(pool, [x])
+    assert STRIDED_CONFIG in [k.config for k in run.plan.kernels]
+    torch.testing.assert_close(run(x), pool(x))
