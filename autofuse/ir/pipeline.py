@@ -10,6 +10,7 @@ from autofuse.ir.conv_layout import choose_layouts, relayout
 from autofuse.ir.graph import Graph, Lowering, dedupe
 from autofuse.ir.pool_monotone import pool_before_monotone
 from autofuse.ir.recompute import recompute_for_chunk_readers
+from autofuse.ir.softplus_tanh import tanh_of_softplus
 from autofuse.ir.split import split_for_pipeline
 from autofuse.settings import settings
 
@@ -17,14 +18,15 @@ __all__ = ["before_planning", "relaid"]
 
 
 def before_planning(graph: Graph, cuda: bool) -> Graph:
-    """``graph`` (deduplicated) with each max pool of a non-decreasing chain taken before it
+    """``graph`` (deduplicated) with each written-out ``tanh(softplus(x))`` computed by one
+    ``exp`` (``ir/softplus_tanh.py``), each max pool of a non-decreasing chain taken before it
     (``ir/pool_monotone.py``), inference BatchNorm folded into the convolution before it where
     the settings say ``fold`` (by default the planner times that plan beside: ``ir/conv_fold.py``),
     each convolution's memory format recorded by the settings' rule (``ir/conv_layout.py``); its long reductions split where the settings split them (by
     default on ``cuda`` inputs), inner or outer by the layouts just chosen (``ir/split.py``);
     a value that split chunks and full-size readers both read computed again for the latter
     (``ir/recompute.py``)."""
-    graph = pool_before_monotone(graph)
+    graph = pool_before_monotone(tanh_of_softplus(graph))
     if settings().bn_fold == "fold":
         graph = fold_batchnorm(graph)
     return _after_layouts(choose_layouts(dedupe(graph), cuda), cuda)
