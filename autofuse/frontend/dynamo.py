@@ -123,6 +123,7 @@ class CompiledGraph:
     plan: Plan = field(repr=False)
     tuning: Any = field(default=None, repr=False)
     restrided: int = 0  # outputs copied to the traced strides so far
+    ran_captured: int = 0  # calls run as captured (an input of another shape than traced)
     replay: Any = field(default=None, repr=False)  # GraphReplay (option cuda_graph), inference
     graph_choice: Any = field(default=None, repr=False)  # cuda_graph="auto": what was measured
     plan_choice: Any = field(default=None, repr=False)  # untuned: fused vs cuBLAS matmuls timed
@@ -182,6 +183,8 @@ class CompiledGraph:
         guard = input_guard(self.plan)
         exact = guard.exact(ins)  # the C-level check: every layout is the plan's
         checked = exact or guard(ins)  # or, in Python, the same up to size-1 dims' strides
+        if not checked and (other := self._other_shape(ins)) is not None:
+            return self._as_captured(ins, other)
         if not checked:
             g = self.plan.graph
             for k, (x, strides) in enumerate(zip(ins, self._in_strides)):
@@ -201,6 +204,27 @@ class CompiledGraph:
             outs[k] = restride(outs[k], self._out_strides[k])
             self.restrided += 1
         return [outs[v] if tag == "node" else v for tag, v in p.outputs]
+
+    def _other_shape(self, ins: list[Any]) -> str | None:
+        """Which input has another shape than the traced one, where one has: a tensor the
+        forward saved whose real kernel disagrees with its meta function (``embedding_bag``'s
+        ``offset2bag`` is empty in bfloat16 on CPU, traced with one entry per index)."""
+        g = self.plan.graph
+        for k, (x, i) in enumerate(zip(ins, g.inputs)):
+            if isinstance(x, torch.Tensor) and tuple(x.shape) != g[i].shape:
+                return f"input {k} ({g[i].name}) is {list(x.shape)}, traced {list(g[i].shape)}"
+        return None
+
+    def _as_captured(self, ins: list[Any], why: str) -> list[Any]:
+        """The captured graph run in eager on ``ins`` (warned once per graph): what eager
+        computes where the plan's shapes are not the call's."""
+        if not self.ran_captured:
+            warnings.warn(f"autofuse: {self.name}: {why}; this call runs the graph as captured, "
+                          "in eager", RuntimeWarning, stacklevel=3)  # fmt: skip
+        self.ran_captured += 1
+        with torch.no_grad():
+            outs = list(self.prepared.gm(*ins))
+        return [outs[v] if tag == "node" else v for tag, v in self.prepared.outputs]
 
     def _restride_outputs(self, outs: list[Any]) -> tuple[int, ...]:
         """The outputs not laid out with their traced strides (a view of an input keeps the
