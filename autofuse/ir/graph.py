@@ -125,6 +125,13 @@ def kept_strides(node: Node) -> tuple[int, ...] | None:
     return None
 
 
+def scalar_const(node: Node) -> float | None:
+    """The value of ``node`` where it is a scalar constant, else None."""
+    if node.op != "const" or node.shape != () or node.attr("value") is None:
+        return None
+    return float(node.attr("value"))
+
+
 def make_attrs(**kwargs: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(kwargs.items()))
 

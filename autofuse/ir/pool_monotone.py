@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, scalar_const
 from autofuse.ir.split_variance import prune
 
 __all__ = ["pool_before_monotone"]
@@ -77,8 +77,8 @@ def _steady(graph: Graph, j: int, rank: int, window_dims: set[int]) -> bool:
 
 
 def _positive_const(graph: Graph, j: int) -> bool:
-    n = graph[j]
-    return n.op == "const" and n.shape == () and float(n.attr("value")) > 0
+    c = scalar_const(graph[j])
+    return c is not None and c > 0
 
 
 def _main_operand(graph: Graph, i: int, dims: set[int]) -> int | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autofuse.ir.graph import Graph, Node
+from autofuse.ir.graph import Graph, Node, scalar_const
 from autofuse.ir.split_variance import prune
 
 __all__ = ["tanh_of_softplus"]
@@ -36,15 +36,11 @@ def _softplus_input(graph: Graph, w: int) -> int | None:
         return None
     gt, x, lp = node.inputs
     g, l_ = graph[gt], graph[lp]
-    if g.op != "gt" or g.inputs[0] != x or not _const(graph, g.inputs[1], 20.0):
+    if g.op != "gt" or g.inputs[0] != x or scalar_const(graph[g.inputs[1]]) != 20.0:
         return None
     if l_.op != "log1p" or graph[l_.inputs[0]].op != "exp" or graph[l_.inputs[0]].inputs != (x,):
         return None
     return x if graph[x].shape == node.shape and graph[x].dtype == node.dtype else None
-
-
-def _const(graph: Graph, i: int, value: float) -> bool:
-    return graph[i].op == "const" and graph[i].attr("value") == value
 
 
 def _emit(graph: Graph, t: int, x: int, remap: dict[int, int], nodes: list[Node]) -> int:

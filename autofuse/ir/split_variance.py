@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, numel
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, numel, scalar_const
 from autofuse.ir.split_chunks import SplitDecision, chunk_view
 from autofuse.ir.split_chunks import new_node as _node
 
@@ -80,10 +80,7 @@ def _dims(node: Node, rank: int) -> tuple[int, ...]:
 
 
 def _const(graph: Graph, i: int) -> float | None:
-    n = graph[i]
-    if n.op != "const" or n.shape != () or n.attr("value") is None:
-        return None
-    return float(n.attr("value"))
+    return scalar_const(graph[i])
 
 
 def _widened(graph: Graph, i: int) -> int:

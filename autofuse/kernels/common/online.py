@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autofuse.ir.graph import FLOAT_DTYPES, Graph
+from autofuse.ir.graph import FLOAT_DTYPES, Graph, scalar_const
 
 _INF = float("inf")
 
@@ -44,9 +44,8 @@ def online_partner(graph: Graph, s: int, members: frozenset[int], domain, keep) 
         if d not in members or graph[d].op != "sub" or graph[d].shape != domain:
             return None
         f, mv = graph[d].inputs
-    elif graph[d].op == "sub" and shift_scale(graph, s) is not None:
-        a, h = graph[d].inputs
-        f, mv = _scaled(graph, a)[0], _shift_max(graph, h)
+    elif (parts := _shifted_parts(graph, s)) is not None:
+        f, mv, _ = parts
     else:
         return None
     m = graph.base_of(mv)
@@ -59,43 +58,46 @@ def online_partner(graph: Graph, s: int, members: frozenset[int], domain, keep) 
 def shift_scale(graph: Graph, s: int) -> float | None:
     """``c`` where sum ``s`` is a shifted sum ``sum(f * c - h(mv) * c)`` (``h`` as above, ``mv``
     a row value), else None (a softmax sum, or any other)."""
+    parts = _shifted_parts(graph, s)
+    return None if parts is None else parts[2]
+
+
+def _shifted_parts(graph: Graph, s: int) -> tuple[int, int, float] | None:
+    """``(f, mv, c)`` where sum ``s`` is ``sum(f * c - h(mv) * c)``, else None."""
     d = graph[s].inputs[0]
     if graph[d].op != "sub":
         return None
     a, h = graph[d].inputs
-    c1, c2 = _scaled(graph, a), _scaled(graph, h)
-    if c1 is None or c2 is None or c1[1] != c2[1] or _shift_max(graph, h) is None:
+    fc, wc = _scaled(graph, a), _scaled(graph, h)
+    if fc is None or wc is None or fc[1] != wc[1]:
         return None
-    return c1[1]
+    mv = _shift_max(graph, wc[0])
+    return None if mv is None else (fc[0], mv, fc[1])
 
 
 def _scaled(graph: Graph, i: int) -> tuple[int, float] | None:
-    """``(x, c)`` where node ``i`` is ``x * c`` for a constant ``c``."""
+    """``(x, c)`` where node ``i`` is ``x * c`` for a scalar constant ``c``."""
     node = graph[i]
     if node.op != "mul":
         return None
     for x, k in (node.inputs, node.inputs[::-1]):
-        if graph[k].op == "const" and graph[k].shape == ():
-            return x, float(graph[k].attr("value"))
+        c = scalar_const(graph[k])
+        if c is not None:
+            return x, c
     return None
 
 
-def _shift_max(graph: Graph, h: int) -> int | None:
-    """``mv`` where node ``h`` is ``where(|mv| == inf, 0, mv) * c``, else None."""
-    scaled = _scaled(graph, h)
-    if scaled is None or graph[scaled[0]].op != "where":
+def _shift_max(graph: Graph, w: int) -> int | None:
+    """``mv`` where node ``w`` is ``where(|mv| == inf, 0, mv)``, else None."""
+    if graph[w].op != "where":
         return None
-    cond, zero, mv = graph[scaled[0]].inputs
-    if not (_is_const(graph, zero, 0.0) and graph[cond].op == "eq"):
+    cond, zero, mv = graph[w].inputs
+    if scalar_const(graph[zero]) != 0.0 or graph[cond].op != "eq":
         return None
     ab, inf = graph[cond].inputs
-    if graph[ab].op != "abs" or graph[ab].inputs[0] != mv or not _is_const(graph, inf, _INF):
+    if graph[ab].op != "abs" or graph[ab].inputs[0] != mv or scalar_const(graph[inf]) != _INF:
         return None
     return mv
-
-
-def _is_const(graph: Graph, i: int, value: float) -> bool:
-    return graph[i].op == "const" and float(graph[i].attr("value")) == value
 
 
 def shifted(m: str, c: float) -> str:

@@ -108,9 +108,11 @@ MAX_TILE_COLUMNS = 1024  # a two-axis tile holds a whole column run in one block
 # places a thread's outputs side by side (the store vectorized), so at eight per thread one
 # warp's load of a stride-2 operand spans 32 sectors using 4 bytes of each, at two 16; the
 # other 7 loads of the window re-read the same sectors from L1. Inductor's pointwise kernels
-# time exactly these two configs (1024 x 4 warps, 512 x 8) and keep the faster; its pool
-# kernel, the same code as ours, ran in 201 us against our 443 us at 1024 x 4 (H100). A rule
-# until the greedy plan times configs itself; the tuned search explores both.
+# time exactly these two configs (1024 x 4 warps, 512 x 8) and keep the faster; on an H100 its
+# L2_38 pool kernel took 201 us where ours, one load per window element at 1024 x 4, took 443
+# (results/h100/kb_b3c07c8; which config Inductor kept is not recorded, and this rule is not
+# yet timed). A rule until the greedy plan times configs itself; the tuned search explores
+# both.
 STRIDED_CONFIG = KernelConfig(512, 0, 8)
 _STRIDED: dict[tuple[str, tuple[int, ...]], bool] = {}
 
