@@ -518,3 +518,52 @@ def test_gpu_judge_falls_back_to_float64_outputs_for_a_bf16_forward():
     assert not got["far"]["correct"], got
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+GROUPED = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, cin, cout, groups):
+        super().__init__()
+        mid = cout // 4
+        self.a = nn.Conv2d(cin, mid, 1, groups=groups)
+        self.b = nn.Conv2d(mid, cout, 1, groups=groups)
+        self.skip = nn.Identity() if cin == cout else nn.Conv2d(cin, cout, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))) + self.skip(x)
+
+batch_size = 10
+cin = 240
+cout = 480
+groups = 3
+height = 224
+width = 224
+
+def get_inputs():
+    return [torch.rand(batch_size, cin, height, width)]
+
+def get_init_inputs():
+    return [cin, cout, groups]
+"""
+
+
+def test_divided_stage_keeps_channel_ratios_and_group_divisibility(tmp_path):
+    """Capping 240 and 480 channels to 64 breaks three groups (64 % 3) and makes cin == cout;
+    the divided stage takes them by one common factor (8: 30 and 60)."""
+    from experiments.kernelbench.check import choose_stage
+    from experiments.kernelbench.problems import common_factor
+
+    stage, module, model, inputs, info = choose_stage(toy_problem(tmp_path, GROUPED, "3_G.py"))
+    assert stage.name == "divided" and {"small", "medium"} <= set(info["skipped"])
+    assert (module.cin, module.cout, module.groups, module.height) == (30, 60, 3, 32)
+    assert isinstance(model.skip, torch.nn.Conv2d) and inputs[0].shape == (2, 30, 32, 32)
+    assert common_factor([240, 480], 64) == 8 and common_factor([97, 193], 64) is None
+
+
+def test_divided_stage_gives_way_where_no_factor_divides(tmp_path):
+    with pytest.raises(ValueError, match="no common factor"):
+        load_module(toy_problem(tmp_path, TOY.replace("dim = 300", "dim = 300\nother = 301")),
+                    BY_STAGE["divided"])  # fmt: skip

@@ -18,13 +18,19 @@ before the file runs (an AST pass over the assignments alone), so shapes derived
 
 Stages, tried in order until eager runs the problem: ``small`` (batch 2, spatial <= 12, depth <=
 6, sizes <= 16), ``medium`` (batch 2, spatial <= 32, depth <= 16, sizes <= 64: patch sizes, group
-counts or linear layers sized for the shipped input), ``batch`` (batch 2 only) and ``shipped`` (as published).
+counts or linear layers sized for the shipped input), ``divided`` (medium's batch and spatial
+caps; the sizes above 64 each divided by one common factor of theirs, the smallest that brings
+the largest to 64 or below, so channel counts keep their ratios and their divisibility by group
+counts: ShuffleNet's 240 / 480 channels in 3 groups), ``batch`` (batch 2 only) and ``shipped``
+(as published).
 The record names the stage and every value changed.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import math
 import re
 import types
 from dataclasses import dataclass
@@ -47,11 +53,14 @@ class Stage:
     spatial: int | None
     size: int | None
     depth: int | None = None
+    divide: bool = False  # sizes above ``size`` divided by ``factor``, not capped
+    factor: int = 1  # set for each problem by load_module where ``divide``
 
 
 STAGES = (
     Stage("small", 2, 12, 16, 6),
     Stage("medium", 2, 32, 64, 16),
+    Stage("divided", 2, 32, 64, 16, divide=True),
     Stage("batch", 2, None, None),
     Stage("shipped", None, None, None),
 )
@@ -117,7 +126,7 @@ def cap(names: list[str], value: int, stage: Stage) -> int:
         elif n in SPATIAL_NAMES:
             caps.append(stage.spatial)
         elif value > (stage.size or value):
-            caps.append(stage.size)
+            caps.append(value // stage.factor if stage.divide else stage.size)
     caps = [c for c in caps if c is not None]
     return min([value, *caps]) if value > 0 else value
 
@@ -207,10 +216,30 @@ def _assignments(tree: ast.Module):
             yield node, names, value
 
 
+def common_factor(values: list[int], limit: int) -> int | None:
+    """The smallest divisor of the values' greatest common divisor that brings the largest to
+    ``limit`` or below; None where none does."""
+    g = math.gcd(*values)
+    return next((f for f in range(-(-max(values) // limit), g + 1) if g % f == 0), None)
+
+
+def _divided(stage: Stage, found: list) -> Stage:
+    """``stage`` with the factor that divides this problem's sizes (ValueError where no common
+    factor does, or nothing is above the cap: the stage would repeat ``medium``)."""
+    sizes = [v for _, names, value in found for ns, v in _ints(names, value)
+             if v > stage.size and not set(ns) & (BATCH_NAMES | SPATIAL_NAMES | DEPTH_NAMES)]  # fmt: skip
+    factor = common_factor(sizes, stage.size) if sizes else None
+    if factor is None:
+        raise ValueError(f"stage {stage.name!r}: no common factor of the sizes {sorted(set(sizes))}"
+                         f" brings them to {stage.size} or below")  # fmt: skip
+    return dataclasses.replace(stage, factor=factor)
+
+
 def load_module(problem: Problem, stage: Stage) -> tuple[types.ModuleType, dict]:
     """The problem's module with its shapes reduced by ``stage``, and the values changed."""
     tree = ast.parse(problem.path.read_text(), filename=str(problem.path))
     found = list(_assignments(tree))
+    stage = _divided(stage, found) if stage.divide else stage
     same: dict[int, int] = {}
     for _, names, value in found:
         for ns, v in _ints(names, value):
