@@ -23,6 +23,7 @@ from autofuse.capture import CaptureError, TraceUnsupported
 from autofuse.capture.state import buffers_kept
 from autofuse.capture.trace import capture, check_callable, check_real
 from autofuse.interpreter import InterpreterNote, interpreting
+from autofuse.measure import config_timer
 from autofuse.plan.graph_choice import GraphChoice, cuda_inputs, parse_cuda_graph
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.planner import Planner
@@ -117,7 +118,7 @@ def _optimize(fn: Callable[..., Any], example_inputs: Sequence[Any], **options: 
     else:
         ins = OptimizedFunction(captured, None, fn).flat_inputs(example_inputs)  # + module state
         on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in ins)
-        planned = planner.untuned("greedy", on_cuda, lambda: ins)
+        planned = planner.untuned("greedy", on_cuda, lambda: ins, time_config=config_timer())
         opt = OptimizedFunction(captured, planned.plan, fn)
         opt.plan_choice = planned.choice
     if cuda_graph is True:

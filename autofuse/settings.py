@@ -45,6 +45,9 @@ them again, for tests and for programs that change the environment on purpose):
   the plan with it folded into the convolution's weight is timed beside), ``fold`` (folded
   wherever it can be) or ``keep`` (never folded); an unknown value warns and means
   ``measure``.
+- ``AUTOFUSE_TIME_CONFIGS``: an untuned plan on CUDA times the few launch configs its kernels'
+  kinds offer (``plan/config_choice.py``) and keeps the fastest (default on; ``0``: the kinds'
+  default configs, untimed).
 - ``AUTOFUSE_SDPA``: which SDPA backend runs attention the torch.compile backend keeps whole:
   ``auto`` (default: the backend torch picked when tracing, or on CUDA the fastest offered one,
   timed end to end; ``kernels/library/sdpa.py``), or ``cudnn``, ``flash``, ``efficient`` or
@@ -141,6 +144,7 @@ class Settings:
     sdpa: str = "auto"  # "auto", an SDPA backend (cudnn, flash, efficient, math) or "autofuse"
     conv_kernel: str = "rule"  # "rule", "kernel", "library"
     bn_fold: str = "measure"  # "measure", "fold", "keep"
+    time_configs: bool = True  # untuned plans on a GPU time their kernels' quick configs
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -171,6 +175,7 @@ def settings() -> Settings:
         sdpa=_choice("AUTOFUSE_SDPA", SDPA),
         conv_kernel=_choice("AUTOFUSE_CONV_KERNEL", CONV_KERNEL),
         bn_fold=_choice("AUTOFUSE_BN_FOLD", BN_FOLD),
+        time_configs=_flag("AUTOFUSE_TIME_CONFIGS", True),
         signing_key=_signing_key(),
     )
 

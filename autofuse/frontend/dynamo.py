@@ -65,6 +65,7 @@ from autofuse.capture.overlap import dynamo_overlapping_write
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.kernels.common.sizes import runtime_bucket, runtime_sizes_on
+from autofuse.measure import config_timer
 from autofuse.plan import Plan, execute
 from autofuse.plan.buckets import BucketPlans, ShapeBucket, structure_key
 from autofuse.plan.graph_choice import parse_cuda_graph
@@ -511,7 +512,9 @@ class AutofuseBackend:
         if tuned:
             planned = self._tuned(planner, kind, metas)
         else:  # inputs of the graph's shapes are made only if two plans are timed
-            planned = planner.untuned(f"greedy {kind}", *_timing_inputs(metas))
+            planned = planner.untuned(
+                f"greedy {kind}", *_timing_inputs(metas), time_config=config_timer()
+            )
         plan, tuning, choice = planned.plan, planned.tuning, planned.choice
         with _PLANS_LOCK:
             _PLANS[key] = (plan, tuning, choice)

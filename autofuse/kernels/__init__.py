@@ -91,6 +91,7 @@ __all__ = [
     "config_space",
     "cost_facts",
     "default_config",
+    "quick_configs",
     "fusible",
     "generate",
     "kind_of",
@@ -288,6 +289,16 @@ def config_space(info: GroupInfo, graph: Graph | None = None) -> list[Any]:
 def default_config(info: GroupInfo, graph: Graph | None = None) -> Any:
     """A heuristic config, used by the greedy plan before any tuning."""
     return kind_of(info).default_config(graph, info)
+
+
+def quick_configs(info: GroupInfo, graph: Graph) -> list[Any]:
+    """The configs an untuned plan on a GPU times for this group (the default first, each once);
+    empty where the kind offers none besides its default."""
+    kind = kind_of(info)
+    offered = kind.quick_configs(graph, info)
+    if not offered:
+        return []
+    return list(dict.fromkeys([kind.default_config(graph, info), *offered]))
 
 
 def config_label(config: Any) -> str:

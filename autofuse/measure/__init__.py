@@ -30,7 +30,13 @@ from autofuse.measure.candidate import (
 from autofuse.measure.cost_model import CostModel
 from autofuse.measure.isolate import Isolated
 from autofuse.measure.memo import Memo
-from autofuse.measure.timer import GPUTimer, l2_cache_bytes, time_callable, time_plan
+from autofuse.measure.timer import (
+    GPUTimer,
+    config_timer,
+    l2_cache_bytes,
+    time_callable,
+    time_plan,
+)
 from autofuse.measure.verify import (
     build_kernel,
     compare,
@@ -52,6 +58,7 @@ __all__ = [
     "Memo",
     "build_kernel",
     "compare",
+    "config_timer",
     "describe_error",
     "eager_subgraph",
     "extract_group",

@@ -31,7 +31,7 @@ from autofuse.measure.verify import (
 )
 from autofuse.plan.runtime import execute, kernel_args, launcher_for
 from autofuse.report import nbytes
-from autofuse.settings import target
+from autofuse.settings import settings, target
 
 # ---------------------------------------------------------------------------------------------
 # Timing on the GPU
@@ -194,3 +194,23 @@ class GPUTimer:
         run_graph(sub, ins)
         torch.cuda.synchronize(device)
         return time_callable(run_graph, (sub, ins), self.warmup_ms, self.rep_ms, self.flush_l2)
+
+
+def config_timer(
+    timer: GPUTimer | None = None,
+) -> Callable[[Graph, GroupInfo, Any], float | None] | None:
+    """The untuned plan's config timer (``plan/config_choice.py``): a group's kernel under a
+    config, verified against float64 eager on fresh random inputs, then timed alone (short
+    runs: a few configs per kernel); seconds, or None where it failed or was wrong. None (no
+    timer: the default configs) under ``AUTOFUSE_TIME_CONFIGS=0``."""
+    if not settings().time_configs:
+        return None
+    timer = timer or GPUTimer(warmup_ms=5, rep_ms=25)
+
+    def seconds(graph: Graph, info: GroupInfo, config: Any) -> float | None:
+        m = timer.measure(Candidate(graph, info, config))
+        if not m.ok:
+            logs.emit("search", f"config {config!r} not kept: {m.failure}")
+        return m.seconds if m.ok else None
+
+    return seconds

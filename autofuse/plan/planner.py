@@ -45,6 +45,7 @@ from autofuse.ir.pipeline import relaid
 from autofuse.partition import Partitioner
 from autofuse.plan.buckets import partition_of, structure_key
 from autofuse.plan.build import build_plan
+from autofuse.plan.config_choice import ConfigTimer, timed_configs
 from autofuse.plan.graph_choice import GraphChoice, choose_replay, cuda_inputs
 from autofuse.plan.graphs import GraphReplay
 from autofuse.plan.library_fusion import agreeing, choose_fused, fusions, with_fused_variants
@@ -181,28 +182,49 @@ class Planner:
         return unfused, self.build(greedy.groups, label="fused (greedy)"), greedy
 
     def untuned(
-        self, label: str, on_cuda: bool, inputs: Callable[[], Sequence[torch.Tensor]]
+        self,
+        label: str,
+        on_cuda: bool,
+        inputs: Callable[[], Sequence[torch.Tensor]],
+        time_config: ConfigTimer | None = None,
     ) -> Planned:
         """The untuned plan and, where two or more were timed, the choice; ``inputs()`` gives
-        the graph's inputs to time on (called only when timing)."""
+        the graph's inputs to time on (called only when timing); ``time_config`` times the
+        quick configs of its kernels (``config_choice.py``; None: the default configs)."""
         base = self.space.untuned()
         plan = self.build(base.groups, label=label)
         if not on_cuda or interpreting():
             return Planned(plan)
         try:
+            measured = self.configs_timed(base, plan, time_config)
             others = self.alternatives(base, label)
             variants = library_variants(self.graph)
             timed = bool(others or variants or fusions(plan) or any(map(fusions, others)))
-            ins: Any = list(inputs()) if timed else None
+            ins: Any = list(inputs()) if timed or measured else None
         except Exception as e:  # noqa: BLE001 - a measurement never fails the plan: the fused one
             why = f"not timed: {type(e).__name__}: {e}"[:300]
             return Planned(plan, None, PlanChoice(plan.label, ((plan.label, None),), why))
-        if not timed:
+        run = lambda p: execute(p, ins)  # noqa: E731
+        if measured is not None and agreeing(plan, [measured], run)[0]:
+            # the timed configs lead; the rule's plan is timed against them end to end
+            plan, others = measured, [replace(plan, label=f"{label}, default configs"), *others]
+        elif not timed:
             return Planned(plan)
-        plan, choices = timed_choices(plan, others, lambda p: execute(p, ins))
+        plan, choices = timed_choices(plan, others, run)
         if not choices:
             return Planned(plan)
         return Planned(_measured(plan, merged(choices), label), None, merged(choices))
+
+    def configs_timed(self, base: Any, plan: Plan, time_config: ConfigTimer | None) -> Plan | None:
+        """``plan`` with each kernel at the fastest of its kind's quick configs, timed alone by
+        ``time_config`` (each step saying the times); None where none is timed or none differs
+        from its default."""
+        timed = None if time_config is None else timed_configs(plan, base.groups, time_config)
+        if timed is None:
+            return None
+        choices, reasons = timed
+        measured = self.build(base.groups, choices, label=plan.label)
+        return annotated(measured, lambda s: reasons.get(frozenset(s.nodes)))
 
     def alternatives(self, base: Any, label: str) -> list[Plan]:
         """The untuned plans timed beside ``base``'s: every matmul in cuBLAS where ``base``

@@ -6,7 +6,8 @@ time_budget=S)``), and where asked (``GpuOptions.variants``, ``--variants``) the
 each convolution's bias kept in the library call (``AUTOFUSE_CONV_BIAS=library`` while it is
 built, judged and timed: the other arm of the peeled bias) and the greedy plan with every
 convolution the convolution kind takes in autofuse's own kernel (``AUTOFUSE_CONV_KERNEL=kernel``:
-the kernel against cuDNN, ``own_conv_speedup``) are built first, then judged by KernelBench's rule (``allclose`` with
+the kernel against cuDNN, ``own_conv_speedup``) and the greedy plan at the kinds' default
+configs (``AUTOFUSE_TIME_CONFIGS=0``: ``timed_configs_speedup``) are built first, then judged by KernelBench's rule (``allclose`` with
 atol = rtol = ``tol`` against eager on ``correct_trials`` input draws, the first the timing
 inputs), then timed together in interleaved rounds (the order reversed every other round, min
 of rounds; each time ``do_bench`` with its L2 flush, under ``no_grad`` as the benchmark times).
@@ -56,14 +57,17 @@ MODES = ("default", "max-autotune-no-cudagraphs")
 COMPILE = tuple(f"torch.compile {m}" for m in MODES)
 LIBRARY_BIAS = "autofuse greedy, conv bias in library"
 OWN_CONV = "autofuse greedy, own conv kernel"
-VARIANTS = ("eager", *COMPILE, "autofuse greedy", LIBRARY_BIAS, OWN_CONV, "autofuse tuned")
-DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in (LIBRARY_BIAS, OWN_CONV))
+RULE_CONFIGS = "autofuse greedy, default configs"
+VARIANTS = ("eager", *COMPILE, "autofuse greedy", LIBRARY_BIAS, OWN_CONV, RULE_CONFIGS,
+            "autofuse tuned")  # fmt: skip
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in (LIBRARY_BIAS, OWN_CONV, RULE_CONFIGS))
 SHORT_NAMES = dict(zip(("eager", "default", "max-autotune", "greedy", "greedy-library-bias",
-                        "greedy-own-conv", "tuned"), VARIANTS))  # fmt: skip
+                        "greedy-own-conv", "greedy-default-configs", "tuned"), VARIANTS))  # fmt: skip
 # the settings an arm is built, judged and timed under (read again on entry and on exit)
 ARM_SETTINGS = {
     LIBRARY_BIAS: ("AUTOFUSE_CONV_BIAS", "library"),
     OWN_CONV: ("AUTOFUSE_CONV_KERNEL", "kernel"),
+    RULE_CONFIGS: ("AUTOFUSE_TIME_CONFIGS", "0"),
 }
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -236,6 +240,7 @@ def build(model, inputs, opts: GpuOptions, compile_fn, optimize_fn,
     makers += [("autofuse greedy", lambda: optimize_fn(model, inputs)),
                (LIBRARY_BIAS, lambda: optimize_fn(model, inputs)),
                (OWN_CONV, lambda: optimize_fn(model, inputs)),
+               (RULE_CONFIGS, lambda: optimize_fn(model, inputs)),
                ("autofuse tuned", lambda: optimize_fn(model, inputs, **tuned_opts))]  # fmt: skip
     for label, make in makers:
         if label not in opts.variants:
@@ -453,10 +458,14 @@ def verdicts(rec: dict) -> dict:
     both = peeled and library and ok.get("autofuse greedy") and ok.get(LIBRARY_BIAS)
     own = t.get(OWN_CONV)
     own_ok = peeled and own and ok.get("autofuse greedy") and ok.get(OWN_CONV)
+    rule = t.get(RULE_CONFIGS)
+    rule_ok = peeled and rule and ok.get("autofuse greedy") and ok.get(RULE_CONFIGS)
     return {
         "peeled_bias_speedup": library / peeled if both else None,
         # > 1: autofuse's convolution kernel beat the library call (cuDNN), epilogues fused
         "own_conv_speedup": peeled / own if own_ok else None,
+        # > 1: the greedy plan's timed configs beat the kinds' default configs
+        "timed_configs_speedup": rule / peeled if rule_ok else None,
         "best_compile": best,
         "tuned_correct": tuned_ok,
         "fast_1": tuned_ok and t.get("eager") is not None and tuned < t["eager"],

@@ -3,7 +3,8 @@ own shapes on a GPU.
 
     python -m experiments.kernelbench [DIR] --level N [--problems 1-20,33] [--mode cpu|gpu]
         [--dtype fp32|bf16] [--out DIR] [--timeout S] [--trials T] [--budget S] [--resume]
-        [--variants eager,default,max-autotune,greedy,greedy-library-bias,greedy-own-conv,tuned]
+        [--variants eager,default,max-autotune,greedy,greedy-library-bias,greedy-own-conv,
+         greedy-default-configs,tuned]
         [--records FILE] [--deadline S]
 
 DIR is a KernelBench folder (``KernelBench/level<N>/<n>_<name>.py``; default
@@ -24,6 +25,8 @@ the measured ceilings) and ``summary.md``.
   greedy plan with each convolution's bias in the library call beside the peeled one,
   ``greedy-own-conv`` the greedy plan with every convolution the convolution kind takes in
   autofuse's own kernel (``AUTOFUSE_CONV_KERNEL=kernel``) beside cuDNN's,
+  ``greedy-default-configs`` the greedy plan at the kinds' default launch configs
+  (``AUTOFUSE_TIME_CONFIGS=0``) beside the one whose configs were timed,
   ``--variants greedy,greedy-library-bias,default`` skips max-autotune and tuning. The records
   hold the cuDNN version and the precision (TF32) flags, the same in every arm.
   ``python -m autofuse report <run>`` reads the folder.
@@ -227,8 +230,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tol", type=float, default=1e-2, help="gpu: atol = rtol (KernelBench)")
     p.add_argument("--variants", default="",
                    help="gpu: comma-separated, of eager, default, max-autotune, greedy, "
-                   "greedy-library-bias, greedy-own-conv, tuned (default: all but "
-                   "greedy-library-bias and greedy-own-conv)")  # fmt: skip
+                   "greedy-library-bias, greedy-own-conv, greedy-default-configs, tuned "
+                   "(default: all but the three greedy-* arms)")  # fmt: skip
     p.add_argument("--train", action="store_true", help="cpu: a training step (level 3 always)")
     p.add_argument(
         "--phase",

@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from autofuse.tune.runfiles import read_json
-from experiments.kernelbench.gpu import LIBRARY_BIAS, OWN_CONV
+from experiments.kernelbench.gpu import LIBRARY_BIAS, OWN_CONV, RULE_CONFIGS
 
 
 def records(folders: list[Path]) -> list[dict]:
@@ -110,6 +110,9 @@ def gpu_rows(recs: list[dict]) -> list[str]:
     if any(OWN_CONV in r.get("times_us", {}) for r in recs):
         cols.insert(cols.index("autofuse tuned"), OWN_CONV)
         heads.insert(heads.index("tuned"), "greedy, own conv")
+    if any(RULE_CONFIGS in r.get("times_us", {}) for r in recs):
+        cols.insert(cols.index("autofuse tuned"), RULE_CONFIGS)
+        heads.insert(heads.index("tuned"), "greedy, default configs")
     out = ["| problem | dtype | " + " | ".join(f"{h} µs" for h in heads) +
            " | floor µs | correct | fast_1 | vs best compile |",
            "|---|---|" + "---|" * (len(cols) + 4)]  # fmt: skip

@@ -156,6 +156,9 @@ class AttentionKind:
     def cost_facts(self, graph: Graph, info: GroupInfo, config: AttentionConfig) -> TileCost:
         return attention_cost(graph, info, config)
 
+    def quick_configs(self, graph: Graph, info: GroupInfo) -> list[AttentionConfig]:
+        return []  # its configs are the search's (and the SDPA backends, the planner's)
+
     def proposals(
         self, graph: Graph, members: frozenset[int], reach: dict[int, int]
     ) -> list[frozenset[int]]:

@@ -197,11 +197,15 @@ def kernel_name(graph: Graph, info: GroupInfo, prefix: str, index: int) -> str:
 
 
 class ProposesNone:
-    """For a kind whose every group pairwise merges reach: it proposes no candidate group."""
+    """For a kind whose every group pairwise merges reach: it proposes no candidate group (and,
+    unless it says otherwise, no config an untuned plan times beside its default)."""
 
     def proposals(
         self, graph: Graph, members: frozenset[int], reach: dict[int, int]
     ) -> list[frozenset[int]]:
+        return []
+
+    def quick_configs(self, graph: Graph, info: GroupInfo) -> list[Any]:
         return []
 
 
@@ -221,7 +225,10 @@ class KernelKind(Protocol):
     pairwise merging cannot reach (``reach[n]``: the bitset of nodes reachable from ``n``), which
     the partitioner tries first. ``cost_facts`` tells the cost model what its kernel of a
     group under a config moves and computes (``common.cost``: a loop or a tiled product),
-    from the group and the config alone: pricing renders no kernel.
+    from the group and the config alone: pricing renders no kernel. ``quick_configs``: the
+    few configs besides the default that an untuned plan on a GPU times for a group and keeps
+    the fastest of (``plan/config_choice.py``, as Inductor times a handful per kernel); empty:
+    the default alone.
     """
 
     name: str
@@ -244,6 +251,8 @@ class KernelKind(Protocol):
     def generate(self, graph: Graph, info: GroupInfo, config: Any, index: int) -> Kernel: ...
 
     def cost_facts(self, graph: Graph, info: GroupInfo, config: Any) -> Any: ...
+
+    def quick_configs(self, graph: Graph, info: GroupInfo) -> list[Any]: ...
 
     def proposals(
         self, graph: Graph, members: frozenset[int], reach: dict[int, int]

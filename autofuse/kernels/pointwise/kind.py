@@ -82,6 +82,14 @@ class PointwiseKind(LoopKind):
             return STRIDED_CONFIG
         return KernelConfig(x, 0, 4 if x >= 128 else 1)
 
+    def quick_configs(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
+        """A flat loop of 1024 or more elements: eight outputs a thread (1024 x 4 warps) and
+        two (512 x 8: a pooling window's strided loads, ``STRIDED_CONFIG``), and 512 x 2, the
+        pair Inductor times for its pointwise kernels; the default among them."""
+        if info.reduces or interpreting() or config_xnumel(info) < 1024:
+            return []
+        return [KernelConfig(1024, 0, 4), STRIDED_CONFIG, KernelConfig(512, 0, 2)]
+
     def check_config(self, info: GroupInfo, config: KernelConfig) -> None:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)
         if info.reduces:

@@ -4,6 +4,7 @@ by dependency level (softmax: max, then sum)."""
 
 from __future__ import annotations
 
+from autofuse.interpreter import interpreting
 from autofuse.ir.graph import Graph, kept_strides, numel
 from autofuse.kernels.common.base import (
     FusionRefused,
@@ -156,6 +157,21 @@ class ReductionKind(LoopKind):
             w = min(8, max(1, x * r // 512))
             return KernelConfig(x, r, w)
         return KernelConfig(1, 4096, 8)
+
+    def quick_configs(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
+        """A row reduction's default and, for rows of up to 4096 held whole, 1, 32 and 128 rows
+        a block (the counts Inductor times for a persistent reduction; short rows, GroupNorm's
+        32-element ones in L2_88, get more rows a block than the default's 8), at most 8192
+        elements and as many rows as there are; a longer row, 2048- and 1024-element chunks
+        beside the default's 4096. Outer reductions keep their rule (swept on the H200)."""
+        if interpreting() or inner_rows(graph, info) >= 16:
+            return []
+        r, rows = next_pow2(info.rnumel), next_pow2(max(1, config_xnumel(info)))
+        if r > 4096:
+            return [self.row_config(info), KernelConfig(1, 2048, 8), KernelConfig(1, 1024, 4)]
+        xs = [x for x in (1, 32, 128) if x * r <= 8192 and x <= rows]
+        return [self.row_config(info),
+                *(KernelConfig(x, r, min(8, max(1, x * r // 512))) for x in xs)]  # fmt: skip
 
     def check_config(self, info: GroupInfo, config: KernelConfig) -> None:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)

@@ -33,6 +33,9 @@ class ScanKind(ReductionKind):
             out = [c for c in super().config_space(graph, info) if c.RBLOCK >= info.rnumel]
         return out or [self.default_config(graph, info)]
 
+    def quick_configs(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
+        return []  # a scan's rows: the default, or the search's
+
     def default_config(self, graph: Graph, info: GroupInfo) -> KernelConfig:
         r = next_pow2(info.rnumel)
         if r <= 4096:

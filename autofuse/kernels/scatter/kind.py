@@ -112,6 +112,9 @@ class ScatterKind(PointwiseKind):
     def claims(self, graph: Graph, members: frozenset[int]) -> bool:
         return any(is_scatter(graph, m) for m in members)
 
+    def quick_configs(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
+        return []  # atomics' contention changes with the block: the search's to time
+
     def analyze(self, graph: Graph, members: frozenset[int]) -> GroupInfo:
         scatters = [m for m in sorted(members) if is_scatter(graph, m)]
         domain = scatter_domain(graph, scatters[0])

@@ -1,0 +1,118 @@
+"""The untuned plan's timed launch configs (``plan/config_choice.py``): the kinds offer a few
+configs per kernel, an injected timer times them, the fastest is kept where it beats the
+default by more than the margin, and the plan with them is checked against the rule's plan and
+timed end to end beside it. Timing is faked here (no GPU); the chosen kernels run in the
+interpreter and must give eager's values."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autofuse.capture import capture
+from autofuse.kernels import KernelConfig, quick_configs
+from autofuse.kernels.pointwise import kind as pointwise
+from autofuse.kernels.reduction import kind as reduction
+from autofuse.partition import Partitioner
+from autofuse.plan import execute
+from autofuse.plan import planner as planner_module
+from autofuse.plan.config_choice import MARGIN, describe, fastest, timed_configs
+from autofuse.plan.plan_choice import choose_plan
+from autofuse.plan.planner import Planner
+from autofuse.plan.steps import KernelStep
+
+
+def group_norm(x, w, b):
+    return F.group_norm(x, 8, w, b).relu()
+
+
+def norm_inputs():
+    return [torch.randn(64, 32, 4, 4), torch.rand(32) + 0.5, torch.randn(32)]
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """The kinds and the planner as on a GPU (their interpreter guards off)."""
+    for module in (pointwise, reduction, planner_module):
+        monkeypatch.setattr(module, "interpreting", lambda: False)
+
+
+def _planner(fn, ins):
+    return Planner(capture(fn, ins).graph)
+
+
+def test_kinds_offer_their_default_first_then_a_few_others(on_gpu):
+    graph = capture(lambda a: a * 2 + 1, [torch.rand(64, 4096)]).graph
+    space = Partitioner(graph)
+    (group,) = space.greedy().groups
+    offered = quick_configs(space.check(group), graph)
+    assert offered[0] == KernelConfig(1024, 0, 4) and len(offered) == len(set(offered)) == 3
+    assert pointwise.STRIDED_CONFIG in offered
+    planner = _planner(group_norm, norm_inputs())
+    infos = [planner.space.check(g) for g in planner.space.untuned().groups]
+    rows = [i for i in infos if i.kind == "reduction"]
+    assert rows and all(len(quick_configs(i, planner.graph)) >= 2 for i in rows)
+    # short rows (GroupNorm's groups of 64 elements) get more rows a block than the default
+    assert any(c.XBLOCK >= 32 for i in rows for c in quick_configs(i, planner.graph))
+
+
+def test_nothing_is_offered_in_the_interpreter():
+    graph = capture(lambda a: a * 2 + 1, [torch.rand(64, 4096)]).graph
+    space = Partitioner(graph)
+    (group,) = space.greedy().groups
+    assert quick_configs(space.check(group), graph) == []
+
+
+def test_the_fastest_config_replaces_the_default_only_past_the_margin():
+    a, b = KernelConfig(1024, 0, 4), KernelConfig(512, 0, 8)
+    assert fastest(a, [(a, 10e-6), (b, 9e-6)]) == b
+    assert fastest(a, [(a, 10e-6), (b, 10e-6 * (1 - MARGIN / 2))]) == a
+    assert fastest(a, [(a, None), (b, 20e-6)]) == b  # the default failed or was wrong
+    assert fastest(a, [(a, None), (b, None)]) == a
+    assert "512" in describe(b, [(a, 10e-6), (b, None)]) and "failed" in describe(b, [(b, None)])
+
+
+def test_timed_configs_picks_per_kernel_and_says_why(on_gpu):
+    planner = _planner(group_norm, norm_inputs())
+    base = planner.space.untuned()
+    plan = planner.build(base.groups, label="greedy")
+
+    def by_rows(graph, info, config):  # more rows a block is faster, a 1-row block fails
+        return None if config.XBLOCK == 1 else 1e-3 / config.XBLOCK
+
+    choices, reasons = timed_configs(plan, base.groups, by_rows)
+    picked = [c for c in choices if c is not None]
+    assert picked and all(c.XBLOCK >= 32 for c in picked)
+    assert all("measured: configs timed alone" in r and "failed" in r for r in reasons.values())
+    assert timed_configs(plan, base.groups, lambda g, i, c: 1e-6) is None  # nothing changes
+
+
+def test_the_untuned_plan_runs_the_timed_configs_and_gives_eagers_values(on_gpu, monkeypatch):
+    ins = norm_inputs()
+    planner = _planner(group_norm, ins)
+    times = iter([1e-6, 3e-6, 3e-6, 1e-6])  # timed configs' plan first; reversed in round 2
+    monkeypatch.setattr(
+        planner_module, "choose_plan", functools.partial(choose_plan, timer=lambda run: next(times))
+    )
+    planned = planner.untuned(
+        "greedy", True, lambda: ins, time_config=lambda g, i, c: 1e-3 / c.XBLOCK
+    )
+    assert planned.choice is not None and planned.choice.chosen == "greedy"
+    assert "greedy, default configs" in dict(planned.choice.times)
+    kernel_steps = [s for s in planned.plan.steps if isinstance(s, KernelStep)]
+    steps = [s for s in kernel_steps if "configs timed alone" in s.reason]
+    assert steps and any(s.kernel.config.XBLOCK >= 32 for s in steps)
+    monkeypatch.undo()  # run the chosen kernels in the interpreter
+    (out,) = execute(planned.plan, ins)
+    torch.testing.assert_close(out, group_norm(*ins), rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_timer_the_untuned_plan_keeps_the_default_configs(on_gpu):
+    ins = [torch.rand(64, 4096)]
+    planner = _planner(lambda a: a * 2 + 1, ins)
+    planned = planner.untuned("greedy", True, lambda: ins)
+    assert planned.choice is None
+    assert all("configs timed alone" not in s.reason for s in planned.plan.steps)
