@@ -19,7 +19,7 @@ from autofuse.kernels.reduction import kind as reduction
 from autofuse.partition import Partitioner
 from autofuse.plan import execute
 from autofuse.plan import planner as planner_module
-from autofuse.plan.config_choice import MARGIN, describe, fastest, timed_configs
+from autofuse.plan.config_choice import MARGIN, WORTH_S, describe, fastest, timed_configs
 from autofuse.plan.plan_choice import choose_plan
 from autofuse.plan.planner import Planner
 from autofuse.plan.steps import KernelStep
@@ -87,7 +87,21 @@ def test_timed_configs_picks_per_kernel_and_says_why(on_gpu):
     picked = [c for c in choices if c is not None]
     assert picked and all(c.XBLOCK >= 32 for c in picked)
     assert all("measured: configs timed alone" in r and "failed" in r for r in reasons.values())
-    assert timed_configs(plan, base.groups, lambda g, i, c: 1e-6) is None  # nothing changes
+    assert timed_configs(plan, base.groups, lambda g, i, c: 20e-6) is None  # nothing changes
+
+
+def test_a_launch_bound_kernel_is_timed_at_its_default_alone(on_gpu):
+    planner = _planner(group_norm, norm_inputs())
+    base = planner.space.untuned()
+    plan = planner.build(base.groups, label="greedy")
+    seen = []
+
+    def short(graph, info, config):  # the default under WORTH_S, any other config faster
+        seen.append(config)
+        return WORTH_S / 2 if len(seen) == 1 else WORTH_S / 10
+
+    assert timed_configs(plan, base.groups, short) is None
+    assert len(seen) == 1
 
 
 def test_the_untuned_plan_runs_the_timed_configs_and_gives_eagers_values(on_gpu, monkeypatch):

@@ -5,7 +5,9 @@ pointwise loops at one, two or eight outputs a thread, row reductions at 1 to 12
 block), the planner times each on the group's kernel alone, verified first, and keeps the
 fastest, as Inductor times a handful of configs per kernel before it runs one. The timer is
 injected (``ConfigTimer``: ``measure.config_timer`` on a GPU); the default stays unless another
-config beats it by more than :data:`MARGIN`. The plan with the timed configs is then checked
+config beats it by more than :data:`MARGIN`, and a kernel whose default takes under
+:data:`WORTH_S` (launch-bound) is not timed further: each config timed is one more compile. The
+plan with the timed configs is then checked
 against the rule's plan and timed end to end beside it (``planner.py``).
 """
 
@@ -22,6 +24,7 @@ from autofuse.plan.steps import KernelStep, Plan
 ConfigTimer = Callable[[Graph, GroupInfo, Any], "float | None"]
 
 MARGIN = 0.03  # another config replaces the default only when faster by more than this
+WORTH_S = 10e-6  # a default config faster than this is kept without timing the others
 
 
 def timed_configs(
@@ -40,13 +43,24 @@ def timed_configs(
         if len(offered) < 2:
             choices.append(None)
             continue
-        times = [(c, time_config(plan.graph, kernel.info, c)) for c in offered]
+        times = timed(plan.graph, kernel.info, offered, time_config)
         pick = fastest(kernel.config, times)
         choices.append(None if pick == kernel.config else pick)
         reasons[frozenset(group)] = describe(pick, times)
     if all(c is None for c in choices):
         return None
     return choices, reasons
+
+
+def timed(
+    graph: Graph, info: GroupInfo, offered: Sequence[Any], time_config: ConfigTimer
+) -> list[tuple[Any, float | None]]:
+    """Each offered config's seconds, the default (first) alone where it takes under
+    :data:`WORTH_S`: a kernel that short is launch-bound, and every config timed is a compile."""
+    first = time_config(graph, info, offered[0])
+    if first is not None and first < WORTH_S:
+        return [(offered[0], first)]
+    return [(offered[0], first), *((c, time_config(graph, info, c)) for c in offered[1:])]
 
 
 def fastest(default: Any, times: Sequence[tuple[Any, float | None]]) -> Any:
@@ -70,4 +84,4 @@ def describe(pick: Any, times: Sequence[tuple[Any, float | None]]) -> str:
     return f"measured: configs timed alone ({shown}) -> {config_label(pick)}"
 
 
-__all__ = ["MARGIN", "ConfigTimer", "describe", "fastest", "timed_configs"]
+__all__ = ["MARGIN", "WORTH_S", "ConfigTimer", "describe", "fastest", "timed", "timed_configs"]
