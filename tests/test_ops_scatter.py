@@ -243,3 +243,27 @@ def test_several_index_tensors_out_of_range():
         pick_pairs(x, i, torch.tensor([0, 13, 2]))
     with pytest.raises(Exception, match="index out of range in self: .* dim 1 of size 13"):
         execute(plan, [x, i, torch.tensor([0, 13, 2])])
+
+
+ZERO_DIM = {
+    "scatter": lambda x, i, v: torch.scatter(x, 0, i, v) * 2,
+    "scatter_add": lambda x, i, v: torch.scatter_add(x, 0, i, v) * 2,
+    "gather": lambda x, i, v: torch.gather(x, 0, i) + v,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZERO_DIM))
+def test_zero_dim_gathers_and_scatters_run_as_eager(name):
+    """A 0-d tensor's dim 0 names no dim (torch takes it as one of size 1): the op runs as
+    eager's, its neighbours fused, through both front ends, forward and backward (OpInfo's
+    0-d scatter samples raised an IndexError at plan time)."""
+    fn = ZERO_DIM[name]
+    x, i, v = torch.tensor(1.5, requires_grad=True), torch.tensor(0), torch.tensor(-2.0)
+    ref = fn(x, i, v)
+    (gx,) = torch.autograd.grad(ref, x)
+    assert_close(autofuse.optimize(fn, [x.detach(), i, v])(x.detach(), i, v), ref.detach(), x.dtype)
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="autofuse")(x, i, v)
+    assert_close(out.detach(), ref.detach(), x.dtype)
+    (got,) = torch.autograd.grad(out, x)
+    assert_close(got, gx, x.dtype)

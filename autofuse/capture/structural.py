@@ -54,11 +54,17 @@ def _cat(b, packet, overload, args, kwargs, val, out_dtype, name):
     return b.like("cat", parts, val, name, dim=dim)
 
 
+def _zero_dim(b, *nodes: int) -> bool:
+    """Whether a gather's or scatter's tensor is 0-d: its ``dim`` 0 names no dim of the
+    tensor (torch takes it as one of size 1), so the op runs as eager's."""
+    return any(not b.nodes[i].shape for i in nodes)
+
+
 def _gather(b, packet, overload, args, kwargs, val, out_dtype, name):
     if kwargs.get("sparse_grad"):
         return None
     src, idx = b.env[args[0]], b.env[args[2]]
-    if b.nodes[idx].dtype not in INDEX_DTYPES:
+    if b.nodes[idx].dtype not in INDEX_DTYPES or _zero_dim(b, src, idx):
         return None
     dim = args[1] % max(len(b.nodes[src].shape), 1)
     return b.like("gather", (src, idx), val, name, dim=dim)
@@ -105,7 +111,7 @@ def _scatter(b, packet, overload, args, kwargs, val, out_dtype, name):
     if kwargs.get("reduce") is not None or len(args) < 4:
         return None
     idx = b.env[args[2]]
-    if b.nodes[idx].dtype not in INDEX_DTYPES:
+    if b.nodes[idx].dtype not in INDEX_DTYPES or _zero_dim(b, b.env[args[0]], idx):
         return None
     values = b.operand(args[3], out_dtype, name + "_value")
     where = {"dims": None, "along": args[1] % max(len(val.shape), 1)}
