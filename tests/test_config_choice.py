@@ -143,3 +143,14 @@ def test_gpu_the_untuned_plan_times_configs_and_matches_eager():
     reasons = [s.reason for s in run.plan.steps if isinstance(s, KernelStep)]
     assert any("configs timed alone" in r for r in reasons), reasons
     torch.testing.assert_close(run(x, w, b), group_norm(x, w, b), rtol=1e-4, atol=1e-4)
+
+
+def test_a_failing_config_timer_leaves_the_default_configs(on_gpu):
+    ins = [torch.rand(64, 4096)]
+    planner = _planner(lambda a: a * 2 + 1, ins)
+
+    def broken(graph, info, config):
+        raise RuntimeError("no device")
+
+    planned = planner.untuned("greedy", True, lambda: ins, time_config=broken)
+    assert planned.choice is None and "configs timed alone" not in str(planned.plan.steps)

@@ -219,7 +219,11 @@ class Planner:
         """``plan`` with each kernel at the fastest of its kind's quick configs, timed alone by
         ``time_config`` (each step saying the times); None where none is timed or none differs
         from its default."""
-        timed = None if time_config is None else timed_configs(plan, base.groups, time_config)
+        try:
+            timed = None if time_config is None else timed_configs(plan, base.groups, time_config)
+        except Exception as e:  # noqa: BLE001 - the default configs then; the rest still timed
+            logs.emit("search", f"{plan.label}: configs not timed: {type(e).__name__}: {e}")
+            return None
         if timed is None:
             return None
         choices, reasons = timed
