@@ -312,7 +312,8 @@ def test_a_chain_picked_contiguous_is_also_timed_channels_last():
     """Every convolution picked contiguous, each alone (its input's conversion in its time,
     as MobileNetV2's 52 were on an H100 where the network runs faster channels-last through
     and through): the plan with every convolution channels-last is timed beside it; a single
-    convolution picked contiguous offers none (its pick already weighed the conversion)."""
+    convolution picked contiguous offers none (its pick already weighed the conversion) unless
+    the pick was close."""
     from autofuse.ir.conv_layout import channels_last_differs
     from autofuse.plan.planner import Planner
 
@@ -337,3 +338,11 @@ def test_a_chain_picked_contiguous_is_also_timed_channels_last():
                          device="cpu")  # fmt: skip
     assert [one[i].attr("layout") for i in _convs(one)] == ["contiguous"]
     assert not channels_last_differs(one)
+    # one picked contiguous by less than DOUBT (alone its input converts by eager's copy, in
+    # the plan by a generated kernel): the channels-last plan is timed too
+    close = capture(torch.nn.Conv2d(3, 8, 1), (x,)).graph
+    times = iter([2e-6, 2.2e-6])
+    close = choose_layouts(close, cuda=True, rule="measure", timer=lambda fn: next(times),
+                           device="cpu")  # fmt: skip
+    assert [close[i].attr("layout") for i in _convs(close)] == ["contiguous"]
+    assert channels_last_differs(close)
