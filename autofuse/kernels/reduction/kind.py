@@ -4,6 +4,8 @@ by dependency level (softmax: max, then sum)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autofuse.interpreter import interpreting
 from autofuse.ir.graph import Graph, kept_strides, numel
 from autofuse.kernels.common.base import (
@@ -163,15 +165,29 @@ class ReductionKind(LoopKind):
         a block (the counts Inductor times for a persistent reduction; short rows, GroupNorm's
         32-element ones in L2_88, get more rows a block than the default's 8), at most 8192
         elements and as many rows as there are; a longer row, 2048- and 1024-element chunks
-        beside the default's 4096. Outer reductions keep their rule (swept on the H200)."""
-        if interpreting() or inner_rows(graph, info) >= 16:
+        beside the default's 4096. An outer reduction (neighbouring outputs neighbours in
+        memory): its default block's outputs halved and doubled, up to 16384 elements (its
+        rule sized segments of 8 float32 outputs, 32 bytes; 8 bfloat16 ones fill 16)."""
+        if interpreting():
             return []
+        if inner_rows(graph, info) >= 16:
+            return self.outer_quick(graph, info)
         r, rows = next_pow2(info.rnumel), next_pow2(max(1, config_xnumel(info)))
         if r > 4096:
             return [self.row_config(info), KernelConfig(1, 2048, 8), KernelConfig(1, 1024, 4)]
         xs = [x for x in (1, 32, 128) if x * r <= 8192 and x <= rows]
         return [self.row_config(info),
                 *(KernelConfig(x, r, min(8, max(1, x * r // 512))) for x in xs)]  # fmt: skip
+
+    def outer_quick(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
+        """An outer reduction's default, then its block's outputs halved and doubled."""
+        d = self.default_config(graph, info)
+        rows = next_pow2(max(1, config_xnumel(info)))
+        xs = [x for x in (d.XBLOCK // 2, d.XBLOCK * 2) if 1 <= x <= rows and x * d.RBLOCK <= 16384]
+        return [
+            d,
+            *(replace(d, XBLOCK=x, num_warps=min(8, max(1, x * d.RBLOCK // 512))) for x in xs),
+        ]
 
     def check_config(self, info: GroupInfo, config: KernelConfig) -> None:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)
