@@ -354,38 +354,3 @@ def test_a_chain_picked_contiguous_is_also_timed_channels_last():
                            device="cpu")  # fmt: skip
     assert [close[i].attr("layout") for i in _convs(close)] == ["contiguous"]
     assert channels_last_differs(close)
-
-
-def _conv_mish_batch_norm(x, w, b, g, beta):
-    y = torch.nn.functional.conv2d(x, w, b)
-    y = y * torch.tanh(torch.nn.functional.softplus(y))
-    return torch.nn.functional.batch_norm(y, None, None, g, beta, training=True)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_chain_after_a_channels_last_convolution_stays_channels_last(dtype):
-    """A pointwise value computed from a convolution's kept channels-last result and read by
-    kernels alone (the Mish BatchNorm's statistics and its normalising kernel both read) is kept
-    channels-last as well: the statistics kernel stores it in the order it walks the
-    convolution's result, and the normalising kernel tiles the conversion to the output's
-    layout. Values and output strides as eager's (L2_52's chain)."""
-    from autofuse.ir.graph import kept_strides
-    from autofuse.plan.planner import Planner
-    from autofuse.plan.runtime import execute
-
-    torch.manual_seed(0)
-    args = [torch.randn(2, 4, 10, 9), torch.randn(8, 4, 3, 3) * 0.3, torch.randn(8),
-            torch.rand(8) + 0.5, torch.randn(8)]  # fmt: skip
-    args = [a.to(dtype) for a in args]
-    graph = choose_layouts(capture(_conv_mish_batch_norm, args).graph, cuda=True,
-                           rule="channels_last", device="cpu")  # fmt: skip
-    kept = [n for n in graph.nodes if n.kind == "pointwise" and kept_strides(n) is not None]
-    assert kept and all(n.strides == channels_last_strides(n.shape) for n in kept)
-    planner = Planner(graph)
-    plan = planner.build(planner.space.untuned().groups)
-    with torch.no_grad():
-        got = execute(plan, args)[0]
-        want = _conv_mish_batch_norm(*args)
-    assert_close(got, want, dtype, "channels-last chain")
-    assert got.stride() == want.stride()
-    assert not any(n.attr("eager_strides") for n in relayout(graph, "contiguous").nodes)

@@ -42,7 +42,6 @@ __all__ = [
     "channels_last_differs",
     "channels_last_strides",
     "choose_layouts",
-    "keep_chains",
     "measure_layouts",
     "relayout",
 ]
@@ -87,7 +86,7 @@ def relayout(graph: Graph, layout: str) -> Graph:
         nodes[i] = _with_layout(plain, layout, keep=_keepable(graph, i))
     out = Graph(tuple(nodes), graph.inputs, graph.outputs)
     if layout == "channels_last":
-        return keep_chains(keep_inputs(convert_inputs(out)))
+        return keep_inputs(convert_inputs(out))
     return _without_copies(out)
 
 
@@ -192,9 +191,7 @@ def choose_layouts(graph: Graph, cuda: bool, rule: str | None = None,
             continue
         times = measure_layouts(graph, i, device, timer, keep)
         nodes[i] = _with_layout(node, LAYOUTS[int(times[1] < times[0])], times, keep)
-    return keep_chains(
-        keep_inputs(convert_inputs(Graph(tuple(nodes), graph.inputs, graph.outputs)))
-    )
+    return keep_inputs(convert_inputs(Graph(tuple(nodes), graph.inputs, graph.outputs)))
 
 
 def _remapped(graph: Graph, visit) -> Graph:
@@ -272,43 +269,6 @@ def keep_inputs(graph: Graph) -> Graph:
 
 
 _FLOATS = ("float32", "float16", "bfloat16")
-_CHAIN_READERS = ("pointwise", "reduction")
-
-
-def keep_chains(graph: Graph) -> Graph:
-    """``graph`` with each pointwise result computed from a buffer kept channels-last (of its
-    shape) kept channels-last too, where the graph does not return it and only kernels read it
-    (pointwise ops and reductions): a kernel that stores such a value beside its own work (a
-    BatchNorm's statistics over a Mish of the convolution, which the normalising kernel reads
-    again) writes it in the order it walks the convolution's result, and the kernel reading it
-    tiles the conversion to the output's layout (``kernels/pointwise``). Kept contiguous, that
-    store went across the walk: L2_52 in bf16 on an H100 ran 5116 us channels-last against
-    1818 contiguous."""
-    outs = {graph.base_of(o) for o in graph.outputs}
-    nodes = list(graph.nodes)
-    for j, node in enumerate(graph.nodes):
-        if node.kind != "pointwise" or j in outs or node.dtype not in _FLOATS:
-            continue
-        if tuple(node.strides) != contiguous_strides(node.shape) or not graph.users[j]:
-            continue
-        if any(graph[u].kind not in _CHAIN_READERS for u in graph.users[j]):
-            continue
-        if any(_kept_like(nodes[i], node.shape) for i in node.inputs):
-            attrs = dict(node.attrs, eager_strides=tuple(node.strides))
-            strides = channels_last_strides(tuple(node.shape))
-            nodes[j] = replace(node, attrs=make_attrs(**attrs), strides=strides)
-    return Graph(tuple(nodes), graph.inputs, graph.outputs)
-
-
-def _kept_like(x: Node, shape: tuple[int, ...]) -> bool:
-    """Whether ``x`` is a buffer kept channels-last of ``shape`` (4-D or 5-D)."""
-    if (
-        x.attr("eager_strides") is None
-        or tuple(x.shape) != tuple(shape)
-        or len(shape) not in (4, 5)
-    ):
-        return False
-    return tuple(x.strides) == channels_last_strides(tuple(shape))
 
 
 def _reads_channels_last(user, j: int) -> bool:
