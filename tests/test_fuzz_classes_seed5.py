@@ -15,7 +15,11 @@ require grad:
 - a 16-bit value computed in a kernel (in float32) and then cast to another dtype: the cast
   converted the float32 value, not the 16-bit one eager holds, so layer_norm's upcast of a
   bfloat16 ``x * 0 + 0.3`` (0.30078125) saw 0.3 beside its saved mean 0.30078125 and the
-  backward scaled the difference by rsqrt(eps); a cast now rounds its 16-bit operand first.
+  backward scaled the difference by rsqrt(eps); a cast now rounds its 16-bit operand first;
+- an in-place op through an ``expand`` to the tensor's own shape (seed 7, graph 162:
+  ``x.masked_fill(m, inf).expand(x.shape).view_as(...).relu_()``): functionalization writes it
+  back as ``base + (written - base)``, NaN where the base is infinite (eager: inf); such an
+  expand is now a plain view before functionalizing (``capture/overlap.py``).
 """
 
 from __future__ import annotations
@@ -119,3 +123,25 @@ def test_cast_of_16_bit_value_rounds_it_first(front, grad):
     x, w, b = (torch.randn(s, generator=g).bfloat16() for s in ((2, 3), (3,), (3,)))
     _check(_norm_of_constant_row, [x, w, b], front, grad)
     _check(_norm_of_row_mean, [torch.randn(1, 3, generator=g).bfloat16()], front, grad)
+
+
+# -- an in-place op through an expand that broadcasts nothing -----------------------------------
+
+
+def _through_no_op_expand(x):
+    v = x.masked_fill(x > 0, float("inf"))
+    w = v.expand(x.shape)
+    return (w.view_as(w).relu_(), w)[1] * 2
+
+
+def _through_no_op_expand_as(x, y):
+    v = (x * 3).masked_fill(x < 0, float("-inf"))
+    v.expand_as(y).mul_(y)
+    return v
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_in_place_through_an_expand_to_the_same_shape(front, grad):
+    _check(_through_no_op_expand, [torch.randn(5, 8)], front, grad)
+    _check(_through_no_op_expand_as, [torch.randn(4, 6), torch.rand(4, 6) + 0.5], front, grad)

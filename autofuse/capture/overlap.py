@@ -15,7 +15,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["aten_overlapping_write", "dynamo_overlapping_write", "shares_memory"]
+__all__ = [
+    "aten_overlapping_write",
+    "dynamo_overlapping_write",
+    "no_op_expands_as_views",
+    "shares_memory",
+]
 
 _IN_PLACE_OPERATORS = frozenset(
     getattr(operator, n)
@@ -73,3 +78,32 @@ def dynamo_overlapping_write(gm: torch.fx.GraphModule) -> str | None:
             if shares_memory(_val(n.args[0], "example_value")):
                 return getattr(n.target, "__name__", str(n.target))
     return None
+
+
+def _same_shape(n: torch.fx.Node, key: str) -> bool:
+    """Whether node ``n``'s value has its first argument's shape (static sizes)."""
+    out, src = _val(n, key), _val(n.args[0], key) if n.args else None
+    if not isinstance(out, torch.Tensor) or not isinstance(src, torch.Tensor):
+        return False
+    return all(isinstance(d, int) for d in out.shape) and tuple(out.shape) == tuple(src.shape)
+
+
+def no_op_expands_as_views(gm: torch.fx.GraphModule) -> int:
+    """Each ``expand`` of ``gm`` to its input's own shape made a plain view of it (ATen's
+    ``alias``; in Dynamo's graph ``view_as``), in place; the count. Functionalization undoes a
+    write through an ``expand`` as ``base + (written - base)`` even where nothing broadcasts,
+    which is NaN wherever the base holds an infinity (``x.masked_fill(m, inf).expand(x.shape)
+    .relu_()``: eager gives inf); through a view it copies the written values."""
+    count = 0
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.expand.default:
+            if _same_shape(n, "val"):
+                n.target, n.args, n.kwargs = torch.ops.aten.alias.default, (n.args[0],), {}
+                count += 1
+        elif n.op == "call_method" and n.target in ("expand", "expand_as"):
+            if _same_shape(n, "example_value"):
+                n.target, n.args, n.kwargs = "view_as", (n.args[0], n.args[0]), {}
+                count += 1
+    if count:
+        gm.recompile()
+    return count

@@ -19,7 +19,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from autofuse.capture.decompositions import decomposition_table
-from autofuse.capture.overlap import aten_overlapping_write
+from autofuse.capture.overlap import aten_overlapping_write, no_op_expands_as_views
 from autofuse.capture.rules import Call, convert, dtype_name
 from autofuse.capture.structural import convert_multi, convert_structural, mutates
 from autofuse.ir.graph import FLOAT_DTYPES, Graph, Node, contiguous_strides, make_attrs
@@ -144,6 +144,7 @@ def capture(fn: Callable[..., Any], example_inputs: Sequence[Any]) -> Captured:
             gm = make_fx(flat_fn, decomposition_table=decomposition_table())(*flat_inputs)
             if mutates(gm):  # in-place ops (add_, x[:, 0].mul_()): trace their functional form
                 _refuse_overlapping_write(gm, fn)
+                no_op_expands_as_views(gm)
                 gm = _functional(gm, flat_inputs)
     except CaptureError:
         raise

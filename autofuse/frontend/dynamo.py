@@ -61,7 +61,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from autofuse import logs
 from autofuse.capture import Captured, decomposition_table, function_fixes
-from autofuse.capture.overlap import dynamo_overlapping_write
+from autofuse.capture.overlap import dynamo_overlapping_write, no_op_expands_as_views
 from autofuse.ir import Graph
 from autofuse.ir.eager import restride, same_layout
 from autofuse.kernels.common.sizes import runtime_bucket, runtime_sizes_on
@@ -357,6 +357,7 @@ class AutofuseBackend:
             check_options(kw["options"], BACKEND, "torch.compile(backend='autofuse')")
         _fix_functions(gm)
         shared = dynamo_overlapping_write(gm)
+        no_op_expands_as_views(gm)
         if shared is not None:  # functionalizing it changes the values (capture/overlap.py)
             return _as_captured(gm, f"an in-place {shared} writes into a view whose elements "
                                 "share memory (an expand)")  # fmt: skip
