@@ -19,7 +19,11 @@ require grad:
 - an in-place op through an ``expand`` to the tensor's own shape (seed 7, graph 162:
   ``x.masked_fill(m, inf).expand(x.shape).view_as(...).relu_()``): functionalization writes it
   back as ``base + (written - base)``, NaN where the base is infinite (eager: inf); such an
-  expand is now a plain view before functionalizing (``capture/overlap.py``).
+  expand is now a plain view before functionalizing (``capture/overlap.py``);
+- attention written out whose operand is a constant (a query filled in place: ``fill_``
+  makes it a ``full``) or an empty tensor (seed 7, graphs 2747 and 1205): the attention
+  kernels looked for a buffer to load and raised KeyError at plan time; such an operand now
+  refuses the attention kind, and its matmuls run otherwise.
 """
 
 from __future__ import annotations
@@ -145,3 +149,27 @@ def _through_no_op_expand_as(x, y):
 def test_in_place_through_an_expand_to_the_same_shape(front, grad):
     _check(_through_no_op_expand, [torch.randn(5, 8)], front, grad)
     _check(_through_no_op_expand_as, [torch.randn(4, 6), torch.rand(4, 6) + 0.5], front, grad)
+
+
+# -- attention whose operand is a constant or empty --------------------------------------------
+
+
+def _attention_of_filled_query(x, k, v):
+    q = torch.stack([x, x], dim=-1)
+    q[...].fill_(-1.0)
+    s = (q @ k.transpose(-2, -1) * 0.5).masked_fill(torch.ones(1, 2, dtype=torch.bool).triu(1),
+                                                     float("-inf"))  # fmt: skip
+    return torch.softmax(s, dim=-1) @ v
+
+
+def _attention_of_empty_head(q, k, v, d):
+    return torch.div(torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v, d, rounding_mode="trunc")
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_attention_whose_operand_is_no_buffer(front, grad):
+    _check(_attention_of_filled_query, [torch.randn(1, 1), torch.randn(1, 2, 2),
+                                        torch.randn(1, 2, 1)], front, grad)  # fmt: skip
+    _check(_attention_of_empty_head, [torch.randn(1, 1, 0), torch.randn(1, 2, 0),
+                                      torch.randn(1, 2, 1), torch.randn(1, 1, 1)], front, grad)  # fmt: skip

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from autofuse.ir.graph import Graph, buffer_strides
+from autofuse.ir.graph import Graph, buffer_strides, numel
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.attention.runtime import grown_strides
+from autofuse.kernels.common.base import INLINE_OPS, FusionRefused
 from autofuse.kernels.common.render import tile_address
 from autofuse.kernels.common.views import view_source_index
 
@@ -53,6 +54,8 @@ class AttentionGroup:
             else:
                 break
         node, strides = graph[j], buffer_strides(graph[j])
+        if node.op in INLINE_OPS or not numel(node.shape):  # a constant, an empty tensor
+            raise FusionRefused(f"an attention operand ({node.op} {node.name}) is no buffer")
         if grown:
             strides = grown_strides(node.shape, index, strides)
         return j, linearize(index, strides, node.shape)
