@@ -241,3 +241,19 @@ def test_a_gradient_zero_in_float64_is_judged_at_the_rounding_of_the_step():
     eager = torch.zeros(4)
     assert grad_verdict(torch.full((4,), 3.0), eager, refs64[0], 1e-2, floors[0]) == "float64"
     assert grad_verdict(torch.full((4,), 3e3), eager, refs64[0], 1e-2, floors[0]) == "wrong"
+
+
+def test_the_float64_reference_leaves_the_module_as_it_was():
+    """The float64 judge runs a float64 copy: the module's parameters keep their data and its
+    BatchNorm its running statistics (cast in place and back, a plan of the module then saw a
+    changed module and ran in eager: L2_52 in bf16 timed at eager's time with eager's bits)."""
+    from experiments.kernelbench.check import float64_outputs
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+    x = torch.randn(2, 3, 6, 6)
+    ptrs = [t.data_ptr() for t in (*model.parameters(), *model.buffers())]
+    stats = [b.clone() for b in model.buffers()]
+    ref64 = float64_outputs(model, [x])
+    assert ref64 is not None and ref64[0].dtype == torch.float64
+    assert ptrs == [t.data_ptr() for t in (*model.parameters(), *model.buffers())]
+    assert all(torch.equal(a, b) for a, b in zip(stats, model.buffers()))

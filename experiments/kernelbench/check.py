@@ -194,34 +194,30 @@ def step_grads(model: Any, fn: Any, inputs: list, weights: list, dtype: Any) -> 
 
 
 def in_float64(model: Any, inputs: list, run: Any) -> Any:
-    """``run(x64)`` (``x64``: ``inputs`` with their floating tensors in float64) with the module
-    cast to float64 in place and back to its own floating dtype after (float32 or bfloat16: both
-    round-trip exactly; its parameters stay the same objects, their gradients cleared); None
-    where it does not run so (a tensor the forward makes itself in float32 meets a float64 one
-    in a matmul): eager's values judge alone."""
+    """``run(m64, x64)``: ``m64`` a float64 copy of the module, ``x64`` ``inputs`` with their
+    floating tensors in float64. The module itself is left as it is (its parameters, their
+    gradients and its buffers: a BatchNorm's running statistics a training-mode forward would
+    move; cast in place and back, the parameters' data changed, and a plan of it ran in eager
+    from then on as a changed module). None where it does not run so (a tensor the forward
+    makes itself in float32 meets a float64 one in a matmul): eager's values judge alone."""
+    import copy
+
     import torch
 
-    own = next((t.dtype for t in (*model.parameters(), *model.buffers())
-                if t.is_floating_point()), torch.float32)  # fmt: skip
     x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
            for x in inputs]  # fmt: skip
     try:
-        model.to(torch.float64)
-        return run(x64)
+        m64 = copy.deepcopy(model).to(torch.float64)
+        return run(m64, x64)
     except Exception:  # noqa: BLE001 - no float64 reference
         return None
-    finally:
-        model.to(own)
-        model.zero_grad(set_to_none=True)
 
 
 def float64_grads(model: Any, inputs: list, weights: list) -> list | None:
     """The same step in float64 eager (:func:`in_float64`): every parameter's gradient."""
     import torch
 
-    return in_float64(
-        model, inputs, lambda xs: step_grads(model, model, xs, weights, torch.float64)[1]
-    )
+    return in_float64(model, inputs, lambda m, xs: step_grads(m, m, xs, weights, torch.float64)[1])
 
 
 def zero_grad_floors(refs64: list) -> list[float]:
@@ -262,10 +258,10 @@ def float64_outputs(model: Any, inputs: list) -> list | None:
     (:func:`in_float64`)."""
     import torch
 
-    def outputs(xs: list) -> list:
+    def outputs(m: Any, xs: list) -> list:
         with torch.no_grad():
             torch.manual_seed(0)
-            return flat(model(*xs))
+            return flat(m(*xs))
 
     return in_float64(model, inputs, outputs)
 

@@ -303,14 +303,14 @@ def _merge(rec: dict, c: dict) -> None:
 
 
 def float64_step(model: Any, weights: list) -> Callable:
-    """``xs -> the training step (train_call) in float64 eager`` (``check.in_float64``: the
-    module cast in place and back after; None where it does not run so)."""
+    """``xs -> the training step (train_call) in float64 eager`` (``check.in_float64``: on a
+    float64 copy of the module; None where it does not run so)."""
     import torch
 
-    def step(x64: list) -> list:
+    def step(m64: Any, x64: list) -> list:
         with torch.enable_grad():
             w64 = [w.double() for w in weights]
-            return [t.detach().clone() for t in train_call(model, model, w64)(*x64)]
+            return [t.detach().clone() for t in train_call(m64, m64, w64)(*x64)]
 
     return lambda xs: in_float64(model, xs, step)
 
