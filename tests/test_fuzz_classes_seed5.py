@@ -23,7 +23,10 @@ require grad:
 - attention written out whose operand is a constant (a query filled in place: ``fill_``
   makes it a ``full``) or an empty tensor (seed 7, graphs 2747 and 1205): the attention
   kernels looked for a buffer to load and raised KeyError at plan time; such an operand now
-  refuses the attention kind, and its matmuls run otherwise.
+  refuses the attention kind, and its matmuls run otherwise;
+- a gather / index_select along a dim of size 1 (every index 0) was typed as a block while its
+  code loads one scalar: ``x_bool | (v < y)`` of two such scalars failed to build in Triton's
+  interpreter (seed 7, graph 1918: a warning and eager's values); its value is the load's now.
 """
 
 from __future__ import annotations
@@ -173,3 +176,18 @@ def test_attention_whose_operand_is_no_buffer(front, grad):
                                         torch.randn(1, 2, 1)], front, grad)  # fmt: skip
     _check(_attention_of_empty_head, [torch.randn(1, 1, 0), torch.randn(1, 2, 0),
                                       torch.randn(1, 2, 1), torch.randn(1, 1, 1)], front, grad)  # fmt: skip
+
+
+# -- an indexed read along a dim of size 1 ------------------------------------------------------
+
+
+def _select_along_a_unit_dim(x0, x1, x2, x3):
+    v = torch.index_select(x0.unsqueeze(-2), 1, x2)
+    return x3 | (v < x1), torch.gather(x0.unsqueeze(-1), 1, x2[:1].view(1, 1)) * 2
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_an_indexed_read_along_a_unit_dim_builds(front):
+    args = [torch.randn(1), torch.randn(2)[::2], torch.zeros(4, dtype=torch.long),
+            torch.rand(1, 1, 4) > 0.5]  # fmt: skip
+    _check(_select_along_a_unit_dim, args, front, False)

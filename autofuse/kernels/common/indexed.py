@@ -151,6 +151,12 @@ def _take(em: Any, i: int, index: tuple[Expr, ...]) -> Val:
         sub, ok, cls = indexed_position(em, src, dims, idxs, index, node.attr("wrap"), what)
     v = guarded(em, ok, cls, lambda: em.value(src, sub))
     cd = compute_dtype(node.dtype)
+    dims = (node.attr("dim"),) if node.op == "gather" else dims
+    if all(em.g[src].shape[d] == 1 for d in dims):
+        # every index is 0 (else the range check fails): the value is the load's, a scalar
+        # where that is (typed as a block, a comparison of it beside a block failed to build
+        # in Triton's interpreter: ``x_bool | (scalar < scalar)``, fuzz seed 7 graph 1918)
+        cls = v.cls
     return em.tmp(cast(v, cd), max(v.cls, cls), cd, node.name)
 
 
