@@ -146,3 +146,17 @@ def test_compare_takes_the_true_value_where_eager_overflows_to_infinity():
     assert "value 0" in compare((far,), (e,), lambda: (r,))
     finite_overflow = torch.tensor([-inf, 2.0, 6e4], dtype=torch.float16)
     assert "value 0" in compare((finite_overflow,), (e,), lambda: (r,))
+
+
+def test_compare_takes_the_dtypes_infinity_where_eager_overflows_to_nan_past_its_range():
+    """Fuzz graph 1414 (seed 7): eager's float16 ``copysign`` gradient of ``x / 3e-39`` is
+    inf / inf = NaN; the float64 value, 3.3e38, is past float16's range, so float16 holds it as
+    inf, which is autofuse's value. A finite float64 value in range still judges an inf."""
+    inf, nan = float("inf"), float("nan")
+    r = torch.tensor([3.3e38, 2.0, 1.0], dtype=torch.float64)
+    e = torch.tensor([nan, 2.0, nan], dtype=torch.float16)
+    assert compare((torch.tensor([inf, 2.0, 1.0], dtype=torch.float16),), (e,), lambda: (r,)) == ""
+    wrong_sign = torch.tensor([-inf, 2.0, 1.0], dtype=torch.float16)
+    assert "value 0" in compare((wrong_sign,), (e,), lambda: (r,))
+    in_range = torch.tensor([inf, 2.0, inf], dtype=torch.float16)
+    assert "value 0" in compare((in_range,), (e,), lambda: (r,))
