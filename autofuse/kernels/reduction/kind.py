@@ -146,7 +146,7 @@ class ReductionKind(LoopKind):
                 # (L2_52's BatchNorm statistics over a mish: 32-byte channel segments, 8 x 1024)
                 return KernelConfig(_WHOLE_OUTER // r, r, 8)
             rb = min(r, max(4, 4096 // x))
-            return KernelConfig(x, rb, min(8, max(1, x * rb // 512)))
+            return KernelConfig(x, rb, block_warps(x * rb))
         return self.row_config(info)
 
     def row_config(self, info: GroupInfo) -> KernelConfig:
@@ -156,38 +156,34 @@ class ReductionKind(LoopKind):
         r = next_pow2(info.rnumel)
         if r <= 4096:
             x = max(1, min(8, 4096 // r, next_pow2(config_xnumel(info))))
-            w = min(8, max(1, x * r // 512))
-            return KernelConfig(x, r, w)
+            return KernelConfig(x, r, block_warps(x * r))
         return KernelConfig(1, 4096, 8)
 
     def quick_configs(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
-        """A row reduction's default and, for rows of up to 4096 held whole, 1, 32 and 128 rows
-        a block (the counts Inductor times for a persistent reduction; short rows, GroupNorm's
-        32-element ones in L2_88, get more rows a block than the default's 8), at most 8192
-        elements and as many rows as there are; a longer row, 2048- and 1024-element chunks
-        beside the default's 4096. An outer reduction (neighbouring outputs neighbours in
-        memory): its default block's outputs halved and doubled, up to 16384 elements (its
-        rule sized segments of 8 float32 outputs, 32 bytes; 8 bfloat16 ones fill 16)."""
+        """Besides the default (``kernels.quick_configs`` puts it first): for rows of up to 4096
+        held whole, 1, 32 and 128 rows a block (the counts Inductor times for a persistent
+        reduction; short rows, GroupNorm's 32-element ones in L2_88, get more rows a block than
+        the default's 8), at most 8192 elements and as many rows as there are; a longer row,
+        2048- and 1024-element chunks beside the default's 4096. An outer reduction (neighbouring
+        outputs neighbours in memory): its default block's outputs halved and doubled, up to
+        16384 elements (its rule sized segments of 8 float32 outputs, 32 bytes; 8 bfloat16 ones
+        fill 16)."""
         if interpreting():
             return []
         if inner_rows(graph, info) >= 16:
             return self.outer_quick(graph, info)
         r, rows = next_pow2(info.rnumel), next_pow2(max(1, config_xnumel(info)))
         if r > 4096:
-            return [self.row_config(info), KernelConfig(1, 2048, 8), KernelConfig(1, 1024, 4)]
+            return [KernelConfig(1, 2048, 8), KernelConfig(1, 1024, 4)]
         xs = [x for x in (1, 32, 128) if x * r <= 8192 and x <= rows]
-        return [self.row_config(info),
-                *(KernelConfig(x, r, min(8, max(1, x * r // 512))) for x in xs)]  # fmt: skip
+        return [KernelConfig(x, r, block_warps(x * r)) for x in xs]
 
     def outer_quick(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
-        """An outer reduction's default, then its block's outputs halved and doubled."""
+        """An outer reduction's default block with its outputs halved and doubled."""
         d = self.default_config(graph, info)
         rows = next_pow2(max(1, config_xnumel(info)))
         xs = [x for x in (d.XBLOCK // 2, d.XBLOCK * 2) if 1 <= x <= rows and x * d.RBLOCK <= 16384]
-        return [
-            d,
-            *(replace(d, XBLOCK=x, num_warps=min(8, max(1, x * d.RBLOCK // 512))) for x in xs),
-        ]
+        return [replace(d, XBLOCK=x, num_warps=block_warps(x * d.RBLOCK)) for x in xs]
 
     def check_config(self, info: GroupInfo, config: KernelConfig) -> None:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)
@@ -203,6 +199,11 @@ class ReductionKind(LoopKind):
         if em.red and not em.persistent:  # the loads read by one loop alone (no render)
             em.streamed = streamed_loads(graph, info)
         return render_loop_kernel(em, name, self.name)
+
+
+def block_warps(elements: int) -> int:
+    """A loop kernel's warps for a block of ``elements``: one per 512, 1 to 8."""
+    return min(8, max(1, elements // 512))
 
 
 _WHOLE_OUTER = 8192  # elements of an outer reduction's block held whole (persistent)
