@@ -205,7 +205,10 @@ class Planner:
             why = f"not timed: {type(e).__name__}: {e}"[:300]
             return Planned(plan, None, PlanChoice(plan.label, ((plan.label, None),), why))
         run = lambda p: execute(p, ins)  # noqa: E731
-        if measured is not None and agreeing(plan, [measured], run)[0]:
+        kept, notes = agreeing(plan, [measured], run) if measured is not None else ([], [])
+        for note in notes:  # the timed configs' plan gave other values: the rule's runs
+            logs.emit("search", note)
+        if kept:
             # the timed configs lead; the rule's plan is timed against them end to end
             plan, others = measured, [replace(plan, label=f"{label}, default configs"), *others]
         elif not timed:

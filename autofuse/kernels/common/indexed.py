@@ -144,6 +144,7 @@ def _take(em: Any, i: int, index: tuple[Expr, ...]) -> Val:
     what = f"{node.name} reads"
     if node.op == "gather":
         d = node.attr("dim")
+        dims = (d,)
         t, ok, term = index_term(em, src, d, idxs[0], index, False, what)
         sub, cls = index[:d] + (term,) + index[d + 1 :], t.cls
     else:
@@ -151,7 +152,6 @@ def _take(em: Any, i: int, index: tuple[Expr, ...]) -> Val:
         sub, ok, cls = indexed_position(em, src, dims, idxs, index, node.attr("wrap"), what)
     v = guarded(em, ok, cls, lambda: em.value(src, sub))
     cd = compute_dtype(node.dtype)
-    dims = (node.attr("dim"),) if node.op == "gather" else dims
     if all(em.g[src].shape[d] == 1 for d in dims):
         # every index is 0 (else the range check fails): the value is the load's, a scalar
         # where that is (typed as a block, a comparison of it beside a block failed to build
