@@ -11,7 +11,8 @@ from __future__ import annotations
 
 EXPECTED: dict[str, str] = {
     "nn.functional.conv2d:bfloat16": (
-        "(forward, and the backward mode's check of the forward's output) the bias is peeled off the library convolution and added by a generated kernel "
+        "(forward, and the backward mode's check of the forward's output) the bias is peeled "
+        "off the library convolution and added by a generated kernel "
         "(capture/convolution.py; Inductor does the same on CUDA): the bfloat16 convolution is "
         "rounded before the bias is added, so where the bias nearly cancels it (sample 23: one "
         "element of 144) the sum is off by half an ulp of the convolution's output; "

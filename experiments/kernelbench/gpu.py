@@ -443,6 +443,14 @@ def measured_choices(plan: Any) -> list[str]:
     return found
 
 
+def _beside_greedy(t: dict, ok: dict, arm: str) -> tuple[float, float] | None:
+    """(the greedy plan's µs, ``arm``'s µs) where both ran and both were correct."""
+    greedy, other = t.get("autofuse greedy"), t.get(arm)
+    if greedy and other and ok.get("autofuse greedy") and ok.get(arm):
+        return greedy, other
+    return None
+
+
 def verdicts(rec: dict) -> dict:
     """fast_1 (the headline autofuse variant correct and faster than eager; ``tuned_*`` keys
     name it whether tuned or greedy), the better compile mode, the speedups, and the peeled
@@ -454,18 +462,13 @@ def verdicts(rec: dict) -> dict:
     name = rec.get("headline", "autofuse tuned")
     tuned = t.get(name)
     tuned_ok = bool(ok.get(name)) and tuned is not None
-    peeled, library = t.get("autofuse greedy"), t.get(LIBRARY_BIAS)
-    both = peeled and library and ok.get("autofuse greedy") and ok.get(LIBRARY_BIAS)
-    own = t.get(OWN_CONV)
-    own_ok = peeled and own and ok.get("autofuse greedy") and ok.get(OWN_CONV)
-    rule = t.get(RULE_CONFIGS)
-    rule_ok = peeled and rule and ok.get("autofuse greedy") and ok.get(RULE_CONFIGS)
+    library, own, rule = (_beside_greedy(t, ok, a) for a in (LIBRARY_BIAS, OWN_CONV, RULE_CONFIGS))
     return {
-        "peeled_bias_speedup": library / peeled if both else None,
+        "peeled_bias_speedup": library[1] / library[0] if library else None,
         # > 1: autofuse's convolution kernel beat the library call (cuDNN), epilogues fused
-        "own_conv_speedup": peeled / own if own_ok else None,
+        "own_conv_speedup": own[0] / own[1] if own else None,
         # > 1: the greedy plan's timed configs beat the kinds' default configs
-        "timed_configs_speedup": rule / peeled if rule_ok else None,
+        "timed_configs_speedup": rule[1] / rule[0] if rule else None,
         "best_compile": best,
         "tuned_correct": tuned_ok,
         "fast_1": tuned_ok and t.get("eager") is not None and tuned < t["eager"],
