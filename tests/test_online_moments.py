@@ -186,3 +186,39 @@ def test_gpu_a_pool_takes_the_strided_config_and_matches_eager():
     assert any(s.kernel.config == STRIDED_CONFIG or "configs timed alone" in s.reason
                for s in steps)  # fmt: skip
     torch.testing.assert_close(run(x), pool(x))
+
+
+def softmax_and_max(x):
+    m = x.amax(-1, keepdim=True)
+    return torch.softmax(x, -1), m, torch.exp(x - m).sum(-1)
+
+
+@pytest.mark.parametrize(
+    "fill",
+    [
+        pytest.param({0: float("nan")}, id="nan-first-tile"),
+        pytest.param({5000: float("nan")}, id="nan-later-tile"),
+        pytest.param(
+            {j: float("-inf") for j in range(ROW - 1)} | {ROW - 1: float("nan")},
+            id="minus-infs-then-nan",
+        ),
+        pytest.param({j: float("-inf") for j in range(ROW)}, id="all-minus-inf"),
+    ],
+)
+def test_the_riding_sums_maximum_skips_nan_and_the_result_does_not(fill):
+    """The tiles' shift takes ``tl.max`` (a NaN skipped); the maximum the graph returns and
+    every sum of a row holding a NaN are NaN as eager's, with a row of ``-inf`` and one NaN
+    (the shift stays ``-inf`` there) among them."""
+    x = torch.randn(3, ROW)
+    for j, v in fill.items():
+        x[1, j] = v
+    plan = looped_plan(softmax_and_max, x)
+    assert any(online_pairs(plan.graph, k.info) for k in plan.kernels if k.info.kind == "reduction")
+    got, ref = autofuse.optimize(softmax_and_max, [x])(x), softmax_and_max(x)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, equal_nan=True)
+    (var, mean), (ref_var, ref_mean) = autofuse.optimize(var_mean, [x])(x), var_mean(x)
+    assert var[1].isnan() and ref_var[1].isnan()
+    assert mean[1].isnan() if any(v != v for v in fill.values()) else mean[1] == float("-inf")
+    torch.testing.assert_close(var[0::2], ref_var[0::2], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mean[0::2], ref_mean[0::2], rtol=1e-5, atol=1e-6)

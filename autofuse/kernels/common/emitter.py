@@ -509,25 +509,27 @@ class Emitter(ValueRewrites):
 
     def _looped_phase(self, phase: list[int]) -> dict:
         accs = {}
-        row_accs = set(self.online.values())  # an online max is kept per row, not per lane
         for r in phase:
             acc_dtype = self.acc_dtype(r)
             ident = identity(self.g[r].op, acc_dtype)
-            lanes = "1" if r in row_accs else "RBLOCK"
             acc = self.tmp(
-                f"tl.full([XBLOCK, {lanes}], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype
+                f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype
             )
             accs[r] = (acc, acc_dtype)
             if rowops.is_row_op(self.g[r].op):
                 rowops.start_index(self, r)
         online = {s: m for s, m in self.online.items() if m in phase}
-        for s in online:
+        rows = {}  # an online max's running row maximum, beside its lanes' NaN-exact one
+        for s, m in online.items():
             dt = self.acc_dtype(s)
             accs[s] = (self.tmp(f"tl.full([XBLOCK, 1], 0.0, {TL_DTYPE[dt]})", 2, dt), dt)
-        self._in_loop(lambda: self._accumulate(phase, accs, online))
+            dt = self.acc_dtype(m)
+            ident = identity(self.g[m].op, dt)
+            rows[m] = self.tmp(f"tl.full([XBLOCK, 1], {ident}, {TL_DTYPE[dt]})", 1, dt)
+        self._in_loop(lambda: self._accumulate(phase, accs, online, rows))
         return accs
 
-    def _accumulate(self, phase, accs, online) -> None:
+    def _accumulate(self, phase, accs, online, rows) -> None:
         partner = {m: s for s, m in online.items()}
         for r in phase:
             node = self.g[r]
@@ -536,22 +538,24 @@ class Emitter(ValueRewrites):
             if rowops.is_row_op(node.op):
                 rowops.accumulate(self, r, acc, val)
                 continue
+            self.line(f"{acc.code} = {self._combine(node.op, acc.code, val, acc_dtype)}")
             if r not in partner:
-                self.line(f"{acc.code} = {self._combine(node.op, acc.code, val, acc_dtype)}")
                 continue
             # a sum riding its max's loop (common/online.py), one update per tile: the row's
             # running max and the running sum against it (the online softmax: one exp per
-            # element, as the hand-written cross-entropy kernels; the moment mean's shift)
+            # element, as the hand-written cross-entropy kernels; the moment mean's shift). The
+            # shift's maximum skips NaN (tl.max); the lanes above keep the max NaN-exact
             s_acc, c = accs[partner[r]][0].code, shift_scale(self.g, partner[r])
-            tile = self.tmp(self.row_reduce(node.op, val, acc_dtype), 1, acc_dtype, "tile max")
+            row = rows[r].code
+            tile = self.tmp(f"tl.max({val}, 1)[:, None]", 1, acc_dtype, "tile max")
             m_new = self.tmp(
-                minmax("maximum", acc.code, tile.code, acc_dtype), 1, acc_dtype, "running max"
+                minmax("maximum", row, tile.code, acc_dtype), 1, acc_dtype, "running max"
             )
             x = cast(src, acc_dtype)
             x = x if c is not None else f"tl.exp({x} - {m_new.code})"
             for ln in fold_tile(
                 lambda e, note, dt=acc_dtype: self.tmp(e, 1, dt, note).code,
-                (s_acc, acc.code, m_new.code),
+                (s_acc, row, m_new.code),
                 c,
                 x,
                 lambda t: f"tl.sum(tl.where(xmask & rmask, {t}, 0.0), 1)[:, None]",

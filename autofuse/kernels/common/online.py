@@ -14,6 +14,10 @@ Two forms, each ``sum(g(f, amax(f)))`` over the rows of a reduction group:
       S' = S + n_before * (h(M) * c - h(M') * c) + sum over the tile of (f * c - h(M') * c)
 
   ``n_before`` the row's elements before the tile (``roffset``: every earlier tile is whole).
+
+The tiles' maximum is ``tl.max`` (a NaN skipped: one fast reduction per tile, in Triton's
+interpreter too, where a custom combine runs element by element in Python); the maximum the
+graph reads is kept NaN-exact per lane and reduced once, and a row holding a NaN sums to NaN.
   On a constant row every term is 0 and the shift never moves: the sum is exactly 0, as the
   two-loop sum's is, so the row's variance stays exactly 0. The terms are finite wherever the
   two-loop sum's are (each ``|h(M) * c - h(M') * c| <= 2 max * c``, ``n c <= 1 / 2``).
@@ -134,8 +138,9 @@ def fold_tile(
 
 
 def finished(s_acc: str, m: str, c: float | None) -> str:
-    """The sum's value after the loop: the softmax form's all ``-inf`` row is NaN, as eager's
-    ``exp(-inf - -inf)``; the shifted sum is the running sum itself."""
+    """The sum's value after the loop, ``m`` the row's NaN-exact maximum: a row holding a NaN
+    sums to NaN (eager's shift is NaN), whatever maximum the tiles' shift skipped it for; the
+    softmax form's all ``-inf`` row is NaN too, as eager's ``exp(-inf - -inf)``."""
     if c is None:
-        return f'tl.where({m} == float("-inf"), float("nan"), {s_acc})'
-    return s_acc
+        return f'tl.where(({m} == float("-inf")) | ({m} != {m}), float("nan"), {s_acc})'
+    return f'tl.where({m} != {m}, float("nan"), {s_acc})'
