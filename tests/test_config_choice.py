@@ -166,3 +166,27 @@ def test_a_failing_config_timer_leaves_the_default_configs(on_gpu):
 
     planned = planner.untuned("greedy", True, lambda: ins, time_config=broken)
     assert planned.choice is None and "configs timed alone" not in str(planned.plan.steps)
+
+
+def test_a_multi_phase_long_row_is_also_timed_whole_and_runs_as_eager(on_gpu, monkeypatch):
+    """A variance's row past 4096 elements is walked once per phase by the default's loops
+    (its prologue computed each time); the kind also offers the row held whole by one program,
+    and that kernel, picked, gives eager's values."""
+    ins = [torch.randn(4, 6000) * 3 + 1]
+
+    def var_tanh(x):
+        return torch.var_mean(torch.tanh(x), dim=-1)
+
+    planner = _planner(var_tanh, ins)
+    base = planner.space.untuned()
+    (info,) = [planner.space.check(g) for g in base.groups]
+    offered = quick_configs(info, planner.graph)
+    assert offered[0].RBLOCK == 4096 and KernelConfig(1, 8192, 16) in offered, offered
+    plan = planner.build(base.groups, label="greedy")
+    whole = lambda g, i, c: 1e-5 if c.RBLOCK >= i.rnumel else 1e-4  # noqa: E731
+    choices, _ = timed_configs(plan, base.groups, whole)
+    assert choices == [KernelConfig(1, 8192, 16)]
+    monkeypatch.undo()  # run the chosen kernel in the interpreter
+    measured = planner.build(base.groups, choices, label="greedy")
+    for got, want in zip(execute(measured, ins), var_tanh(*ins)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 """Where a convolution problem's time goes: the GPU kernels of eager, torch.compile's default
 mode and autofuse's greedy plan (and the greedy plan with every convolution forced
-channels-last, and with inference BatchNorm folded into the convolutions), each kernel's device
+channels-last, alone: the planner's other plans, which it would time beside it and take where
+faster, are not built; and with inference BatchNorm folded into the convolutions), each kernel's device
 time per call from the profiler and the kernels launched per call.
 
     python -m experiments.probes.conv_profile KB --level 2 --problems 4,32,52 --out OUT.json
@@ -32,11 +33,12 @@ from experiments.kernelbench.problems import (
 # each autofuse arm's settings (the others' left at their defaults)
 AUTOFUSE_ARMS = {
     "autofuse greedy": {},
-    "autofuse channels_last": {"AUTOFUSE_CONV_LAYOUT": "channels_last"},
+    "autofuse channels_last alone": {"AUTOFUSE_CONV_LAYOUT": "channels_last"},
     "autofuse folded": {"AUTOFUSE_BN_FOLD": "fold"},
 }
 ARMS = ("eager", "compile default", *AUTOFUSE_ARMS)
 SETTINGS = ("AUTOFUSE_CONV_LAYOUT", "AUTOFUSE_BN_FOLD")
+ALONE = ("autofuse channels_last alone",)  # arms whose plan is not timed against others
 
 
 def kernel_times(fn: Any, inputs: list, calls: int = 5) -> list[tuple[str, float]]:
@@ -75,9 +77,15 @@ def build(arm: str, model: Any, inputs: list) -> Any:
         os.environ.pop(name, None)
     os.environ.update(AUTOFUSE_ARMS[arm])
     reload_settings()
+    from autofuse.plan.planner import Planner
+
+    alternatives = Planner.alternatives
+    if arm in ALONE:
+        Planner.alternatives = lambda self, base, label: []
     try:
         return autofuse.optimize(model, inputs)
     finally:
+        Planner.alternatives = alternatives
         for name in SETTINGS:
             os.environ.pop(name, None)
         reload_settings()
