@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autofuse.ir.conv_fold import bias_add_of, is_convolution
+from autofuse.ir.conv_fold import bias_adds_of, is_convolution
 from autofuse.kernels import INLINE_OPS, config_label, kind_of, rule_note
 from autofuse.kernels.common.memory import nbytes
 from autofuse.plan import EagerStep, KernelStep, LibraryStep, Plan
@@ -143,11 +143,12 @@ def _conv_parts(g, conv: int, owner: dict[int, str], kernel) -> list[str]:
     else:
         why = rule_note(g, kernel.info)
         parts = [f"autofuse implicit-GEMM kernel {kernel.name}" + (f" ({why})" if why else "")]
-    add = bias_add_of(g, conv)
+    adds = bias_adds_of(g, conv)
     if len(node.inputs) >= 3:
         parts.append("bias in the call")
-    elif add is not None:
-        parts.append(f"bias peeled into kernel {owner.get(add, 'eager')}")
+    elif adds:
+        kernels = ", ".join(dict.fromkeys(owner.get(a, "eager") for a in adds))
+        parts.append(f"bias peeled into kernel{'s' if ',' in kernels else ''} {kernels}")
     else:
         parts.append("no bias")
     parts += _layout_parts(node, kernel)

@@ -47,18 +47,20 @@ def _full_writes(plan, shape):
 CASES = [(swish_group_norm, (66, 4, 16, 16)), (mish_batch_norm, (4, 140, 16, 16))]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fn,shape", CASES, ids=[c[0].__name__ for c in CASES])
-def test_activation_is_not_written_and_read_back(split_small, fn, shape):
+def test_activation_is_not_written_and_read_back(split_small, fn, shape, dtype):
+    """In bfloat16 the chunks read the activation through the split's float32 cast and the
+    normalization reads it as it is: computed again all the same."""
     torch.manual_seed(0)
-    x = torch.randn(*shape)
+    x = torch.randn(*shape, dtype=dtype)
     g = capture(fn, (x,)).graph
     assert any(n.name.endswith(".again") for n in g.nodes), "nothing computed again"
     opt = autofuse.optimize(fn, (x,))
     assert _full_writes(opt.plan, shape) == []
-    torch.testing.assert_close(opt(x), fn(x), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(
-        torch.compile(fn, backend="autofuse")(x), fn(x), rtol=1e-4, atol=1e-4
-    )
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(opt(x), fn(x), **tol)
+    torch.testing.assert_close(torch.compile(fn, backend="autofuse")(x), fn(x), **tol)
 
 
 def test_without_the_split_nothing_is_copied():

@@ -30,7 +30,15 @@ import torch
 from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs, numel
 from autofuse.settings import settings
 
-__all__ = ["CONVOLUTION", "Fold", "bias_add_of", "find_folds", "fold_batchnorm", "is_convolution"]
+__all__ = [
+    "CONVOLUTION",
+    "Fold",
+    "bias_add_of",
+    "bias_adds_of",
+    "find_folds",
+    "fold_batchnorm",
+    "is_convolution",
+]
 
 CONVOLUTION = "aten.convolution.default"
 
@@ -90,6 +98,29 @@ def bias_add_of(graph: Graph, conv: int) -> int | None:
         return None
     vector = _channel_vector(graph, other, len(node.shape), node.shape[1])
     return add if vector is not None else None
+
+
+def bias_adds_of(graph: Graph, conv: int) -> tuple[int, ...]:
+    """The adds of convolution ``conv``'s peeled bias: its only reader's, or, where the add was
+    copied for readers that compute it again (``ir/recompute.py``), every copy's; () where a
+    reader is anything else."""
+    add = bias_add_of(graph, conv)
+    if add is not None:
+        return (add,)
+    users = graph.users[conv]
+    if len(users) < 2 or conv in graph.outputs or graph[users[0]].op != "add":
+        return ()
+    adds = tuple(users)
+    first = graph[adds[0]]
+    for u in adds:
+        node = graph[u]
+        same = node.op == "add" and node.inputs == first.inputs and node.shape == graph[conv].shape
+        if not same:
+            return ()
+    other = _other(graph, adds[0], conv)
+    ok = other is not None and _channel_vector(graph, other, len(graph[conv].shape),
+                                               graph[conv].shape[1]) is not None  # fmt: skip
+    return adds if ok else ()
 
 
 def _has_rsqrt(graph: Graph, i: int, depth: int = 4) -> bool:

@@ -30,13 +30,24 @@ MAX_CONE = 40  # pointwise ops copied at most, per value
 
 def _reads(graph: Graph, i: int, path: tuple[int, ...] = ()):
     """(views, reader) for each op reading value ``i`` directly or through views of all its
-    elements (``views`` the chain from ``i``, in order)."""
+    elements (``views`` the chain from ``i``, in order). A cast of the whole value counts as a
+    view here: a 16-bit split sum's chunks read a float32 cast of it (``ir/split.py``), so a
+    bf16 ``mish`` before BatchNorm is read by the chunks through that cast and by the
+    normalization as it is."""
     for u in graph.users[i]:
         node = graph[u]
-        if node.kind == "view" and numel(node.shape) == numel(graph[i].shape):
+        if _passes(node, graph[i]):
             yield from _reads(graph, u, (*path, u))
         elif node.kind != "view":
             yield path, u
+
+
+def _passes(node: Node, src: Node) -> bool:
+    """Whether ``node`` reading ``src`` is followed to its readers: a view of all its elements
+    or a cast of the whole value."""
+    if node.kind == "view":
+        return numel(node.shape) == numel(src.shape)
+    return node.op == "cast" and node.shape == src.shape
 
 
 def _cone(graph: Graph, i: int) -> list[int] | None:
@@ -110,9 +121,14 @@ def recompute_for_chunk_readers(graph: Graph) -> Graph:
     found = _candidates(graph)
     if not found:
         return graph
-    fixes = {
-        key: (value, views) for value, (_, full) in found.items() for key, views in full.items()
-    }
+    # a reader two values would fix (a cast that is itself a candidate, read through: GroupNorm's
+    # bf16 input) takes the earlier value's copy, whose cone holds the later one
+    fixes: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
+    for value in sorted(found):
+        for key, views in found[value][1].items():
+            fixes.setdefault(key, (value, views))
+    used = {value for value, _ in fixes.values()}
+    found = {value: found[value] for value in used}
     nodes: list[Node] = []
     remap: dict[int, int] = {}
     again: dict[int, int] = {}  # value -> its copy, read by the full-size readers
