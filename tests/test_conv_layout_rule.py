@@ -5,6 +5,7 @@ gives its output back in eager's strides; both front ends equal eager, forward a
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import autofuse
 from autofuse.capture.trace import capture
@@ -203,16 +204,19 @@ def test_the_planner_offers_the_plan_with_every_convolution_contiguous(layout_ru
     assert Planner(graph).alternatives(Planner(graph).space.untuned(), "untuned") == []
 
 
-@pytest.mark.parametrize("reduce", ["spatial_mean", "channel_max"])
+@pytest.mark.parametrize("reduce", ["spatial_mean", "pooled_mean", "channel_max"])
 def test_a_reduction_of_a_kept_channels_last_result(reduce, layout_rule):
     """A mean over H x W reads the kept result along its channels (neighbouring rows): a block
-    of rows, not one; a max over the channels reads each row contiguously. Eager's values."""
+    of rows, not one, through a max pool's windows too (L2_10); a max over the channels reads
+    each row contiguously. Eager's values."""
     layout_rule("channels_last")
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 32, 3, padding=1)
 
     def f(x):
         y = torch.relu(conv(x))
+        if reduce == "pooled_mean":
+            return torch.tanh(F.max_pool2d(y, 2).clamp(-1, 1).mean((2, 3), keepdim=True))
         return y.mean((2, 3)) if reduce == "spatial_mean" else y.amax(1)
 
     x = torch.randn(2, 3, 6, 5)
@@ -222,7 +226,7 @@ def test_a_reduction_of_a_kept_channels_last_result(reduce, layout_rule):
     (red,) = [k for k in opt.plan.kernels if k.info.reduces]
     # the spatial mean's 32 channels are neighbouring rows in memory; the channel max's rows
     # (positions) are not
-    assert inner_rows(opt.plan.graph, red.info) == (32 if reduce == "spatial_mean" else 1)
+    assert inner_rows(opt.plan.graph, red.info) == (1 if reduce == "channel_max" else 32)
 
 
 def test_the_plan_holds_a_layout_map_and_explain_shows_it(layout_rule):

@@ -232,14 +232,24 @@ def phases(graph: Graph, info: GroupInfo) -> int:
 def inner_rows(graph: Graph, info: GroupInfo) -> int:
     """How many neighbouring rows are neighbours in memory: the kept dims after the last
     reduced one, or, where the group reads a buffer the plan keeps in another layout (a
-    convolution's channels-last result, ``ir/conv_layout.py``), the kept dims that buffer holds
-    closer together than any reduced one (its channels, for a reduction over H x W)."""
+    convolution's channels-last result, ``ir/conv_layout.py``; read dim for dim, through a
+    pool's windows too), the kept dims that buffer holds closer together than any reduced one
+    (its channels, for a reduction over H x W)."""
     dom, red = info.domain, info.reduce_dims
     for j in info.loads if red else ():
         strides = kept_strides(graph[j])
-        if strides is None or tuple(graph[j].shape) != tuple(dom):
+        if strides is None or not _windowed(tuple(graph[j].shape), tuple(dom), red):
             continue
         low = min(strides[d] for d in red)
         return numel(s for d, s in enumerate(dom) if d not in red and strides[d] < low)
     last = max(red, default=len(dom))
     return numel(s for j, s in enumerate(dom) if j > last)
+
+
+def _windowed(shape: tuple[int, ...], dom: tuple[int, ...], red: tuple[int, ...]) -> bool:
+    """Whether a buffer of ``shape`` is read dim for dim over domain ``dom``: the same shape,
+    or, as a pool's windows read it, other sizes on the reduced dims alone (L2_10's 2 x 2 max
+    pool of a channels-last (128, 64, 256, 256) result, averaged over its (128, 128) planes)."""
+    if len(shape) != len(dom):
+        return False
+    return all(a == b for d, (a, b) in enumerate(zip(shape, dom)) if d not in red)
