@@ -53,8 +53,24 @@ HALF_CONSTANT_ROW = Program(
 )  # fmt: skip
 
 
+# fuzz graph 4355 of seed 7: a float16 constant row (0.3 rounded) normalized with eps 1e-12;
+# eager's CPU float16 layer_norm gives the bias off by up to 0.04, autofuse the bias; the float64
+# run keeps the program's float16 cast, so it repeats eager's rounding: the wide run judges
+HALF_CAST_CONSTANT_ROW = Program(
+    (InputSpec("x1", (1, 1, 1, 4), "float32", seed=34935),
+     InputSpec("x2", (4,), "float16", seed=15400),
+     InputSpec("x3", (4,), "float16", seed=31292)),
+    (OpNode("v3", "compare_cast", "({0} >= 0.5).to(torch.float16)", ("x1",)),
+     OpNode("v6", "norm_const", "F.layer_norm(({0} * 0 + 0.3), [4], {1}, {2}, eps=1e-12)",
+            ("v3", "x3", "x2"))),
+    ("v6",),
+)  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "program", [CONSTANT_ROW_GRAD, INT_MADE_ROW, HALF_CONSTANT_ROW], ids=["7281", "5254", "337"]
+    "program",
+    [CONSTANT_ROW_GRAD, INT_MADE_ROW, HALF_CONSTANT_ROW, HALF_CAST_CONSTANT_ROW],
+    ids=["7281", "5254", "337", "4355"],
 )
 def test_layer_norm_of_a_constant_row_passes(program, fresh_dynamo):
     for backward in (False, True):
@@ -80,6 +96,14 @@ def test_a_real_error_beside_a_cancellation_still_fails():
     for backward in (False, True):
         (v,) = check_program(CONSTANT_ROW_GRAD, backward, ["wrong"], compilers=_off_by(1e-3))
         assert v.status == "mismatch", v
+
+
+def test_the_wide_run_excuses_no_real_error_through_a_float16_cast():
+    """A planted error past REFERENCE_FACTOR (4) times eager's own (0.04 here) fails against both
+    runs: 0.5 and 5 off."""
+    for delta in (1e-1, 1.0):
+        (v,) = check_program(HALF_CAST_CONSTANT_ROW, False, ["wrong"], compilers=_off_by(delta))
+        assert v.status == "mismatch", (delta, v)
 
 
 def test_the_float64_run_of_a_program_making_float32():

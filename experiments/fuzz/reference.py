@@ -6,6 +6,11 @@ default dtype, so that a value the program makes float32 (``x.to(torch.float32)`
 tensor times a Python float) is float64 too; otherwise such a value meets a float64 one and the
 run fails (no reference at all).
 
+A second, *wide* run names the 16-bit floats float64 as well: where eager's 16-bit op is itself
+off (its CPU float16 ``layer_norm`` of a constant row with ``eps=1e-12``: 0.04 from the bias,
+repeated by the first run, which keeps the program's ``.to(torch.float16)``), a result that the
+exact program gives is judged against that run too.
+
 Eager's error from the float64 run on the program's own inputs can be 0 by chance where the true
 value is a cancellation (a layer_norm gradient through a constant row: terms of rstd * |dy|,
 1e3 times the cotangents, summing to 0); its error on ``NEARBY`` draws of inputs each element 1
@@ -30,10 +35,14 @@ NEARBY = 8  # draws of nearby inputs on which eager's own error is measured
 
 
 class _Float64Torch(types.ModuleType):
-    """``torch``, except that ``float32`` names float64."""
+    """``torch``, except that ``float32`` names float64 (and, ``wide``, the 16-bit floats)."""
+
+    def __init__(self, name: str, wide: bool = False) -> None:
+        super().__init__(name)
+        self._names = ("float32", "float16", "bfloat16", "half") if wide else ("float32",)
 
     def __getattr__(self, name: str) -> Any:
-        return torch.float64 if name == "float32" else getattr(torch, name)
+        return torch.float64 if name in self._names else getattr(torch, name)
 
 
 @contextlib.contextmanager
@@ -47,9 +56,11 @@ def float64_default() -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def float64_program(p: Program) -> Callable[..., Any]:
-    """``p``'s program with every float32 it names float64 (run it in ``float64_default``)."""
-    fn, _ = compile_program(p, _Float64Torch("torch"))
+def float64_program(p: Program, wide: bool = False) -> Callable[..., Any]:
+    """``p``'s program with every float32 it names float64 (run it in ``float64_default``);
+    ``wide``: its float16 and bfloat16 casts too, so that no value is rounded to 16 bits
+    between its ops (the exact program, beside the one rounding where the program says)."""
+    fn, _ = compile_program(p, _Float64Torch("torch", wide))
     return fn
 
 
