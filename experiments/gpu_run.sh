@@ -27,7 +27,9 @@
 # as-made / eval / train, one record file); conv_profile (experiments.probes.conv_profile: each KB_PROBLEMS problem's kernels by
 # device time and launches, the plan choice and layout times, KB_PHASE=eval for eval mode); sweep (experiments.probes.sweep: every launch
 # config of SWEEP_WORKLOADS' groups timed alone, L2_52-style names from KB_DIR, SWEEP_KINDS,
-# SWEEP_CONFIGS at most per group).
+# SWEEP_CONFIGS at most per group); fuzz (experiments.fuzz with real kernels: FUZZ_GRAPHS graphs of
+# seed FUZZ_SEED in FUZZ_JOBS shards, forward and backward; the merged summary, the graphs'
+# records and the shrunk repros, each one file under $OUT).
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -90,7 +92,16 @@ for s in $stages; do
         sweep) timeout "$(limit sweep 200)" python3 -m experiments.probes.sweep --out "$OUT" --tag "sweep_$C" \
                    --workloads "${SWEEP_WORKLOADS:?set SWEEP_WORKLOADS}" --kb "${KB_DIR:-}" \
                    --kinds "${SWEEP_KINDS:-}" --max-configs "${SWEEP_CONFIGS:-40}" ${SWEEP_WHERE:+--where "$SWEEP_WHERE"} 2>&1 | grep -v Warn | tail -24 ;;
-        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown kb conv_profile sweep)"; exit 2 ;;
+        fuzz) d=/tmp/gpu_fuzz_$C; rm -rf "$d"
+              timeout "$(limit fuzz 300)" python3 -m experiments.fuzz --graphs "${FUZZ_GRAPHS:-1000}" \
+                  --seed "${FUZZ_SEED:-13}" --backward --out "$d" --device cuda --jobs "${FUZZ_JOBS:-12}" \
+                  --timeout 60 > "$OUT/fuzz_gpu_$C.log" 2>&1
+              cp "$d/summary.json" "$OUT/fuzz_gpu_summary_$C.json" 2>/dev/null
+              cat "$d"/shard*/graphs.jsonl > "$OUT/fuzz_gpu_graphs_$C.jsonl" 2>/dev/null
+              for f in "$d"/shard*/repros/*.py; do [ -f "$f" ] && { echo "# ==== ${f#$d/}"; cat "$f"; }; done \
+                  > "$OUT/fuzz_gpu_repros_$C.txt"
+              tail -3 "$OUT/fuzz_gpu_$C.log" ;;
+        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown kb conv_profile sweep fuzz)"; exit 2 ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done
