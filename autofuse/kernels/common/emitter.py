@@ -523,8 +523,7 @@ class Emitter(ValueRewrites):
         for s, m in online.items():
             dt = self.acc_dtype(s)
             accs[s] = (self.tmp(f"tl.full([XBLOCK, 1], 0.0, {TL_DTYPE[dt]})", 2, dt), dt)
-            dt = self.acc_dtype(m)
-            ident = identity(self.g[m].op, dt)
+            dt, ident = self.acc_dtype(m), identity(self.g[m].op, self.acc_dtype(m))
             rows[m] = self.tmp(f"tl.full([XBLOCK, 1], {ident}, {TL_DTYPE[dt]})", 1, dt)
         self._in_loop(lambda: self._accumulate(phase, accs, online, rows))
         return accs
