@@ -90,8 +90,9 @@ def test_a_channel_reduction_of_a_kept_layout_is_inner():
 
 
 class _Pool(torch.nn.Module):
-    """Conv2d / Conv3d -> global mean (L2_42's pool), or ConvTranspose2d -> mul -> mean over
-    (2, 3) -> mean (L2_44)."""
+    """Conv2d / Conv3d -> global mean (L2_42's pool), ConvTranspose2d -> mul -> mean over
+    (2, 3) -> mean (L2_44), or ConvTranspose2d -> 2 x 2 max pool -> hardtanh -> mean -> tanh
+    (L2_10: the mean reads the kept result through the pool's strided windows)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -101,17 +102,22 @@ class _Pool(torch.nn.Module):
             "conv2d": lambda: torch.nn.Conv2d(3, 32, 3, padding=1),
             "conv3d": lambda: torch.nn.Conv3d(2, 32, 3, padding=1),
             "convT2d": lambda: torch.nn.ConvTranspose2d(4, 32, 4, stride=2, padding=1),
+            "pooled": lambda: torch.nn.ConvTranspose2d(4, 32, 3, stride=1, padding=1),
         }[kind]()
 
     def forward(self, x):
         y = self.conv(x)
+        if self.kind == "pooled":
+            y = F.hardtanh(F.max_pool2d(y, 2), -1, 1)
+            return torch.tanh(y.mean(dim=(2, 3), keepdim=True))
         if self.kind == "convT2d":
             y = (y * 0.5).mean(dim=(2, 3), keepdim=True)
             return y.mean(dim=(2, 3), keepdim=True)
         return y.mean(dim=tuple(range(2, y.dim())))
 
 
-_INPUTS = {"conv2d": (2, 3, 16, 16), "conv3d": (1, 2, 8, 8, 8), "convT2d": (2, 4, 8, 8)}
+_INPUTS = {"conv2d": (2, 3, 16, 16), "conv3d": (1, 2, 8, 8, 8), "convT2d": (2, 4, 8, 8),
+           "pooled": (2, 4, 32, 32)}  # fmt: skip
 
 
 def _first_stage(graph: Graph) -> Node:
@@ -122,7 +128,7 @@ def _first_stage(graph: Graph) -> Node:
 @pytest.mark.parametrize(
     "kind,dtype",
     [("conv2d", torch.float32), ("conv2d", torch.bfloat16), ("conv3d", torch.float32),
-     ("convT2d", torch.float32)],
+     ("convT2d", torch.float32), ("pooled", torch.float32), ("pooled", torch.bfloat16)],
 )  # fmt: skip
 def test_global_pool_of_a_channels_last_convolution(kind, dtype, cl_split):
     from autofuse.frontend import dynamo

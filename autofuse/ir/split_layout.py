@@ -9,7 +9,8 @@ being the neighbours: physically an outer reduction. On the H100, KernelBench's 
 ConvTranspose2d's (16, 128, 514, 514) channels-last result as an inner reduction left whole
 (2048 rows fill 132 SMs): 128 programs of 16 rows, 1628 us against Inductor's split 732 us.
 
-:func:`read_layouts` follows every node's elements through views and same-shaped pointwise ops
+:func:`read_layouts` follows every node's elements through views (a pool's strided windows too)
+and same-shaped pointwise ops
 (the ones fused into a reduction's kernel) to the buffer a kernel reads, in one pass, and
 :func:`read_strides` gives the strides a reduction's input is read with; :func:`physically_inner` classifies the reduction by
 them; :func:`chunk_order` orders the split's chunked view as memory holds it (outermost first),
@@ -40,6 +41,9 @@ def _through_view(src: Node, strides: tuple[int, ...], view: Node) -> tuple[int,
     layout, or a view this walk does not follow)."""
     if view.op == "permute":
         return tuple(strides[d] for d in view.attr("dims"))
+    if view.op == "slice":  # a pool's window: every step-th element along one dim
+        d = view.attr("dim")
+        return strides[:d] + (strides[d] * view.attr("step"),) + strides[d + 1 :]
     if view.op not in ("reshape", "squeeze", "unsqueeze"):
         return None
     if _same(src.shape, strides, contiguous_strides(src.shape)):
@@ -57,7 +61,7 @@ def _read(graph: Graph, node: Node, reads: list) -> tuple[int, ...] | None:
     if node.kind == "view":
         below = reads[node.inputs[0]]
         out = None if below is None else _through_view(graph[node.inputs[0]], below, node)
-        return out if out is not None and dense(node.shape, out) else None
+        return out if out is not None and (dense(node.shape, out) or _windows(node, out)) else None
     strides = tuple(buffer_strides(node))
     if not dense(node.shape, strides):
         return None
@@ -68,6 +72,13 @@ def _read(graph: Graph, node: Node, reads: list) -> tuple[int, ...] | None:
             if found is not None and not _same(node.shape, found, contiguous):
                 return found
     return strides
+
+
+def _windows(node: Node, strides: tuple[int, ...]) -> bool:
+    """Whether ``strides`` of slice ``node`` are a pool window's: every element apart, in
+    order (not one dense layout, but its order is memory's: a kept channels-last result's
+    max pool still holds its channels innermost)."""
+    return node.op == "slice" and len(set(strides)) == len(strides) and min(strides, default=1) > 0
 
 
 def read_layouts(graph: Graph) -> tuple[tuple[int, ...] | None, ...]:
@@ -114,11 +125,12 @@ def chunk_order(
 ) -> tuple[int, ...]:
     """The permutation of ``dec``'s chunked view (``chunk_layout``) that lists its dims as
     memory holds them, outermost first (size-1 dims stay in place); () where that is the
-    view's own order or the cut run of dims is not one stride apart in memory."""
+    view's own order or the cut run of dims is not nested in memory (each dim at least its
+    inner neighbour's whole extent apart)."""
     d, e = dec.dim, max(dec.last, dec.dim)
     run = [j for j in range(d, e + 1) if shape[j] > 1]
-    if any(strides[a] != strides[b] * shape[b] for a, b in zip(run, run[1:])):
-        return ()
+    if any(strides[a] < strides[b] * shape[b] for a, b in zip(run, run[1:])):
+        return ()  # the run's dims not nested in memory (a pool's windows leave gaps: nested)
     cut = chunk_layout(shape, dims, dec)[0]
     step = strides[run[-1]] if run else 1
     cut_strides = strides[:d] + (step * cut[d + 1], step) + strides[e + 1 :]

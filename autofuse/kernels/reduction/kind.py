@@ -238,7 +238,9 @@ def inner_rows(graph: Graph, info: GroupInfo) -> int:
     dom, red = info.domain, info.reduce_dims
     for j in info.loads if red else ():
         strides = kept_strides(graph[j])
-        if strides is None or not _windowed(tuple(graph[j].shape), tuple(dom), red):
+        if strides is None:
+            continue
+        if tuple(graph[j].shape) != tuple(dom) and not _windowed(graph, info, j):
             continue
         low = min(strides[d] for d in red)
         return numel(s for d, s in enumerate(dom) if d not in red and strides[d] < low)
@@ -246,10 +248,23 @@ def inner_rows(graph: Graph, info: GroupInfo) -> int:
     return numel(s for j, s in enumerate(dom) if j > last)
 
 
-def _windowed(shape: tuple[int, ...], dom: tuple[int, ...], red: tuple[int, ...]) -> bool:
-    """Whether a buffer of ``shape`` is read dim for dim over domain ``dom``: the same shape,
-    or, as a pool's windows read it, other sizes on the reduced dims alone (L2_10's 2 x 2 max
-    pool of a channels-last (128, 64, 256, 256) result, averaged over its (128, 128) planes)."""
-    if len(shape) != len(dom):
-        return False
-    return all(a == b for d, (a, b) in enumerate(zip(shape, dom)) if d not in red)
+def _windowed(graph: Graph, info: GroupInfo, j: int) -> bool:
+    """Whether the group reads buffer ``j`` dim for dim over its domain through slices alone,
+    as a pool's windows do (L2_10's 2 x 2 max pool of a channels-last (128, 64, 256, 256)
+    result, averaged over its (128, 128) planes): its readers past the slices are of the
+    domain's shape."""
+    members, stack, found = set(info.nodes), [j], False
+    while stack:
+        for u in graph.users[stack.pop()]:
+            node = graph[u]
+            if node.kind == "view":  # index arithmetic, in no group of its own
+                if node.op != "slice":
+                    return False
+                stack.append(u)
+            elif u not in members:
+                continue
+            elif tuple(node.shape) != tuple(info.domain):
+                return False
+            else:
+                found = True
+    return found
