@@ -150,7 +150,7 @@ def _conv_parts(g, conv: int, owner: dict[int, str], kernel) -> list[str]:
         kernels = ", ".join(dict.fromkeys(owner.get(a, "eager") for a in adds))
         parts.append(f"bias peeled into kernel{'s' if ',' in kernels else ''} {kernels}")
     else:
-        parts.append("no bias")
+        parts.append("no bias in the call")
     parts += _layout_parts(node, kernel)
     if node.attr("folded") == "batchnorm":
         weight = g.base_of(node.inputs[1])

@@ -216,7 +216,7 @@ def test_explain_and_reports_say_what_was_done_with_each_convolution(monkeypatch
     assert peeled.removeprefix("bias peeled into kernel ") in kernels
     assert folded.startswith("BatchNorm folded into its weight (kernel autofuse_")
     assert folded.removeprefix("BatchNorm folded into its weight (kernel ")[:-1] in kernels
-    assert second.endswith("library call (cuDNN on GPU); no bias")
+    assert second.endswith("library call (cuDNN on GPU); no bias in the call")
     assert "bias peeled into kernel autofuse_" in third
     # the greedy plan runs the first and the third in autofuse's kernel (kernels/conv), their
     # epilogues fused; the second (its reader another convolution) stays the library call
@@ -237,7 +237,11 @@ def test_explain_and_reports_say_what_was_done_with_each_convolution(monkeypatch
     finally:
         monkeypatch.delenv("AUTOFUSE_CONV_BIAS")
         reload_settings()
-    assert [n.split("; ")[1] for n in notes] == ["bias in the call", "no bias", "bias in the call"]
+    assert [n.split("; ")[1] for n in notes] == [
+        "bias in the call",
+        "no bias in the call",
+        "bias in the call",
+    ]
 
 
 def test_a_cached_plan_of_the_folded_graph_runs_the_captured_graph():
