@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 from autofuse.capture import fx_to_ir
@@ -82,7 +83,8 @@ def prepare(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Prepared
     tensor_args, specialized = _specialize_inputs(gm.graph, example_inputs)
     constants = _lift_constants(gm)
     device = computation_device([example_inputs[k] for k in tensor_args] + constants)
-    constants = [place(c, device) for c in constants]
+    with unset_fake_temporarily():  # AOTAutograd calls the backend in its fake mode: a
+        constants = [place(c, device) for c in constants]  # constant moved there is a fake
     moved = _place_scalar_inputs(gm.graph, device, len(tensor_args))
     _fold_symbolic_scalars(gm.graph)
     outputs, metas = _tensor_outputs(gm.graph)
