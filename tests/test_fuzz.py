@@ -401,6 +401,36 @@ def test_jobs_merge_the_shards_records(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["graphs_tried"] == 5
 
 
+def test_jobs_stopped_by_a_time_limit_still_merge(tmp_path, monkeypatch):
+    """SIGTERM (``timeout``) ends the shards; what they recorded is merged before the exit."""
+    import argparse
+
+    (tmp_path / "shard0of1").mkdir()
+    record.append_jsonl(tmp_path / "shard0of1" / "graphs.jsonl", _graph_record(0, False))
+
+    class Stopped:
+        def __init__(self, *a, **k):
+            self.ended = False
+
+        def wait(self):
+            if not self.ended:
+                self.ended = True
+                raise SystemExit(143)  # what jobs.stop raises on SIGTERM
+            return -15
+
+        def poll(self):
+            return None if not self.ended else -15
+
+        def terminate(self):
+            pass
+
+    monkeypatch.setattr(jobs.subprocess, "Popen", Stopped)
+    args = argparse.Namespace(jobs=1, out=tmp_path, device="cpu")
+    with pytest.raises(SystemExit):
+        jobs.run_jobs(args, ["--graphs", "1", "--jobs", "1"])
+    assert json.loads((tmp_path / "summary.json").read_text())["graphs_tried"] == 1
+
+
 def test_a_backward_eager_rejects_keeps_the_forward_checks(tmp_path, monkeypatch):
     """An in-place op eager's autograd rejects fails the backward check only: the graph's
     forward verdicts are kept and the rejection recorded."""

@@ -63,6 +63,8 @@ def run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
     procs: list[subprocess.Popen] = []
     t0 = time.perf_counter()
     previous = signal.signal(signal.SIGTERM, stop)
+    stopped: SystemExit | None = None
+    codes = [0]
     try:
         for k in range(n):
             env = {**os.environ, **gpu_env(args.device, k)}
@@ -73,6 +75,8 @@ def run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
                     stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
                 ))  # fmt: skip
         codes = [p.wait() for p in procs]
+    except SystemExit as e:  # stopped (a time limit): the shards' records so far are merged
+        stopped = e
     finally:
         for p in procs:
             if p.poll() is None:
@@ -81,6 +85,8 @@ def run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, previous)  # a caller in the same process keeps its own
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     merge(args.out, n, config, time.perf_counter() - t0)
+    if stopped is not None:
+        raise stopped
     return max(codes)
 
 
