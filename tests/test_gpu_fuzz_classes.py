@@ -268,3 +268,28 @@ def test_fuzz_driver_restores_sigterm_handler(tmp_path):
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# ---------------------------------------------------------------------------------------------
+# a scatter kernel's default config on a GPU: the pointwise kind's strided-lanes rule rendered
+# the group with a plain emitter, which cannot render a scatter (FusionRefused while the plan
+# was built: GPU fuzz graph 309 of seed 13, on 661ebf3); the kinds' GPU rules run here with
+# their interpreter guards off, the kernels still in the interpreter
+# ---------------------------------------------------------------------------------------------
+
+
+def _repeat_cat_select(x, i):
+    v = x.repeat((2, 3, 1, 3))
+    return torch.index_select(torch.cat([v, v * 2], -2), -2, i)
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_a_scatter_backward_plans_with_the_gpu_rules(front, monkeypatch):
+    from autofuse.kernels.pointwise import kind as pointwise
+
+    monkeypatch.setattr(pointwise, "interpreting", lambda: False)
+    _check(
+        _repeat_cat_select,
+        lambda: (torch.randn(2, 4, 1, 2, requires_grad=True), torch.tensor([0, 1, 1, 0, 0, 1])),
+        front,
+    )

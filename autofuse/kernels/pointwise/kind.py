@@ -78,9 +78,13 @@ class PointwiseKind(LoopKind):
             x = min(settings().interpreter_block, max(16, next_pow2(config_xnumel(info))))
             return KernelConfig(x, 0, 4 if x >= 128 else 1)
         x = min(1024, max(16, next_pow2(config_xnumel(info))))
-        if x == 1024 and strided_lanes(graph, info):
+        if x == 1024 and self.strided(graph, info):
             return STRIDED_CONFIG
         return KernelConfig(x, 0, 4 if x >= 128 else 1)
+
+    def strided(self, graph: Graph, info: GroupInfo) -> bool:
+        """Whether the flat loop takes ``STRIDED_CONFIG`` (:func:`strided_lanes`)."""
+        return strided_lanes(graph, info)
 
     def quick_configs(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
         """A flat loop of 1024 or more elements: eight outputs a thread (1024 x 4 warps) and

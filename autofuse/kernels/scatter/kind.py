@@ -115,6 +115,13 @@ class ScatterKind(PointwiseKind):
     def quick_configs(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
         return []  # atomics' contention changes with the block: the search's to time
 
+    def strided(self, graph: Graph, info: GroupInfo) -> bool:
+        """No strided-lanes rule: a pointwise emitter cannot render the scatter to look (on a
+        GPU that raised FusionRefused while the plan was built: GPU fuzz graph 309 of seed
+        13, the backward of ``index_select(cat([repeat(x), ...]))``), and its block is the
+        search's to time."""
+        return False
+
     def analyze(self, graph: Graph, members: frozenset[int]) -> GroupInfo:
         scatters = [m for m in sorted(members) if is_scatter(graph, m)]
         domain = scatter_domain(graph, scatters[0])
