@@ -190,3 +190,41 @@ def test_a_multi_phase_long_row_is_also_timed_whole_and_runs_as_eager(on_gpu, mo
     measured = planner.build(base.groups, choices, label="greedy")
     for got, want in zip(execute(measured, ins), var_tanh(*ins)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_two_axis_tile_is_timed_at_half_and_twice_its_rows(on_gpu, monkeypatch):
+    """The epilogue of a channels-last convolution writing eager's strides turns the layout in
+    a two-axis tile; its kind offers the default's rows halved and doubled (each block holding
+    whole column runs), and the plan with the one picked gives eager's values."""
+    from autofuse.settings import reload_settings
+
+    monkeypatch.setenv("AUTOFUSE_CONV_LAYOUT", "channels_last")
+    reload_settings()
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 32, 3, padding=1)
+    ins = [torch.randn(4, 3, 16, 16), conv.weight.detach(), conv.bias.detach()]
+
+    def f(x, w, b):
+        return torch.tanh(F.conv2d(x, w, b, padding=1))
+
+    planner = _planner(f, ins)
+    base = planner.space.untuned()
+    infos = [planner.space.check(g) for g in base.groups]
+    (tile,) = [i for i in infos if i.kind == "pointwise" and i.reduces]
+    offered = quick_configs(tile, planner.graph)
+    default = offered[0]
+    assert {c.XBLOCK for c in offered[1:]} == {default.XBLOCK // 2, default.XBLOCK * 2}
+    assert all(c.RBLOCK == default.RBLOCK >= tile.rnumel for c in offered)
+    plan = planner.build(base.groups, label="greedy")
+    doubled = lambda g, i, c: 1e-5 if c.XBLOCK == 2 * default.XBLOCK else 1e-4  # noqa: E731
+    choices, _ = timed_configs(plan, base.groups, doubled)
+    assert any(c is not None and c.XBLOCK == 2 * default.XBLOCK for c in choices)
+    monkeypatch.undo()  # the interpreter again; the layout rule stays until the plan has run
+    monkeypatch.setenv("AUTOFUSE_CONV_LAYOUT", "channels_last")
+    reload_settings()
+    measured = planner.build(base.groups, choices, label="greedy")
+    with torch.no_grad():
+        (got,) = execute(measured, ins)
+    torch.testing.assert_close(got, f(*ins), rtol=1e-4, atol=1e-4)
+    monkeypatch.undo()
+    reload_settings()

@@ -89,10 +89,23 @@ class PointwiseKind(LoopKind):
     def quick_configs(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
         """A flat loop of 1024 or more elements: eight outputs a thread (1024 x 4 warps) and
         two (512 x 8: a pooling window's strided loads, ``STRIDED_CONFIG``), and 512 x 2, the
-        pair Inductor times for its pointwise kernels; the default among them."""
-        if info.reduces or interpreting() or config_xnumel(info) < 1024:
+        pair Inductor times for its pointwise kernels; the default among them. A two-axis
+        tile: :meth:`tile_quick`."""
+        if interpreting():
+            return []
+        if info.reduces:
+            return self.tile_quick(graph, info)
+        if config_xnumel(info) < 1024:
             return []
         return [KernelConfig(1024, 0, 4), STRIDED_CONFIG, KernelConfig(512, 0, 2)]
+
+    def tile_quick(self, graph: Graph, info: GroupInfo) -> list[KernelConfig]:
+        """A two-axis tile (a layout turned: L2_52's normalization reads the channels-last
+        result and writes eager's strides, 448 us against torch.compile's 378 on the H100 in
+        fp32) with half and twice the default's rows, each whole column run in the block."""
+        d = self.default_config(graph, info)
+        xs = [x for x in (d.XBLOCK // 2, d.XBLOCK * 2) if x >= 8 and 1024 <= x * d.RBLOCK <= 16384]
+        return [KernelConfig(x, d.RBLOCK, 4 if x * d.RBLOCK <= 4096 else 8) for x in xs]
 
     def check_config(self, info: GroupInfo, config: KernelConfig) -> None:
         check_pow2(XBLOCK=config.XBLOCK, num_warps=config.num_warps)
