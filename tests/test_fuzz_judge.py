@@ -184,3 +184,14 @@ def test_compare_takes_the_dtypes_infinity_where_eager_overflows_to_nan_past_its
     assert "value 0" in compare((wrong_sign,), (e,), lambda: (r,))
     in_range = torch.tensor([inf, 2.0, inf], dtype=torch.float16)
     assert "value 0" in compare((in_range,), (e,), lambda: (r,))
+
+
+def test_compare_takes_a_nan_the_exact_program_has_too():
+    """Fuzz graph 7182 (seed 7): eager's float16 layer_norm of one element is -5.7e-6, not 0, so
+    its ``fmod(v, v)`` is -0.0; autofuse's v is the exact 0 and its fmod 0 / 0 NaN, as the
+    float64 run's. A NaN where the float64 value is a number still fails."""
+    nan = float("nan")
+    e = torch.tensor([-0.0, 1.0], dtype=torch.float16)
+    got = torch.tensor([nan, 1.0], dtype=torch.float16)
+    assert compare((got,), (e,), lambda: (torch.tensor([nan, 1.0], dtype=torch.float64),)) == ""
+    assert "value 0" in compare((got,), (e,), lambda: (torch.tensor([0.0, 1.0]).double(),))
