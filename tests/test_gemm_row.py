@@ -200,3 +200,30 @@ def test_no_pipeline_configs_without_row_loads():
     space = Partitioner(graph)
     info = space.check(max(space.greedy().groups, key=len))
     assert not any(c.PIPELINE for c in gemm_row_configs(graph, info))
+
+
+def test_a_one_element_operand_is_loaded_over_the_tile():
+    """The backward of ``v.mT @ v`` after a layer_norm over [1] (fuzz graph 7953 of seed 7):
+    the row GEMM's B is the [1, 1] incoming gradient, whose offset is a constant; it is loaded
+    over the tile (before: no kernel, 'Mask argument cannot be block type'), and the gradients
+    equal eager's."""
+    import warnings
+
+    import autofuse
+    from autofuse.plan.runtime import KernelBuildWarning
+
+    def f(x, w):
+        v = F.layer_norm(x.unsqueeze(-1), [1], w)
+        return v.mT @ v
+
+    torch.manual_seed(0)
+    x, w = torch.randn(24, requires_grad=True), torch.randn(1, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelBuildWarning)
+        out = autofuse.optimize(f, [x, w])(x, w)
+        gx, gw = torch.autograd.grad(out.sum(), [x, w])
+    x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
+    want = f(x2, w2)
+    torch.testing.assert_close(out, want)
+    for got, ref in zip((gx, gw), torch.autograd.grad(want.sum(), [x2, w2])):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)

@@ -237,7 +237,7 @@ class RowGemmEmitter(Emitter):
         a = g[mm].inputs[0]
         k = g[a].shape[-1]
         kr = Expr.dim("offs_k[None, :]", 1, k, True)
-        a_off = memory_offset(g, a, (*self.full[:-1], kr)).render()
+        a_off = _tiled(memory_offset(g, a, (*self.full[:-1], kr)), "xindex + offs_k[None, :]")
         mask = "xmask" if k % self.cfg.BLOCK_K == 0 and k else f"xmask & (offs_k[None, :] < {k})"
         self.note_load(g.base_of(a))
         return f"tl.load({self.ptr[g.base_of(a)]} + ({a_off}), {mask}, other=0.0)"
@@ -264,7 +264,7 @@ class RowGemmEmitter(Emitter):
         b_batch = (Expr.dim("xoffset", m, node.shape[0], True),) if batched else ()
         b_idx = (*b_batch, kc, self.full[-1])
         b_mask = "rmask" if k % self.cfg.BLOCK_K == 0 and k else f"(offs_k[:, None] < {k}) & rmask"
-        b_off = memory_offset(g, b, b_idx).render()
+        b_off = _tiled(memory_offset(g, b, b_idx), "offs_k[:, None] + rindex")
         b_load = f"tl.load({self.ptr[g.base_of(b)]} + ({b_off}), {b_mask}, other=0.0)"
         self.note_load(g.base_of(b))
         prec = ', input_precision="ieee"' if g[a].dtype == "float32" else ""
@@ -531,3 +531,11 @@ class GemmRowKind(LoopKind):
         em = RowGemmEmitter(graph, info, config)
         kw = [("BLOCK_K", config.BLOCK_K), ("num_stages", config.num_stages)]
         return render_loop_kernel(em, name, self.name, ("BLOCK_K",), kw)
+
+
+def _tiled(off: Expr, lanes: str) -> str:
+    """``off`` rendered as a tile's offsets: an operand whose every dim is 1 (a [1, 1] B, the
+    gradient of a sum) has a constant offset, which Triton will not load under the tile's
+    mask, so it is broadcast over ``lanes`` (fuzz graph 7953 of seed 7: the backward of
+    ``v.mT @ v`` after a layer_norm over [1])."""
+    return off.render() if off.vars else f"{off.render()} + 0 * ({lanes})"
