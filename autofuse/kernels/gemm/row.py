@@ -39,6 +39,7 @@ from autofuse.kernels.common.render import (
     identity,
     literal,
     minmax,
+    tile_address,
 )
 from autofuse.kernels.common.rowops import is_row_op
 from autofuse.kernels.common.selects import column_bound, constant_select
@@ -236,8 +237,9 @@ class RowGemmEmitter(Emitter):
         g = self.g
         a = g[mm].inputs[0]
         k = g[a].shape[-1]
-        kr = Expr.dim("offs_k[None, :]", 1, k, True)
-        a_off = _tiled(memory_offset(g, a, (*self.full[:-1], kr)), "xindex + offs_k[None, :]")
+        kr_var = "offs_k[None, :]"  # a [1, 1] operand's offset is a constant: tile_address
+        kr = Expr.dim(kr_var, 1, k, True)
+        a_off = tile_address(memory_offset(g, a, (*self.full[:-1], kr)), ("xindex", kr_var))
         mask = "xmask" if k % self.cfg.BLOCK_K == 0 and k else f"xmask & (offs_k[None, :] < {k})"
         self.note_load(g.base_of(a))
         return f"tl.load({self.ptr[g.base_of(a)]} + ({a_off}), {mask}, other=0.0)"
@@ -259,12 +261,13 @@ class RowGemmEmitter(Emitter):
         k = g[a].shape[-1]
         batched = len(node.shape) == 3
         m = node.shape[-2]
-        kc = Expr.dim("offs_k[:, None]", 1, k, True)
+        kc_var = "offs_k[:, None]"  # (fuzz graph 7953 of seed 7: the B of v.mT @ v's backward)
+        kc = Expr.dim(kc_var, 1, k, True)
         # every row of a program is in one batch (BLOCK_M divides M): a uniform batch index
         b_batch = (Expr.dim("xoffset", m, node.shape[0], True),) if batched else ()
         b_idx = (*b_batch, kc, self.full[-1])
         b_mask = "rmask" if k % self.cfg.BLOCK_K == 0 and k else f"(offs_k[:, None] < {k}) & rmask"
-        b_off = _tiled(memory_offset(g, b, b_idx), "offs_k[:, None] + rindex")
+        b_off = tile_address(memory_offset(g, b, b_idx), (kc_var, "rindex"))
         b_load = f"tl.load({self.ptr[g.base_of(b)]} + ({b_off}), {b_mask}, other=0.0)"
         self.note_load(g.base_of(b))
         prec = ', input_precision="ieee"' if g[a].dtype == "float32" else ""
@@ -531,11 +534,3 @@ class GemmRowKind(LoopKind):
         em = RowGemmEmitter(graph, info, config)
         kw = [("BLOCK_K", config.BLOCK_K), ("num_stages", config.num_stages)]
         return render_loop_kernel(em, name, self.name, ("BLOCK_K",), kw)
-
-
-def _tiled(off: Expr, lanes: str) -> str:
-    """``off`` rendered as a tile's offsets: an operand whose every dim is 1 (a [1, 1] B, the
-    gradient of a sum) has a constant offset, which Triton will not load under the tile's
-    mask, so it is broadcast over ``lanes`` (fuzz graph 7953 of seed 7: the backward of
-    ``v.mT @ v`` after a layer_norm over [1])."""
-    return off.render() if off.vars else f"{off.render()} + 0 * ({lanes})"
