@@ -107,10 +107,9 @@ def bias_adds_of(graph: Graph, conv: int) -> tuple[int, ...]:
     add = bias_add_of(graph, conv)
     if add is not None:
         return (add,)
-    users = graph.users[conv]
-    if len(users) < 2 or conv in graph.outputs or graph[users[0]].op != "add":
+    adds = tuple(graph.users[conv])
+    if len(adds) < 2 or conv in graph.outputs:
         return ()
-    adds = tuple(users)
     first = graph[adds[0]]
     for u in adds:
         node = graph[u]

@@ -105,17 +105,18 @@ def check_program(
     except Exception as e:  # noqa: BLE001 - no valid program: counted, not a failure
         raise EagerRejected(f"{type(e).__name__}: {e}") from e
     cache: dict[str, Any] = {}
-    like = cotangent_dtypes(expected[0])
+    fn64, like = float64_program(p), cotangent_dtypes(expected[0])
 
     def reference(wide: bool = False) -> Any:
         key = "wide" if wide else "ref"
         if key not in cache:
-            cache[key] = run_float64(float64_program(p, wide), make_inputs, backward, like)
+            prog = float64_program(p, wide=True) if wide else fn64
+            cache[key] = run_float64(prog, make_inputs, backward, like)
         return cache[key]
 
     def noise() -> list[list[float]]:
         if "noise" not in cache:
-            cache["noise"] = eager_noise(fn, float64_program(p), make_inputs, backward, like)
+            cache["noise"] = eager_noise(fn, fn64, make_inputs, backward, like)
         return cache["noise"]
 
     mode, floor = MODES[backward], lowest_precision(p)

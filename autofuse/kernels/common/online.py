@@ -15,15 +15,16 @@ Two forms, each ``sum(g(f, amax(f)))`` over the rows of a reduction group:
 
   ``n_before`` the row's elements before the tile (``roffset``: every earlier tile is whole).
 
-The tiles' maximum is ``tl.max`` (a NaN skipped: one fast reduction per tile, in Triton's
-interpreter too, where a custom combine runs element by element in Python); the maximum the
-graph reads is kept NaN-exact per lane and reduced once, and a row holding a NaN sums to NaN.
   On a constant row every term is 0 and the shift never moves: the sum is exactly 0, as the
   two-loop sum's is, so the row's variance stays exactly 0. The terms are finite wherever the
   two-loop sum's are (each ``|h(M) * c - h(M') * c| <= 2 max * c``, ``n c <= 1 / 2``).
   GroupNorm and BatchNorm statistics over rows longer than a block (L2_52's and L2_60's
   convolution outputs) then walk each row twice (this loop, the squares' loop), not three
   times.
+
+The tiles' maximum is ``tl.max`` (a NaN skipped: one fast reduction per tile, in Triton's
+interpreter too, where a custom combine runs element by element in Python); the maximum the
+graph reads is kept NaN-exact per lane and reduced once, and a row holding a NaN sums to NaN.
 """
 
 from __future__ import annotations

@@ -261,7 +261,7 @@ class RowGemmEmitter(Emitter):
         k = g[a].shape[-1]
         batched = len(node.shape) == 3
         m = node.shape[-2]
-        kc_var = "offs_k[:, None]"  # (fuzz graph 7953 of seed 7: the B of v.mT @ v's backward)
+        kc_var = "offs_k[:, None]"  # a [1, 1] B (v.mT @ v's backward): a constant offset
         kc = Expr.dim(kc_var, 1, k, True)
         # every row of a program is in one batch (BLOCK_M divides M): a uniform batch index
         b_batch = (Expr.dim("xoffset", m, node.shape[0], True),) if batched else ()
