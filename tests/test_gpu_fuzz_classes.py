@@ -293,3 +293,50 @@ def test_a_scatter_backward_plans_with_the_gpu_rules(front, monkeypatch):
         lambda: (torch.randn(2, 4, 1, 2, requires_grad=True), torch.tensor([0, 1, 1, 0, 0, 1])),
         front,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# var / std with no degree of freedom left (correction >= the count): eager's 0 / 0 is NaN on a
+# constant row, whatever the compiler does with a product feeding the centring subtraction (a
+# fused multiply-add there gives the product's rounding error, not 0). Graphs 360 and 551 of
+# the GPU run on 661ebf3, shrunk.
+# ---------------------------------------------------------------------------------------------
+
+
+def _var_of_square(x):
+    return torch.var(x.pow(2), dim=(-1,), correction=1)
+
+
+def _std_of_product(x):
+    return torch.std(x * x, dim=(-2,), correction=1)
+
+
+def _var_of_constant_product_rows(x):
+    y = x.expand(4, 64) * 1.7  # every row constant
+    return torch.var(y * y, dim=1, correction=0)
+
+
+def _one_element_moments(device: str):
+    return {
+        "var_of_square": (_var_of_square, lambda: (torch.randn(1, 1, 1, 1, device=device),)),
+        "std_of_product": (_std_of_product, lambda: (torch.randn(1, 1, 1, device=device),)),
+        "constant_rows": (  # with the gradient: 0, finite
+            _var_of_constant_product_rows,
+            lambda: (torch.randn(4, 1, device=device, requires_grad=True),),
+        ),
+    }
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+@pytest.mark.parametrize("name", ["var_of_square", "std_of_product", "constant_rows"])
+def test_moments_of_a_product_with_no_spread(name, front):
+    fn, make = _one_element_moments("cpu")[name]
+    _check(fn, make, front)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("front", FRONT_ENDS)
+@pytest.mark.parametrize("name", ["var_of_square", "std_of_product", "constant_rows"])
+def test_moments_of_a_product_with_no_spread_gpu(name, front):
+    fn, make = _one_element_moments("cuda")[name]
+    _check(fn, make, front)

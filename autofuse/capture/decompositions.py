@@ -59,6 +59,16 @@ def _moment_mean(x, dims, n):
     return torch.where(s.abs() == math.inf, m, m.clamp(fi.min, fi.max))
 
 
+def _centered(x, mean):
+    """``x - mean``, exactly 0 where they are equal: a GPU compiler contracts a product's
+    ``a * b - mean`` into one fused multiply-add, whose result is the product's rounding error,
+    not the 0 of the rounded product eager subtracts (a constant row's variance then is not 0,
+    and a one-element ``var`` is a number, not eager's 0 / 0). Its gradient where they are
+    equal is 0, not 1: right for the variance's square and absolute value (0 there either way),
+    not for a normalization's ``(x - mean) * rstd``."""
+    return torch.where(x == mean, 0.0, x - mean)
+
+
 def _reduced_dims(x, dim) -> list[int]:
     """The dims a var / std reduces: every dim for None; none for a 0-d tensor (whose only
     allowed dims, 0 and -1, name the tensor itself)."""
@@ -78,7 +88,7 @@ def _var_decomp(x, dim=None, *, correction=None, keepdim=False, mean=None, root=
     low = x.dtype in (torch.float16, torch.bfloat16)
     xf = x.float() if low else x
     mean = _moment_mean(xf, dims, n) if mean is None else mean.to(xf.dtype)
-    diff = xf - mean
+    diff = _centered(xf, mean)
     div = max(n - corr, 0)
     if div == 0:  # eager: x / 0, inf where the row varies, NaN where constant (or NaN)
         # |x - mean| is 0 only on a constant row (a square can underflow to 0; eager's can not)
