@@ -295,7 +295,31 @@ def near_reference(
         return True
     eager_err = max(float((e - r)[ok].abs().max()) if ok.any() else 0.0, noise)
     bound = REFERENCE_FACTOR * eager_err + atol + rtol * float(r[judged].abs().max())
-    return float((a - r)[judged].abs().max()) <= bound
+    if ok.any() and float((a - r)[ok].abs().max()) > bound:
+        return False
+    return spared_near(a, e, r, ok, judged & ~ok, bound)
+
+
+def spared_near(
+    a: torch.Tensor,
+    e: torch.Tensor,
+    r: torch.Tensor,
+    ok: torch.Tensor,
+    spared: torch.Tensor,
+    bound: float,
+) -> bool:
+    """Where eager has no value (its NaN or overflow), autofuse's error from ``r`` is within
+    ``bound``, or within REFERENCE_FACTOR of eager's largest *relative* error elsewhere times
+    ``r`` there: an ill-conditioned program's error scales with its values (fuzz graph 9037 of
+    seed 7: eager's gradient is 4e-3 off the float64 one at 1e33 and NaN at 2e35, where
+    autofuse's is 4e-4 off)."""
+    if not spared.any():
+        return True
+    err = (a - r)[spared].abs()
+    if ok.any():
+        rel = float(((e - r)[ok].abs() / r[ok].abs().clamp_min(1e-300)).max())
+        err = err - REFERENCE_FACTOR * rel * r[spared].abs()
+    return float(err.max()) <= bound
 
 
 def root_type(e: BaseException) -> str:
