@@ -5,7 +5,8 @@
 #   OUT=/path/to/out AUTOFUSE_COMMIT=<commit> bash experiments/gpu_run.sh [STAGE ...]
 #
 # Stages (default: tests attention model_fns cold host): tests (the GPU test tier, in TESTS_SHARDS
-# processes at once, each test in one), attention
+# processes at once, each test in one; with AUTOFUSE_CHECK_BOUNDS=1 every kernel's loads and
+# stores checked against their buffers, its logs named _bounds), attention
 # (experiments.bench.attention_bench), model_fns (autofuse tune over
 # experiments/bench/model_spec.py), suite (autofuse tune over experiments/bench/suite_spec.py),
 # cold (experiments.bench.cold_start), host (experiments.bench.host_overhead), models
@@ -42,6 +43,7 @@ for s in $stages; do
     t0=$(date +%s)
     case $s in
         tests) n=${TESTS_SHARDS:-1}
+               b=${AUTOFUSE_CHECK_BOUNDS:+_bounds}  # the bounds-checked tier's files apart
                # the node ids (pyproject's addopts holds -q: one more would print counts)
                python3 -m pytest -m gpu --collect-only -p no:warnings 2>/dev/null | grep "::" > /tmp/gpu_ids
                echo "$(wc -l < /tmp/gpu_ids) GPU tests in $n processes"
@@ -49,9 +51,9 @@ for s in $stages; do
                split -n "r/$n" -d /tmp/gpu_ids /tmp/gpu_ids_
                for f in /tmp/gpu_ids_*; do
                    timeout "$(limit tests 240)" xargs -a "$f" python3 -m pytest -m gpu -q -p no:warnings -rf \
-                       > "$OUT/gpu_tests_${C}_${f##*_}.txt" 2>&1 &
+                       > "$OUT/gpu_tests_${C}${b}_${f##*_}.txt" 2>&1 &
                done; wait
-               grep -hE "passed|failed|^FAILED" "$OUT"/gpu_tests_"$C"_*.txt | tail -20 ;;
+               grep -hE "passed|failed|^FAILED" "$OUT"/gpu_tests_"$C$b"_*.txt | tail -20 ;;
         attention) timeout "$(limit attention 360)" python3 -m experiments.bench.attention_bench \
                        --out "$OUT" --train-variants causal,gqa --trials 4 --time-budget 12 \
                        --max-autotune-passes forward 2>&1 | grep -v Warning | tail -12 ;;
