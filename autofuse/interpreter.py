@@ -6,7 +6,10 @@ dot operands to fp32 first, which is what the GPU's bf16 MMA computes (exact pro
 accumulation). The interpreter also ignores ``tl.device_assert`` (it builds with debug off):
 the second patch turns it on. A mask ``block_condition & scalar_condition`` (a gather's range
 check on an index read once per program, e.g. of the program's batch) is typed int1 but holds
-int32 data there, which its loads and stores refuse: the third patch reads such masks as bool.
+int32 data there, which its loads and stores refuse: the third patch reads such masks as bool,
+and a comparison's result is typed int1 (typed as its float operands, a 0-d comparison
+broadcast to a block became float32 data, which ``|`` with a bool block refused: fuzz seed 7,
+graph 1918).
 Its float32 -> bf16 cast truncates (999.9 becomes 996) where the GPU and torch round to nearest
 even (1000): the fourth patch rounds. ``AUTOFUSE_CHECK_BOUNDS`` checks every access on top of
 these (``autofuse/bounds.py``, installed by the kernel loader). Nothing changes on a GPU.
@@ -171,6 +174,14 @@ def _bool_masks(interp) -> None:
     create_masked_load._autofuse_patched = True
     cls.create_masked_load = create_masked_load
     cls.create_masked_store = create_masked_store
+    binary = cls.binary_op
+    compares = {np.less, np.less_equal, np.greater, np.greater_equal, np.equal, np.not_equal}
+
+    def binary_op(self, lhs, rhs, op):  # a comparison's handle typed int1, not as its operands
+        out = binary(self, lhs, rhs, op)
+        return interp.TensorHandle(out.data, tl.int1) if op in compares else out
+
+    cls.binary_op = binary_op
 
 
 def bf16_to_f32(bits):

@@ -191,3 +191,19 @@ def test_an_indexed_read_along_a_unit_dim_builds(front):
     args = [torch.randn(1), torch.randn(2)[::2], torch.zeros(4, dtype=torch.long),
             torch.rand(1, 1, 4) > 0.5]  # fmt: skip
     _check(_select_along_a_unit_dim, args, front, False)
+
+
+def _stacked_scalar_comparisons(x0, x1, x2, x3):
+    v = torch.index_select(torch.logaddexp(x0, x1).unsqueeze(-2), 1, x2) < x1
+    s = torch.stack([v, v], dim=-2)  # a where of two 0-d comparisons over a block
+    return x3 | s, s
+
+
+@pytest.mark.parametrize("front", FRONT_ENDS)
+def test_a_block_of_scalar_comparisons_builds(front):
+    """Graph 1918 unshrunk: Triton's interpreter typed a 0-d comparison as its float operands,
+    so broadcast to the stack's block it held float32 data, which ``|`` with a bool block
+    refused (autofuse.interpreter types it int1)."""
+    args = [torch.randn(1), torch.randn(2)[::2], torch.zeros(4, dtype=torch.long),
+            (torch.rand(1, 4, 1) > 0.5).transpose(-2, -1)]  # fmt: skip
+    _check(_stacked_scalar_comparisons, args, front, False)
