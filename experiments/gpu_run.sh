@@ -50,7 +50,7 @@ for s in $stages; do
                [ -s /tmp/gpu_ids ] || { echo "no GPU tests listed"; continue; }
                split -n "r/$n" -d /tmp/gpu_ids /tmp/gpu_ids_
                for f in /tmp/gpu_ids_*; do
-                   timeout "$(limit tests 240)" xargs -a "$f" python3 -m pytest -m gpu -q -p no:warnings -rf \
+                   timeout "$(limit tests 240)" xargs -a "$f" python3 -m pytest -m gpu -p no:warnings -rf \
                        > "$OUT/gpu_tests_${C}${b}_${f##*_}.txt" 2>&1 &
                done; wait
                grep -hE "passed|failed|^FAILED" "$OUT"/gpu_tests_"$C$b"_*.txt | tail -20 ;;
