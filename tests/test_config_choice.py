@@ -228,3 +228,46 @@ def test_a_two_axis_tile_is_timed_at_half_and_twice_its_rows(on_gpu, monkeypatch
     torch.testing.assert_close(got, f(*ins), rtol=1e-4, atol=1e-4)
     monkeypatch.undo()
     reload_settings()
+
+
+def test_a_whole_multi_phase_outer_block_doubled_is_timed_at_16_warps(on_gpu, split_on):
+    """BatchNorm's statistics over a mish of a channels-last convolution (L2_52's form): a
+    split's outer reduction held whole, walked in two phases; beside its outputs halved and
+    doubled, the doubled block is offered at 16 warps, and the plan with it gives eager's
+    values."""
+    from autofuse.settings import reload_settings
+
+    torch.manual_seed(0)
+    ins = [torch.randn(4, 3, 18, 18), torch.randn(16, 3, 3, 3), torch.randn(16)]
+
+    def f(x, w, b):
+        y = F.conv2d(x, w, b)
+        y = torch.tanh(F.softplus(y)) * y
+        return F.batch_norm(y, None, None, training=True)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOFUSE_CONV_LAYOUT", "channels_last")
+        reload_settings()
+        planner = _planner(f, ins)
+        base = planner.space.untuned()
+        infos = [planner.space.check(g) for g in base.groups]
+        wide = [
+            (i, c)
+            for i in infos
+            if i.kind == "reduction"
+            for c in quick_configs(i, planner.graph)
+            if c.num_warps == 16
+        ]
+        assert wide, [quick_configs(i, planner.graph) for i in infos if i.kind == "reduction"]
+        for info, config in wide:
+            default = quick_configs(info, planner.graph)[0]
+            assert config.XBLOCK == 2 * default.XBLOCK and config.RBLOCK >= info.rnumel
+        plan = planner.build(base.groups, label="greedy")
+        sixteen = lambda g, i, c: 1e-5 if c.num_warps == 16 else 1e-4  # noqa: E731
+        choices, _ = timed_configs(plan, base.groups, sixteen)
+        assert any(c is not None and c.num_warps == 16 for c in choices)
+        measured = planner.build(base.groups, choices, label="greedy")
+        with torch.no_grad():
+            got = execute(measured, ins)
+        torch.testing.assert_close(got[0], f(*ins), rtol=1e-4, atol=1e-4)
+    reload_settings()
