@@ -45,6 +45,11 @@ them again, for tests and for programs that change the environment on purpose):
   the plan with it folded into the convolution's weight is timed beside), ``fold`` (folded
   wherever it can be) or ``keep`` (never folded); an unknown value warns and means
   ``measure``.
+- ``AUTOFUSE_REDUCTION_ORDER``: the order a row reduction walks its row in: ``domain``
+  (default: the row's logical order) or ``stride`` (an experiment: where the row is two digits
+  of the buffer it reads, the one with the smaller stride walked innermost: a GroupNorm row of
+  a channels-last result, its channels then its pixels, walks each pixel's channels together;
+  ``kernels/common/row_order.py``); an unknown value warns and means ``domain``.
 - ``AUTOFUSE_TIME_CONFIGS``: an untuned plan on CUDA times the few launch configs its kernels'
   kinds offer (``plan/config_choice.py``) and keeps the fastest (default on; ``0``: the kinds'
   default configs, untimed).
@@ -145,6 +150,7 @@ class Settings:
     conv_kernel: str = "rule"  # "rule", "kernel", "library"
     bn_fold: str = "measure"  # "measure", "fold", "keep"
     time_configs: bool = True  # untuned plans on a GPU time their kernels' quick configs
+    reduction_order: str = "domain"  # "domain", "stride" (kernels/common/row_order.py)
     signing_key: bytes | None = field(default=None, repr=False)
 
 
@@ -176,6 +182,7 @@ def settings() -> Settings:
         conv_kernel=_choice("AUTOFUSE_CONV_KERNEL", CONV_KERNEL),
         bn_fold=_choice("AUTOFUSE_BN_FOLD", BN_FOLD),
         time_configs=_flag("AUTOFUSE_TIME_CONFIGS", True),
+        reduction_order=_choice("AUTOFUSE_REDUCTION_ORDER", REDUCTION_ORDER),
         signing_key=_signing_key(),
     )
 
@@ -185,6 +192,7 @@ CONV_LAYOUT = ("measure", "eager", "contiguous", "channels_last")
 SDPA = ("auto", "cudnn", "flash", "efficient", "math", "autofuse")
 CONV_KERNEL = ("rule", "kernel", "library")
 BN_FOLD = ("measure", "fold", "keep")
+REDUCTION_ORDER = ("domain", "stride")
 
 
 def _choice(name: str, choices: tuple[str, ...]) -> str:

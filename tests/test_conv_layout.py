@@ -66,6 +66,24 @@ def test_conv_profile_arms_set_their_settings_and_restore_them(monkeypatch):
     assert settings().bn_fold == "measure" and "AUTOFUSE_BN_FOLD" not in os.environ
 
 
+def test_conv_profile_rows_by_stride_arm_restores_the_settings(monkeypatch):
+    """The rows-by-stride arm builds a correct plan under its settings and leaves the row
+    order, the layout rule and the split as they were."""
+    from autofuse.settings import settings
+    from experiments.probes.conv_profile import build
+
+    for name in ("AUTOFUSE_REDUCTION_ORDER", "AUTOFUSE_SPLIT_REDUCTIONS", "AUTOFUSE_CONV_LAYOUT"):
+        monkeypatch.delenv(name, raising=False)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.GroupNorm(2, 8))
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        fn = build("autofuse rows by stride, channels_last, unsplit", net, [x])
+        torch.testing.assert_close(fn(x), net(x), rtol=1e-4, atol=1e-4)
+    s = settings()
+    assert (s.reduction_order, s.conv_layout, s.split_reductions) == ("domain", "measure", "auto")
+
+
 def test_conv_profile_totals_every_kernel_by_kind():
     """The record's totals cover every kernel, not only the twelve longest it lists."""
     from experiments.probes.conv_profile import by_kind

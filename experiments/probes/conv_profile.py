@@ -35,10 +35,26 @@ AUTOFUSE_ARMS = {
     "autofuse greedy": {},
     "autofuse channels_last alone": {"AUTOFUSE_CONV_LAYOUT": "channels_last"},
     "autofuse folded": {"AUTOFUSE_BN_FOLD": "fold"},
+    # rows walked by stride (kernels/common/row_order.py), the channels-last plan alone; the
+    # split's chunks of a GroupNorm row cut across channel planes, so also unsplit
+    "autofuse rows by stride, channels_last": {
+        "AUTOFUSE_REDUCTION_ORDER": "stride",
+        "AUTOFUSE_CONV_LAYOUT": "channels_last",
+    },
+    "autofuse rows by stride, channels_last, unsplit": {
+        "AUTOFUSE_REDUCTION_ORDER": "stride",
+        "AUTOFUSE_CONV_LAYOUT": "channels_last",
+        "AUTOFUSE_SPLIT_REDUCTIONS": "0",
+    },
 }
 ARMS = ("eager", "compile default", *AUTOFUSE_ARMS)
-SETTINGS = ("AUTOFUSE_CONV_LAYOUT", "AUTOFUSE_BN_FOLD")
-ALONE = ("autofuse channels_last alone",)  # arms whose plan is not timed against others
+SETTINGS = ("AUTOFUSE_CONV_LAYOUT", "AUTOFUSE_BN_FOLD", "AUTOFUSE_REDUCTION_ORDER",
+            "AUTOFUSE_SPLIT_REDUCTIONS")  # fmt: skip
+ALONE = (  # arms whose plan is not timed against others
+    "autofuse channels_last alone",
+    "autofuse rows by stride, channels_last",
+    "autofuse rows by stride, channels_last, unsplit",
+)
 
 
 def kernel_times(fn: Any, inputs: list, calls: int = 5) -> list[tuple[str, float]]:

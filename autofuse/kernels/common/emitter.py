@@ -39,12 +39,12 @@ from autofuse.kernels.common.render import (
     tile_address,
 )
 from autofuse.kernels.common.rewrites import ValueRewrites
+from autofuse.kernels.common.row_order import row_index
 from autofuse.kernels.common.sizes import runtime_sizes_on
 from autofuse.kernels.common.views import (
     broadcast_index,
     domain_of_flat,
     flat_of,
-    loop_index,
     narrow_iota,
     view_source_index,
 )
@@ -121,7 +121,7 @@ class Emitter(ValueRewrites):
         self.streamed: frozenset[int] = frozenset()
         self.int64 = self._needs_int64()
         self.narrow = not self.int64 and narrow_iota(graph, info.nodes)
-        self.full = loop_index(info.domain, info.reduce_dims)
+        self.full = row_index(graph, info)
 
     # -- output helpers ----------------------------------------------------------------------
     def line(self, s: str) -> None:

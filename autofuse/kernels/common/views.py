@@ -92,14 +92,22 @@ def domain_index(shape: tuple[int, ...], var: str) -> tuple[Expr, ...]:
     return tuple(Expr.dim(var, st, s, j == outer) for j, (st, s) in enumerate(zip(strides, shape)))
 
 
-def loop_index(domain: tuple[int, ...], reduce_dims: tuple[int, ...]) -> tuple[Expr, ...]:
+def loop_index(
+    domain: tuple[int, ...], reduce_dims: tuple[int, ...], swap: tuple[int, int] | None = None
+) -> tuple[Expr, ...]:
     """A loop kernel's index of its domain element: the kept dims over ``xindex`` (its rows),
-    the reduced ones over ``rindex`` (a row's columns)."""
+    the reduced ones over ``rindex`` (a row's columns). ``swap``: (a, b), a row of a x b
+    elements (one reduced dim) walked with its low digit (b) outermost: column ``rindex`` is
+    element ``b * (rindex % a) + rindex // a`` (``kernels/common/row_order.py``)."""
     if not reduce_dims:
         return domain_index(domain, "xindex")
     kept = tuple(s for i, s in enumerate(domain) if i not in reduce_dims)
     reduced = tuple(domain[i] for i in reduce_dims)
     xi, ri = iter(domain_index(kept, "xindex")), iter(domain_index(reduced, "rindex"))
+    if swap is not None:
+        a, b = swap
+        low = Expr.dim("rindex", 1, a, False)  # rindex % a
+        ri = iter((low.scale(b) + Expr.dim("rindex", a, b, True),))
     return tuple(next(ri) if i in reduce_dims else next(xi) for i in range(len(domain)))
 
 
