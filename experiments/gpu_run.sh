@@ -99,7 +99,8 @@ for s in $stages; do
                 --deadline "$(( $(limit kb 540) - 60 ))" --timeout 150 2>&1 | grep -v Warn | tail -14 ;;
         conv_profile) timeout "$(limit conv_profile 200)" python3 -m experiments.probes.conv_profile \
                           "${KB_DIR:?set KB_DIR}" --level "${KB_LEVEL:-2}" --problems "${KB_PROBLEMS:?set KB_PROBLEMS}" \
-                          --phase "${KB_PHASE:-as-made}" --out "$OUT/conv_profile${KB_PHASE:+_$KB_PHASE}_$C.json" 2>&1 | grep -v Warn | tail -8 ;;
+                          --phase "${KB_PHASE:-as-made}" --dtype "${KB_DTYPE:-fp32}" \
+                          --out "$OUT/conv_profile${KB_PHASE:+_$KB_PHASE}_${KB_DTYPE:-fp32}_$C.json" 2>&1 | grep -v Warn | tail -8 ;;
         sweep) timeout "$(limit sweep 200)" python3 -m experiments.probes.sweep --out "$OUT" --tag "sweep_$C" \
                    --workloads "${SWEEP_WORKLOADS:?set SWEEP_WORKLOADS}" --kb "${KB_DIR:-}" \
                    --kinds "${SWEEP_KINDS:-}" --max-configs "${SWEEP_CONFIGS:-40}" ${SWEEP_WHERE:+--where "$SWEEP_WHERE"} 2>&1 | grep -v Warn | tail -24 ;;
