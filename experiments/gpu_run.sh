@@ -27,7 +27,8 @@
 # and kernel class, eager, torch.compile default and autofuse); kb (experiments.kernelbench on
 # KB_DIR: level KB_LEVEL, problems KB_PROBLEMS, dtype KB_DTYPE, variants KB_VARIANTS, KB_PHASE
 # as-made / eval / train, one record file); conv_profile (experiments.probes.conv_profile: each KB_PROBLEMS problem's kernels by
-# device time and launches, the plan choice and layout times, KB_PHASE=eval for eval mode); sweep (experiments.probes.sweep: every launch
+# device time and launches, the plan choice and layout times, KB_PHASE=eval for eval mode,
+# KB_DTYPE fp32 or bf16); sweep (experiments.probes.sweep: every launch
 # config of SWEEP_WORKLOADS' groups timed alone, L2_52-style names from KB_DIR, SWEEP_KINDS,
 # SWEEP_CONFIGS at most per group); fuzz (experiments.fuzz with real kernels: FUZZ_GRAPHS graphs of
 # seed FUZZ_SEED in FUZZ_JOBS shards, forward and backward; the merged summary, the graphs'
