@@ -82,3 +82,14 @@ def test_the_swapped_walk_gives_eagers_values_and_gradients(monkeypatch, front):
         got = torch.autograd.grad(out, ins, gy)
         want = torch.autograd.grad(ref, ref_ins, gy)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_row_read_by_the_reduction_alone_is_walked_by_stride(monkeypatch):
+    def f(x, w):
+        return F.conv2d(x, w).reshape(2, 4, -1).sum(-1)
+
+    env = {"AUTOFUSE_REDUCTION_ORDER": "stride", "AUTOFUSE_CONV_LAYOUT": "channels_last"}
+    with settings_env(monkeypatch, **env):
+        ins = _inputs()[:2]
+        assert (4, 64) in _swaps(f, ins)
+        torch.testing.assert_close(autofuse.optimize(f, ins)(*ins), f(*ins), rtol=1e-4, atol=1e-4)

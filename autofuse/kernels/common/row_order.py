@@ -60,29 +60,25 @@ def row_swap(graph: Graph, info: GroupInfo) -> tuple[int, int] | None:
 
 
 def _row_reads(graph: Graph, info: GroupInfo, full: tuple[Expr, ...]) -> Iterator[Expr]:
-    """The offsets of the group's loads that the row's columns move (those over ``rindex``),
-    the domain's index pushed back from the members of its shape through views and members of
-    other shapes (a bias added before the row's reshape)."""
+    """The offsets of the group's loads that the row's columns move (those over ``rindex``):
+    the domain's index pushed back from the reductions' inputs through views and the members
+    computing them (a bias added before the row's reshape)."""
     members = set(info.nodes)
-    stack = [(m, full) for m in info.nodes
-             if tuple(graph[m].shape) == tuple(info.domain) and graph[m].kind != "view"]  # fmt: skip
+    stack = [(k, full) for i in info.nodes if graph[i].kind == "reduction" for k in graph[i].inputs]
     seen: set[int] = set()
     while stack:
-        m, index = stack.pop()
-        if m in seen:
-            continue
-        seen.add(m)
-        for k in graph[m].inputs:
-            j, idx = k, broadcast_index(graph[k].shape, graph[m].shape, index)
-            while j not in members and graph[j].kind == "view":
-                idx = view_source_index(graph, j, idx)
-                j = graph[j].inputs[0]
-            if j in members and graph[j].kind not in ("view", "reduction"):
-                stack.append((j, idx))
-            elif j in info.loads:
-                off = _offset(graph, j, idx)
-                if "rindex" in off.vars:
-                    yield off
+        j, idx = stack.pop()
+        while j not in members and graph[j].kind == "view":
+            idx = view_source_index(graph, j, idx)
+            j = graph[j].inputs[0]
+        if j in info.loads:
+            off = _offset(graph, j, idx)
+            if "rindex" in off.vars:
+                yield off
+        elif j in members and graph[j].kind not in ("view", "reduction") and j not in seen:
+            seen.add(j)  # (a member's index is the same from every reader: its domain's)
+            shape = graph[j].shape
+            stack += [(k, broadcast_index(graph[k].shape, shape, idx)) for k in graph[j].inputs]
 
 
 def _offset(graph: Graph, j: int, index: tuple[Expr, ...]) -> Expr:
