@@ -9,15 +9,16 @@ reads one channel of every pixel, a 2- or 4-byte read per 128-byte line (L2_92's
 memory is two digits of that kind (a high digit of ``a`` values with the smaller stride and a
 low digit of ``b`` with the larger), :func:`row_swap` asks for the row walked low digit
 outermost: column ``r`` is element ``b * (r % a) + r // a`` (``views.loop_index``), so a block
-reads each pixel's channels together. Only where the walk's order cannot change the result:
-sums, means, maxima, minima and products over the row, no index-valued or running reduction.
+reads each pixel's channels together. Only where the walk's order changes nothing but a sum's
+rounding: sums, means, maxima, minima and products over the row, no index-valued (argmax: the
+first maximum's column) or running (cumsum) reduction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
+from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides
 from autofuse.ir.indexing import Expr, linearize
 from autofuse.kernels.common.base import GroupInfo
 from autofuse.kernels.common.views import (
@@ -114,7 +115,7 @@ def _digits(off: Expr, rnumel: int) -> tuple[int, int] | None:
         return None
     (th, c1), (tl, c2) = high[0], low[0]
     b = tl.mod
-    if th.div != b or rnumel % b or numel((rnumel // b, b)) != rnumel:
+    if th.div != b or rnumel % b:
         return None
     a = rnumel // b
     if th.mod not in (None, a) or not 0 < c1 < c2 or a < 2:
