@@ -210,3 +210,7 @@ def test_where_eager_has_nan_its_relative_error_elsewhere_scales():
     far = torch.tensor([1.11374e33, -1.9e35])
     assert "value 0" in compare((far,), (e,), lambda: (r,))
     assert "value 0" in compare((torch.tensor([1.3e33, -2.170946e35]),), (e,), lambda: (r,))
+    # eager's noise where the float64 value is 0 scales nothing
+    r0 = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)
+    e0 = torch.tensor([1e-9, 1.0, nan])
+    assert "value 0" in compare((torch.tensor([1e-9, 1.0, 50.0]),), (e0,), lambda: (r0,))
