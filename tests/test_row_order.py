@@ -93,3 +93,18 @@ def test_a_row_read_by_the_reduction_alone_is_walked_by_stride(monkeypatch):
         ins = _inputs()[:2]
         assert (4, 64) in _swaps(f, ins)
         torch.testing.assert_close(autofuse.optimize(f, ins)(*ins), f(*ins), rtol=1e-4, atol=1e-4)
+
+
+def test_the_kernel_says_its_row_is_walked_by_stride(monkeypatch):
+    from autofuse.kernels import default_config, generate
+
+    env = {"AUTOFUSE_REDUCTION_ORDER": "stride", "AUTOFUSE_CONV_LAYOUT": "channels_last"}
+    with settings_env(monkeypatch, **env):
+        planner = Planner(capture(_conv_group_norm, _inputs()).graph)
+        infos = [planner.space.check(g) for g in planner.space.untuned().groups]
+        swapped = [i for i in infos if i.kind == "reduction" and row_swap(planner.graph, i)]
+        assert swapped
+        info = swapped[0]
+        kernel = generate(planner.graph, info, default_config(info, planner.graph))
+        assert "its 4 x 64 row walked by stride (4 innermost)" in kernel.source
+        assert "16 * (rindex // 4)" in kernel.source  # a pixel 16 channels on
