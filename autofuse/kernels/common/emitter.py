@@ -21,6 +21,7 @@ from autofuse.ir.ops import HALF_DTYPES, literal_value, op_def
 from autofuse.kernels.common import load_hints, rowops
 from autofuse.kernels.common.base import FusionRefused, GroupInfo, describe
 from autofuse.kernels.common.indexed import indexed_value
+from autofuse.kernels.common.memory import load_offset
 from autofuse.kernels.common.online import finished, fold_tile, shift_scale
 from autofuse.kernels.common.reads import online_pairs, phase_levels
 from autofuse.kernels.common.render import (
@@ -39,12 +40,12 @@ from autofuse.kernels.common.render import (
     tile_address,
 )
 from autofuse.kernels.common.rewrites import ValueRewrites
-from autofuse.kernels.common.row_order import row_index
+from autofuse.kernels.common.row_order import row_swap
 from autofuse.kernels.common.sizes import runtime_sizes_on
 from autofuse.kernels.common.views import (
     broadcast_index,
     domain_of_flat,
-    flat_of,
+    loop_index,
     narrow_iota,
     view_source_index,
 )
@@ -121,7 +122,8 @@ class Emitter(ValueRewrites):
         self.streamed: frozenset[int] = frozenset()
         self.int64 = self._needs_int64()
         self.narrow = not self.int64 and narrow_iota(graph, info.nodes)
-        self.full = row_index(graph, info)
+        self.swap = row_swap(graph, info)  # the row's walk (kernels/common/row_order.py)
+        self.full = loop_index(info.domain, info.reduce_dims, self.swap)
 
     # -- output helpers ----------------------------------------------------------------------
     def line(self, s: str) -> None:
@@ -243,11 +245,7 @@ class Emitter(ValueRewrites):
 
     def load_offset(self, i: int, index: tuple[Expr, ...]) -> Expr:
         """The offset of ``index`` in node ``i``'s buffer."""
-        node = self.g[i]
-        strides = buffer_strides(node)
-        if strides == contiguous_strides(node.shape):  # a reshape's flat offset, as it is
-            return flat_of(index, node.shape)
-        return linearize(index, strides, node.shape)
+        return load_offset(self.g, i, index)
 
     def load(self, i: int, index: tuple[Expr, ...]) -> Val:
         node = self.g[i]  # (never empty: ``value`` answers an empty node itself)

@@ -10,7 +10,6 @@ from autofuse.kernels.common.base import Kernel, KernelMeta
 from autofuse.kernels.common.emitter import Emitter
 from autofuse.kernels.common.literals import with_size_arguments
 from autofuse.kernels.common.render import kernel_header
-from autofuse.kernels.common.row_order import row_swap
 
 
 def render_loop_kernel(
@@ -33,9 +32,8 @@ def render_loop_kernel(
     what = f"{kind}, domain {list(info.domain)}" + (
         f", reducing dims {list(info.reduce_dims)}" if em.red else ""
     )
-    swap = row_swap(em.g, info) if em.red else None
-    if swap is not None:  # AUTOFUSE_REDUCTION_ORDER=stride: the row's digits walked swapped
-        what += f", its {swap[0]} x {swap[1]} row walked by stride ({swap[0]} innermost)"
+    if em.swap is not None:  # AUTOFUSE_REDUCTION_ORDER=stride: the row's digits walked swapped
+        what += f", its {em.swap[0]} x {em.swap[1]} row walked by stride ({em.swap[0]} innermost)"
     header = kernel_header(em, name, what, params + const_params)
     helpers = [h.source for h in sorted(em.helpers, key=lambda h: h.name)]
     src = "\n".join(

@@ -1,11 +1,12 @@
 """Where a node's elements live: item sizes by dtype, a node's bytes, its offset into the buffer
-behind its views, and its ancestors (the matmul kinds walk them)."""
+behind its views (and a loaded node's, as loop kernels address it), and its ancestors (the
+matmul kinds walk them)."""
 
 from __future__ import annotations
 
-from autofuse.ir.graph import Graph, buffer_strides, numel
+from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides, numel
 from autofuse.ir.indexing import Expr, linearize
-from autofuse.kernels.common.views import view_source_index
+from autofuse.kernels.common.views import flat_of, view_source_index
 
 ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 ITEMSIZE = {
@@ -28,6 +29,15 @@ def memory_offset(graph: Graph, i: int, idx) -> Expr:
     node = graph[i]
     strides = buffer_strides(node)
     return linearize(idx, strides, node.shape)
+
+
+def load_offset(graph: Graph, i: int, index: tuple[Expr, ...]) -> Expr:
+    """The offset of ``index`` in node ``i``'s buffer (a loaded node: no views above it)."""
+    node = graph[i]
+    strides = buffer_strides(node)
+    if strides == contiguous_strides(node.shape):  # a reshape's flat offset, as it is
+        return flat_of(index, node.shape)
+    return linearize(index, strides, node.shape)
 
 
 def ancestors(graph: Graph, i: int) -> set[int]:

@@ -18,24 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from autofuse.ir.graph import Graph, buffer_strides, contiguous_strides
-from autofuse.ir.indexing import Expr, linearize
+from autofuse.ir.graph import Graph
+from autofuse.ir.indexing import Expr
 from autofuse.kernels.common.base import GroupInfo
-from autofuse.kernels.common.views import (
-    broadcast_index,
-    flat_of,
-    loop_index,
-    view_source_index,
-)
+from autofuse.kernels.common.memory import load_offset
+from autofuse.kernels.common.views import broadcast_index, loop_index, view_source_index
 from autofuse.settings import settings
 
 ORDER_FREE = frozenset({"sum", "mean", "amax", "amin", "prod", "any"})
-
-
-def row_index(graph: Graph, info: GroupInfo) -> tuple[Expr, ...]:
-    """A loop kernel's index of its domain element (``views.loop_index``), its row walked in
-    the order :func:`row_swap` gives."""
-    return loop_index(info.domain, info.reduce_dims, row_swap(graph, info))
 
 
 def row_swap(graph: Graph, info: GroupInfo) -> tuple[int, int] | None:
@@ -48,14 +38,13 @@ def row_swap(graph: Graph, info: GroupInfo) -> tuple[int, int] | None:
     if not reds or any(n.op not in ORDER_FREE for n in reds):
         return None
     full = loop_index(info.domain, info.reduce_dims)
-    offs = list(_row_reads(graph, info, full))
-    pairs = {_digits(off, info.rnumel) for off in offs}
-    pairs.discard(HIGH_ONLY)
+    reads = [(off, _digits(off, info.rnumel)) for off in _row_reads(graph, info, full)]
+    pairs = {d for _, d in reads if d != HIGH_ONLY}
     if len(pairs) != 1 or None in pairs:
         return None
     (swap,) = pairs
     # a read over the high digit alone (a per-channel weight) is the same in either walk
-    if any(_digits(off, info.rnumel) == HIGH_ONLY and not _high_only(off, swap) for off in offs):
+    if any(d == HIGH_ONLY and not _high_only(off, swap) for off, d in reads):
         return None
     return swap
 
@@ -73,21 +62,13 @@ def _row_reads(graph: Graph, info: GroupInfo, full: tuple[Expr, ...]) -> Iterato
             idx = view_source_index(graph, j, idx)
             j = graph[j].inputs[0]
         if j in info.loads:
-            off = _offset(graph, j, idx)
+            off = load_offset(graph, j, idx)
             if "rindex" in off.vars:
                 yield off
         elif j in members and graph[j].kind not in ("view", "reduction") and j not in seen:
             seen.add(j)  # (a member's index is the same from every reader: its domain's)
             shape = graph[j].shape
             stack += [(k, broadcast_index(graph[k].shape, shape, idx)) for k in graph[j].inputs]
-
-
-def _offset(graph: Graph, j: int, index: tuple[Expr, ...]) -> Expr:
-    node = graph[j]
-    strides = buffer_strides(node)
-    if strides == contiguous_strides(node.shape):
-        return flat_of(index, node.shape)
-    return linearize(index, strides, node.shape)
 
 
 HIGH_ONLY = (0, 0)  # _digits: a read over one column term, ``r // b``
