@@ -108,3 +108,16 @@ def test_the_kernel_says_its_row_is_walked_by_stride(monkeypatch):
         kernel = generate(planner.graph, info, default_config(info, planner.graph))
         assert "its 4 x 64 row walked by stride (4 innermost)" in kernel.source
         assert "16 * (rindex // 4)" in kernel.source  # a pixel 16 channels on
+
+
+def test_a_gemm_row_keeps_the_logical_order(monkeypatch):
+    """The row GEMM kind bounds its columns on the logical walk: a group with a matmul is
+    never walked by stride."""
+    from dataclasses import replace
+
+    env = {"AUTOFUSE_REDUCTION_ORDER": "stride", "AUTOFUSE_CONV_LAYOUT": "channels_last"}
+    with settings_env(monkeypatch, **env):
+        planner = Planner(capture(_conv_group_norm, _inputs()).graph)
+        infos = [planner.space.check(g) for g in planner.space.untuned().groups]
+        (info,) = [i for i in infos if i.kind == "reduction" and row_swap(planner.graph, i)]
+        assert row_swap(planner.graph, replace(info, matmuls=(info.nodes[0],))) is None

@@ -30,9 +30,10 @@ ORDER_FREE = frozenset({"sum", "mean", "amax", "amin", "prod", "any"})
 
 def row_swap(graph: Graph, info: GroupInfo) -> tuple[int, int] | None:
     """(a, b) where the group's row is best walked low digit outermost (see the module), else
-    None: the setting off, more or less than one reduced dim, a reduction whose result depends
-    on the order, or a row read that is not two such digits."""
-    if settings().reduction_order != "stride" or len(info.reduce_dims) != 1:
+    None: the setting off, more or less than one reduced dim, a GEMM's row (the row GEMM kind
+    bounds its columns on the logical walk), a reduction whose result depends on the order, or
+    a row read that is not two such digits."""
+    if settings().reduction_order != "stride" or len(info.reduce_dims) != 1 or info.matmuls:
         return None
     reds = [graph[i] for i in info.nodes if graph[i].kind == "reduction"]
     if not reds or any(n.op not in ORDER_FREE for n in reds):
