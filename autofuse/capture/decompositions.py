@@ -124,15 +124,18 @@ def _std_decomp(x, dim=None, *, correction=None, keepdim=False):
 
 
 def _group_norm_decomp(x, weight, bias, n, c, hw, group, eps):
-    """native_group_norm as a row reduction: x viewed as [N, G, C/G * HxW] (each group one
-    row), normalized in fp32 for 16-bit inputs; mean and rstd per (N, G) as eager returns.
-    An empty input keeps eager's own op (its rows have no length to divide by)."""
+    """native_group_norm as a row reduction: x viewed as [N, G, C/G, HxW] (each group one
+    row over its channels and pixels), normalized in fp32 for 16-bit inputs; mean and rstd per
+    (N, G) as eager returns. The channels and the pixels stay two dims, so the view is one of a
+    channels-last x too (a merged C/G * HxW dim is not): the split reads such a row as memory
+    holds it, a group's channels whole in every chunk (``ir/split.py``). An empty input keeps
+    eager's own op (its rows have no length to divide by)."""
     if x.numel() == 0:
         return NotImplemented
     low = x.dtype in (torch.float16, torch.bfloat16)
-    xg = x.reshape(n, group, -1)
+    xg = x.reshape(n, group, c // group, -1)
     xg = xg.float() if low else xg  # cast over the reduction's domain: one kernel with it
-    var, mean = _var_mean_decomp(xg, [2], correction=0, keepdim=True)
+    var, mean = _var_mean_decomp(xg, [2, 3], correction=0, keepdim=True)
     rstd = torch.rsqrt(var + eps)
     y = ((xg - mean) * rstd).reshape(x.shape)
     per_channel = (1, c) + (1,) * (x.dim() - 2)

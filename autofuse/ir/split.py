@@ -71,6 +71,8 @@ from autofuse.ir.split_chunks import new_node as _node
 from autofuse.ir.split_layout import (
     chunk_order,
     layout_label,
+    nested,
+    outermost,
     physically_inner,
     read_layouts,
     read_strides,
@@ -167,39 +169,61 @@ def _runs(dims: tuple[int, ...]) -> list[tuple[int, int]]:
     return runs
 
 
-def _cut(shape: tuple[int, ...], dims: tuple[int, ...], k: int) -> tuple[int, int, int] | None:
+def _cut(
+    shape: tuple[int, ...], dims: tuple[int, ...], k: int, strides: tuple[int, ...] | None = None
+) -> tuple[int, int, int] | None:
     """Where to cut a reduction over ``dims`` in about ``k`` chunks: (chunks, first, last dim
     of the merged run cut), or None. All the dims when they are adjacent; otherwise the first
     reduced dim, else the last run of adjacent reduced dims (BatchNorm's (N, D, H, W) of
     ConvTranspose3d's (64, 16, 63, 63, 63) result wants ~122 chunks: N = 64 has no divisor
-    near 122, D x H x W = 250047 has 147), each with a divisor within a factor two of ``k``."""
+    near 122, D x H x W = 250047 has 147), each with a divisor within a factor two of ``k``.
+    Read with ``strides`` (not contiguous), a run not nested in memory comes after the dim
+    furthest apart in memory alone (:func:`_memory_options`)."""
     runs = _runs(dims)
     options = runs if len(runs) == 1 else [(dims[0], dims[0]), runs[-1]]
-    for first, last in options:
+    for first, last in _memory_options(shape, dims, options, strides):
         kk = _divisor_near(numel(shape[first : last + 1]), k)
         if kk is not None:
             return kk, first, last
     return None
 
 
+def _memory_options(shape, dims, options, strides) -> list[tuple[int, int]]:
+    """``options`` (runs of dims to cut) ordered for a reduction read with ``strides``: those
+    nested in memory first, then the reduced dim furthest apart in memory alone, then the
+    rest. A channels-last GroupNorm row (C/G, HxW) read as (1, C) strides is no nested run:
+    cut as one, a chunk holds some channels' planes and reads one element of every pixel's
+    channels; cut along the pixels, each chunk reads a group's channels whole per pixel."""
+    if strides is None:
+        return options
+    far = outermost(shape, strides, dims)
+    good = [o for o in options if nested(shape, strides, *o)]
+    rest = [o for o in [(far, far)] + options if o not in good]
+    return good + [o for j, o in enumerate(rest) if o not in rest[:j]]
+
+
 def _variance_cut(
-    shape: tuple[int, ...], dims: tuple[int, ...], chunk: tuple[int, int]
+    shape: tuple[int, ...],
+    dims: tuple[int, ...],
+    chunk: tuple[int, int],
+    strides: tuple[int, ...] | None = None,
 ) -> tuple[int, int, int] | None:
     """Where to cut a long variance over ``dims`` in chunks of about ``chunk`` elements: the
-    outermost reduced dim where a divisor of it gives chunks within (lo, 4 hi) (BatchNorm's N:
-    each chunk whole planes, contiguous), else as :func:`_cut`."""
+    outermost run of reduced dims (merged; where read with ``strides`` and not nested in
+    memory, the dim furthest apart in memory) where a divisor of it gives chunks within
+    (lo, 4 hi) (BatchNorm's N: each chunk whole planes, contiguous), else as :func:`_cut`."""
     lo, hi = chunk
     rnumel = numel(shape[d] for d in dims)
     target = (lo + hi) // 2
-    n0 = shape[dims[0]]
+    first, last = _runs(dims)[0]
+    if not nested(shape, strides, first, last):
+        first = last = outermost(shape, strides, dims)
+    n0 = numel(shape[first : last + 1])
     ks = [k for k in range(2, n0 + 1) if n0 % k == 0 and lo <= rnumel // k <= 4 * hi]
     if ks:
-        return (
-            min(ks, key=lambda k: max(rnumel / k / target, target * k / rnumel)),
-            dims[0],
-            dims[0],
-        )
-    return _cut(shape, dims, -(-rnumel // target))
+        best = min(ks, key=lambda k: max(rnumel / k / target, target * k / rnumel))
+        return best, first, last
+    return _cut(shape, dims, -(-rnumel // target), strides)
 
 
 def decide(
@@ -231,7 +255,7 @@ def decide(
     k, why = policy.wanted_k(rnumel, outputs, inner)
     if k == 1:
         return SplitDecision(i, 1, f"not split: {why}" + (f", {kind}" if strides else ""))
-    cut = _cut(shape, dims, k)
+    cut = _cut(shape, dims, k, strides)
     if cut is None:
         return SplitDecision(i, 1, f"not split: {why}, but no divisor near {k} cuts it")
     kk, first, last = cut
@@ -282,12 +306,12 @@ def _cached_variances(
         chunk = rnumel // dec.k if dec.k > 1 else rnumel
         if (dec.k == 1 and rnumel < policy.long_row) or chunk <= hi:
             continue
-        cut = _variance_cut(shape, dims, (lo, hi))
+        strides = read_strides(graph, node.inputs[0], reads or None)
+        cut = _variance_cut(shape, dims, (lo, hi), strides)
         if cut is not None and rnumel // cut[0] < chunk:
             kk, first, last = cut
             why = f"a variance row of {rnumel}: ~{kk} chunks of {rnumel // kk}, re-read from cache"
             dec = SplitDecision(i, kk, f"split in {kk}: {why}", first, last)
-            strides = read_strides(graph, node.inputs[0], reads or None)
             wanted[i] = _ordered(dec, shape, dims, strides)
     if not wanted:
         return decisions

@@ -28,7 +28,15 @@ from autofuse.ir.conv_layout import channels_last_strides
 from autofuse.ir.graph import Graph, Node, buffer_strides, contiguous_strides, dense
 from autofuse.ir.split_chunks import SplitDecision, chunk_layout
 
-__all__ = ["chunk_order", "layout_label", "physically_inner", "read_layouts", "read_strides"]
+__all__ = [
+    "chunk_order",
+    "layout_label",
+    "nested",
+    "outermost",
+    "physically_inner",
+    "read_layouts",
+    "read_strides",
+]
 
 
 def _same(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -113,6 +121,26 @@ def physically_inner(shape: tuple[int, ...], strides: tuple[int, ...], dims) -> 
     return not red or not kept or min(kept) > max(red)
 
 
+def nested(shape: tuple[int, ...], strides: tuple[int, ...] | None, first: int, last: int) -> bool:
+    """Whether dims ``first .. last`` (size-1 dims aside) are nested in memory as in logical
+    order, each at least its inner neighbour's whole extent apart (a pool's windows leave gaps:
+    nested), so merging them walks memory in order; always where ``strides`` is None
+    (contiguous)."""
+    if strides is None:
+        return True
+    run = [j for j in range(first, last + 1) if shape[j] > 1]
+    return all(strides[a] >= strides[b] * shape[b] for a, b in zip(run, run[1:]))
+
+
+def outermost(shape: tuple[int, ...], strides: tuple[int, ...], dims: tuple[int, ...]) -> int:
+    """The dim of ``dims`` furthest apart in memory (size-1 dims aside; the first where all
+    are size 1): a chunk cut along it holds the other reduced dims whole, each chunk's reads
+    runs of memory (a channels-last GroupNorm row over (C/G, HxW): the pixels, every chunk a
+    group's channels of some pixels)."""
+    wide = [d for d in dims if shape[d] > 1]
+    return max(wide, key=lambda d: strides[d]) if wide else dims[0]
+
+
 def layout_label(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
     """``channels-last`` for a 4-D / 5-D channels-last layout, else the strides."""
     if len(shape) in (4, 5) and _same(shape, strides, channels_last_strides(shape)):
@@ -129,8 +157,8 @@ def chunk_order(
     inner neighbour's whole extent apart)."""
     d, e = dec.dim, max(dec.last, dec.dim)
     run = [j for j in range(d, e + 1) if shape[j] > 1]
-    if any(strides[a] < strides[b] * shape[b] for a, b in zip(run, run[1:])):
-        return ()  # the run's dims not nested in memory (a pool's windows leave gaps: nested)
+    if not nested(shape, strides, d, e):
+        return ()
     cut = chunk_layout(shape, dims, dec)[0]
     step = strides[run[-1]] if run else 1
     cut_strides = strides[:d] + (step * cut[d + 1], step) + strides[e + 1 :]

@@ -53,8 +53,11 @@ def suite_cases(names: list[str], device: str) -> list[tuple[str, Callable, Call
     unknown = set(names) - set(sets)
     if unknown:
         raise ValueError(f"--sets: unknown {sorted(unknown)} (known: {sorted(sets)})")
-    return [(f"{s}:{w.name}", w.fn, lambda w=w: w.inputs(device=device, dtype=torch.bfloat16))
-            for s in names for w in sets[s]]
+    return [
+        (f"{s}:{w.name}", w.fn, lambda w=w: w.inputs(device=device, dtype=torch.bfloat16))
+        for s in names
+        for w in sets[s]
+    ]
 
 
 def kb_cases(kb_dir: str, problems: list[int], device: str) -> list[tuple]:
@@ -69,9 +72,15 @@ def kb_cases(kb_dir: str, problems: list[int], device: str) -> list[tuple]:
         spec.loader.exec_module(mod)
         torch.manual_seed(0)
         model = mod.Model(*mod.get_init_inputs()).to(device).eval()
-        out.append((f"L2_{n}", model,
-                    lambda mod=mod: tuple(x.to(device) if torch.is_tensor(x) else x
-                                          for x in mod.get_inputs())))
+        out.append(
+            (
+                f"L2_{n}",
+                model,
+                lambda mod=mod: tuple(
+                    x.to(device) if torch.is_tensor(x) else x for x in mod.get_inputs()
+                ),
+            )
+        )
     return out
 
 
@@ -82,8 +91,13 @@ def max_error(got: object, want: object) -> float:
     return max((max_error(g, w) for g, w in zip(got, want)), default=0.0)
 
 
-def one_case(name: str, fn: Callable, make_inputs: Callable[[], tuple], cache_dir: str,
-             timer: Callable = bench_timer) -> dict:
+def one_case(
+    name: str,
+    fn: Callable,
+    make_inputs: Callable[[], tuple],
+    cache_dir: str,
+    timer: Callable = bench_timer,
+) -> dict:
     """Eager's and the greedy plan's times for one workload, its build seconds and error."""
     import autofuse
 
@@ -97,8 +111,13 @@ def one_case(name: str, fn: Callable, make_inputs: Callable[[], tuple], cache_di
         build_s = time.perf_counter() - t0
         got = plan(*inputs)
         plan_us = timer(lambda: plan(*inputs))
-    return {"workload": name, "eager_us": round(eager_us, 2), "plan_us": round(plan_us, 2),
-            "build_s": round(build_s, 2), "max_abs_err": max_error(got, want)}
+    return {
+        "workload": name,
+        "eager_us": round(eager_us, 2),
+        "plan_us": round(plan_us, 2),
+        "build_s": round(build_s, 2),
+        "max_abs_err": max_error(got, want),
+    }
 
 
 def stamp(arm: str) -> dict:
@@ -109,13 +128,18 @@ def stamp(arm: str) -> dict:
     import autofuse
 
     cuda = torch.cuda.is_available()
-    return {"arm": arm, "commit": os.environ.get("AUTOFUSE_COMMIT", "unknown"),
-            "autofuse_from": str(Path(autofuse.__file__).parent),
-            "gpu": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-            "triton": triton.__version__, "cudnn": torch.backends.cudnn.version() if cuda else None,
-            "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "arm": arm,
+        "commit": os.environ.get("AUTOFUSE_COMMIT", "unknown"),
+        "autofuse_from": str(Path(autofuse.__file__).parent),
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -140,8 +164,11 @@ def main(argv: list[str] | None = None) -> dict:
             try:
                 rec = one_case(name, fn, make, cache_dir)
             except Exception as e:  # one workload's failure is a record, not the run's end
-                rec = {"workload": name, "error": f"{type(e).__name__}: {e}",
-                       "trace": traceback.format_exc(limit=4)}
+                rec = {
+                    "workload": name,
+                    "error": f"{type(e).__name__}: {e}",
+                    "trace": traceback.format_exc(limit=4),
+                }
             record["records"].append(rec)
             print(json.dumps(rec)[:200], flush=True)
             Path(a.out).write_text(json.dumps(record, indent=1))

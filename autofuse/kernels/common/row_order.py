@@ -30,10 +30,13 @@ ORDER_FREE = frozenset({"sum", "mean", "amax", "amin", "prod", "any"})
 
 def row_swap(graph: Graph, info: GroupInfo) -> tuple[int, int] | None:
     """(a, b) where the group's row is best walked low digit outermost (see the module), else
-    None: the setting off, more or less than one reduced dim, a GEMM's row (the row GEMM kind
-    bounds its columns on the logical walk), a reduction whose result depends on the order, or
-    a row read that is not two such digits."""
-    if settings().reduction_order != "stride" or len(info.reduce_dims) != 1 or info.matmuls:
+    None: the setting off, more than two reduced dims (two: the digits are those dims, a
+    GroupNorm row's (C/G, HxW)), a GEMM's row (the row GEMM kind bounds its columns on the
+    logical walk), a reduction whose result depends on the order, or a row read that is not
+    two such digits."""
+    if settings().reduction_order != "stride" or len(info.reduce_dims) not in (1, 2):
+        return None
+    if info.matmuls:
         return None
     reds = [graph[i] for i in info.nodes if graph[i].kind == "reduction"]
     if not reds or any(n.op not in ORDER_FREE for n in reds):
@@ -44,6 +47,8 @@ def row_swap(graph: Graph, info: GroupInfo) -> tuple[int, int] | None:
     if len(pairs) != 1 or None in pairs:
         return None
     (swap,) = pairs
+    if len(info.reduce_dims) == 2 and swap != tuple(info.domain[d] for d in info.reduce_dims):
+        return None  # the digits are not the two dims
     # a read over the high digit alone (a per-channel weight) is the same in either walk
     if any(d == HIGH_ONLY and not _high_only(off, swap) for off, d in reads):
         return None

@@ -97,8 +97,9 @@ def loop_index(
 ) -> tuple[Expr, ...]:
     """A loop kernel's index of its domain element: the kept dims over ``xindex`` (its rows),
     the reduced ones over ``rindex`` (a row's columns). ``swap``: (a, b), a row of a x b
-    elements (one reduced dim) walked with its low digit (b) outermost: column ``rindex`` is
-    element ``b * (rindex % a) + rindex // a`` (``kernels/common/row_order.py``)."""
+    elements (one reduced dim, or two of a and b) walked with its low digit (b) outermost:
+    column ``rindex`` is element ``b * (rindex % a) + rindex // a``, or elements
+    (``rindex % a``, ``rindex // a``) of the two dims (``kernels/common/row_order.py``)."""
     if not reduce_dims:
         return domain_index(domain, "xindex")
     kept = tuple(s for i, s in enumerate(domain) if i not in reduce_dims)
@@ -106,8 +107,8 @@ def loop_index(
     xi, ri = iter(domain_index(kept, "xindex")), iter(domain_index(reduced, "rindex"))
     if swap is not None:
         a, b = swap
-        low = Expr.dim("rindex", 1, a, False)  # rindex % a
-        ri = iter((low.scale(b) + Expr.dim("rindex", a, b, True),))
+        low, high = Expr.dim("rindex", 1, a, False), Expr.dim("rindex", a, b, True)
+        ri = iter((low, high) if len(reduce_dims) == 2 else (low.scale(b) + high,))
     return tuple(next(ri) if i in reduce_dims else next(xi) for i in range(len(domain)))
 
 
