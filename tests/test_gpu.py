@@ -5,7 +5,7 @@ import torch
 
 import autofuse
 
-from .helpers import assert_close, reference
+from .helpers import assert_close, plain_build, reference
 from .workloads import cases, gemm_cases
 
 pytestmark = pytest.mark.gpu
@@ -52,6 +52,7 @@ def test_tuned_plan_on_gpu(tmp_path):
     assert_close(opt(*args), reference(fn, args, torch.bfloat16)[0], torch.bfloat16)
 
 
+@plain_build
 def test_lean_launch_reuses_the_binary_and_respects_alignment():
     from autofuse.plan import launcher
 

@@ -25,7 +25,7 @@ from autofuse.kernels.common import loader
 from autofuse.kernels.common.loader import KernelFileWarning
 from autofuse.partition.partitioner import Partitioner
 from autofuse.plan.runtime import KernelBuildWarning, KernelStep, Plan, build_plan, execute
-from tests.helpers import fresh_runtime
+from tests.helpers import fresh_runtime, plain_build
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
@@ -260,6 +260,7 @@ def test_a_binary_for_another_build_is_recompiled_or_refused(with_binary, monkey
 
 
 @pytest.mark.gpu
+@plain_build
 def test_a_fresh_process_launches_the_stored_binary(home, tmp_path):
     import subprocess
     import sys

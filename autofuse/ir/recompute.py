@@ -83,7 +83,7 @@ def _candidates(graph: Graph) -> dict[int, tuple[list[int], dict]]:
         by_domain: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
         for path, u in sorted(_reads(graph, i), key=lambda r: r[1]):
             if graph[u].kind in ("pointwise", "reduction"):
-                by_domain.setdefault(graph[path[-1] if path else i].shape, []).append((path, u))
+                by_domain.setdefault(_domain(graph, i, path), []).append((path, u))
         domains = list(by_domain.items())
         if len(domains) < 2 or not _chunked(graph, i, *domains[0]):
             continue
@@ -95,11 +95,20 @@ def _candidates(graph: Graph) -> dict[int, tuple[list[int], dict]]:
     return found
 
 
-def _chunked(graph: Graph, i: int, shape: tuple[int, ...], reads: list) -> bool:
-    """Whether the readers of value ``i`` in domain ``shape`` (the first) read it reshaped
-    (another shape than its own) and feed a reduction within a few pointwise ops: a split
-    reduction's chunks, a kernel of their own."""
-    if shape == graph[i].shape:
+def _domain(graph: Graph, i: int, path: tuple[int, ...]) -> tuple:
+    """The domain a reader of value ``i`` through views ``path`` reads it in: the shape read,
+    and whether through a split's chunked view (``ir/split_chunks.py``: its own kernel even
+    where its shape is one the value is read in elsewhere)."""
+    shape = graph[path[-1] if path else i].shape
+    return shape, any(graph[p].attr("chunks") for p in path)
+
+
+def _chunked(graph: Graph, i: int, domain: tuple, reads: list) -> bool:
+    """Whether the readers of value ``i`` in ``domain`` (the first) read it reshaped (another
+    shape than its own, or through a split's chunked view) and feed a reduction within a few
+    pointwise ops: a split reduction's chunks, a kernel of their own."""
+    shape, chunks = domain
+    if shape == graph[i].shape and not chunks:
         return False
     frontier, seen = [u for _, u in reads], set()
     for _ in range(MAX_CONE):

@@ -79,7 +79,11 @@ class ChunkView:
 
     def view(self, add: Any, x: int, dtype: str, name: str) -> int:
         """Append the view of node ``x`` the partials read; its index."""
-        v = add(new_node("reshape", (x,), self.cut, dtype, f"{name}.chunks", shape=self.cut))
+        # (``chunks``: the split's view, a domain of its own even where its shape is one the
+        # graph reads x in already: GroupNorm's (N, G, C/G, HxW) cut in C/G chunks)
+        view = new_node("reshape", (x,), self.cut, dtype, f"{name}.chunks", shape=self.cut,
+                        chunks=True)  # fmt: skip
+        v = add(view)
         if not self.order:
             return v
         return add(
