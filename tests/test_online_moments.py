@@ -205,19 +205,30 @@ def softmax_and_max(x):
         pytest.param({j: float("-inf") for j in range(ROW)}, id="all-minus-inf"),
     ],
 )
-def test_the_riding_sums_maximum_skips_nan_and_the_result_does_not(fill):
-    """The tiles' shift takes ``tl.max`` (a NaN skipped); the maximum the graph returns and
-    every sum of a row holding a NaN are NaN as eager's, with a row of ``-inf`` and one NaN
-    (the shift stays ``-inf`` there) among them."""
+@pytest.mark.parametrize("lanes", [True, False], ids=["interpreter-form", "gpu-form"])
+def test_the_riding_sums_maximum_skips_nan_and_the_result_does_not(
+    fill, lanes, monkeypatch, tmp_path
+):
+    """Both forms of the running maximum (``online.lanes_keep_max``): the interpreter's (the
+    tiles' shift takes ``tl.max``, a NaN skipped, the maximum kept per lane beside it) and a
+    GPU's (the row's accumulator, each tile's maximum a NaN-propagating reduction): the maximum
+    the graph returns and every sum of a row holding a NaN are NaN as eager's, with a row of
+    ``-inf`` and one NaN (the shift stays ``-inf`` there) among them."""
+    from autofuse.kernels.common import emitter
+
+    monkeypatch.setattr(emitter, "lanes_keep_max", lambda: lanes)
     x = torch.randn(3, ROW)
     for j, v in fill.items():
         x[1, j] = v
     plan = looped_plan(softmax_and_max, x)
     assert any(online_pairs(plan.graph, k.info) for k in plan.kernels if k.info.kind == "reduction")
-    got, ref = autofuse.optimize(softmax_and_max, [x])(x), softmax_and_max(x)
+    assert ("tl.max(" in plan.kernels[0].source) == lanes  # the tiles' shift of the form asked
+    opt = autofuse.optimize(softmax_and_max, [x], cache_dir=str(tmp_path))
+    got, ref = opt(x), softmax_and_max(x)
     for g, r in zip(got, ref):
         torch.testing.assert_close(g, r, equal_nan=True)
-    (var, mean), (ref_var, ref_mean) = autofuse.optimize(var_mean, [x])(x), var_mean(x)
+    opt = autofuse.optimize(var_mean, [x], cache_dir=str(tmp_path))
+    (var, mean), (ref_var, ref_mean) = opt(x), var_mean(x)
     assert var[1].isnan() and ref_var[1].isnan()
     assert mean[1].isnan() if any(v != v for v in fill.values()) else mean[1] == float("-inf")
     torch.testing.assert_close(var[0::2], ref_var[0::2], rtol=1e-5, atol=1e-6)

@@ -22,7 +22,7 @@ from autofuse.kernels.common import load_hints, rowops
 from autofuse.kernels.common.base import FusionRefused, GroupInfo, describe
 from autofuse.kernels.common.indexed import indexed_value
 from autofuse.kernels.common.memory import load_offset
-from autofuse.kernels.common.online import finished, fold_tile, shift_scale
+from autofuse.kernels.common.online import finished, fold_tile, lanes_keep_max, shift_scale
 from autofuse.kernels.common.reads import online_pairs, phase_levels
 from autofuse.kernels.common.render import (
     TL_DTYPE,
@@ -507,22 +507,21 @@ class Emitter(ValueRewrites):
 
     def _looped_phase(self, phase: list[int]) -> dict:
         accs = {}
+        row_max = set() if lanes_keep_max() else set(self.online.values())  # (online.py)
         for r in phase:
-            acc_dtype = self.acc_dtype(r)
-            ident = identity(self.g[r].op, acc_dtype)
-            acc = self.tmp(
-                f"tl.full([XBLOCK, RBLOCK], {ident}, {TL_DTYPE[acc_dtype]})", 2, acc_dtype
-            )
-            accs[r] = (acc, acc_dtype)
+            dt, lanes = self.acc_dtype(r), 1 if r in row_max else "RBLOCK"
+            full = f"tl.full([XBLOCK, {lanes}], {identity(self.g[r].op, dt)}, {TL_DTYPE[dt]})"
+            accs[r] = (self.tmp(full, 2, dt), dt)
             if rowops.is_row_op(self.g[r].op):
                 rowops.start_index(self, r)
         online = {s: m for s, m in self.online.items() if m in phase}
-        rows = {}  # an online max's running row maximum, beside its lanes' NaN-exact one
+        rows = {}  # an online max's running row max: its accumulator, or one beside its lanes'
         for s, m in online.items():
             dt = self.acc_dtype(s)
             accs[s] = (self.tmp(f"tl.full([XBLOCK, 1], 0.0, {TL_DTYPE[dt]})", 2, dt), dt)
             dt, ident = self.acc_dtype(m), identity(self.g[m].op, self.acc_dtype(m))
-            rows[m] = self.tmp(f"tl.full([XBLOCK, 1], {ident}, {TL_DTYPE[dt]})", 1, dt)
+            row = f"tl.full([XBLOCK, 1], {ident}, {TL_DTYPE[dt]})"
+            rows[m] = accs[m][0] if m in row_max else self.tmp(row, 1, dt)
         self._in_loop(lambda: self._accumulate(phase, accs, online, rows))
         return accs
 
@@ -535,16 +534,17 @@ class Emitter(ValueRewrites):
             if rowops.is_row_op(node.op):
                 rowops.accumulate(self, r, acc, val)
                 continue
-            self.line(f"{acc.code} = {self._combine(node.op, acc.code, val, acc_dtype)}")
+            if lanes := rows.get(r) is not acc:  # its lanes' own (online.lanes_keep_max)
+                self.line(f"{acc.code} = {self._combine(node.op, acc.code, val, acc_dtype)}")
             if r not in partner:
                 continue
             # a sum riding its max's loop (common/online.py), one update per tile: the row's
             # running max and the running sum against it (the online softmax: one exp per
-            # element, as the hand-written cross-entropy kernels; the moment mean's shift). The
-            # shift's maximum skips NaN (tl.max); the lanes above keep the max NaN-exact
+            # element, as the hand-written cross-entropy kernels; the moment mean's shift)
             s_acc, c = accs[partner[r]][0].code, shift_scale(self.g, partner[r])
             row = rows[r].code
-            tile = self.tmp(f"tl.max({val}, 1)[:, None]", 1, acc_dtype, "tile max")
+            nan_max = self.row_reduce("amax", val, acc_dtype) if not lanes else None
+            tile = self.tmp(nan_max or f"tl.max({val}, 1)[:, None]", 1, acc_dtype, "tile max")
             m_new = self.tmp(
                 minmax("maximum", row, tile.code, acc_dtype), 1, acc_dtype, "running max"
             )
