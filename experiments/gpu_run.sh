@@ -32,7 +32,9 @@
 # config of SWEEP_WORKLOADS' groups timed alone, L2_52-style names from KB_DIR, SWEEP_KINDS,
 # SWEEP_CONFIGS at most per group); fuzz (experiments.fuzz with real kernels: FUZZ_GRAPHS graphs of
 # seed FUZZ_SEED in FUZZ_JOBS shards, forward and backward; the merged summary, the graphs'
-# records and the shrunk repros, each one file under $OUT).
+# records and the shrunk repros, each one file under $OUT); ab (experiments.probes.plan_ab: the
+# greedy plans of AB_SETS (suite,models) and KernelBench level-2 AB_PROBLEMS timed with this
+# tree and with commit AB_OLD's autofuse/ unpacked in ab_old/ (carried), each twice, interleaved).
 set -u
 OUT=${OUT:?set OUT to the folder for results}
 mkdir -p "$OUT"
@@ -114,7 +116,22 @@ for s in $stages; do
               for f in "$d"/shard*/repros/*.py; do [ -f "$f" ] && { echo "# ==== ${f#$d/}"; cat "$f"; }; done \
                   > "$OUT/fuzz_gpu_repros_$C.txt"
               tail -3 "$OUT/fuzz_gpu_$C.log" ;;
-        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown kb conv_profile sweep fuzz)"; exit 2 ;;
+        ab) o=${AB_OLD:?set AB_OLD to the old commit whose autofuse/ is unpacked in ab_old/}
+            [ -d ab_old/autofuse ] || { echo "no ab_old/autofuse (git archive $o autofuse | tar -x -C ab_old)"; continue; }
+            args="--sets ${AB_SETS:-suite,models} ${AB_PROBLEMS:+--kb ${KB_DIR:?set KB_DIR} --problems $AB_PROBLEMS}"
+            half=$(( $(limit ab 500) / 2 ))
+            for arm in new old new old; do  # interleaved: each tree twice, in both orders
+                r=$(( ${r:-0} + 1 ))
+                if [ $arm = old ]; then
+                    (cd ab_old && AUTOFUSE_COMMIT=$o PYTHONPATH=${PYTHONPATH:-}:$OLDPWD timeout $(( half / 2 )) \
+                        python3 -m experiments.probes.plan_ab --arm "$o" $args --out "$OUT/ab${r}_$o.json" \
+                        --deadline $(( half / 2 - 15 )) > /dev/null 2>&1)
+                else
+                    timeout $(( half / 2 )) python3 -m experiments.probes.plan_ab --arm "$C" $args \
+                        --out "$OUT/ab${r}_$C.json" --deadline $(( half / 2 - 15 )) > /dev/null 2>&1
+                fi
+            done; unset r; ls "$OUT"/ab*_*.json ;;
+        *) echo "unknown stage $s (tests attention model_fns suite cold host models code bwd_sweep serving conv breakdown kb conv_profile sweep fuzz ab)"; exit 2 ;;
     esac
     echo "== $s: $(( $(date +%s) - t0 )) s"
 done

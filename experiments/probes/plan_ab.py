@@ -120,6 +120,15 @@ def one_case(
     }
 
 
+def _from_repo(path: Path) -> str:
+    """``path`` relative to this checkout (``autofuse``, ``ab_old/autofuse``), not a local path."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return path.name
+
+
 def stamp(arm: str) -> dict:
     import os
 
@@ -131,7 +140,7 @@ def stamp(arm: str) -> dict:
     return {
         "arm": arm,
         "commit": os.environ.get("AUTOFUSE_COMMIT", "unknown"),
-        "autofuse_from": str(Path(autofuse.__file__).parent),
+        "autofuse_from": _from_repo(Path(autofuse.__file__).parent),
         "gpu": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "triton": triton.__version__,
