@@ -233,3 +233,23 @@ def test_the_riding_sums_maximum_skips_nan_and_the_result_does_not(
     assert mean[1].isnan() if any(v != v for v in fill.values()) else mean[1] == float("-inf")
     torch.testing.assert_close(var[0::2], ref_var[0::2], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(mean[0::2], ref_mean[0::2], rtol=1e-5, atol=1e-6)
+
+
+def test_the_gpu_form_compiles_for_sm90(monkeypatch, tmp_path):
+    """The GPU form of the online maximum (each tile's maximum a NaN-propagating reduction into
+    the row's accumulator) compiles for an H100 as its launches would (``tests/gpu_compile.py``),
+    the softmax and the shifted-sum forms, plain and bounds-guarded."""
+    from autofuse.kernels.common import emitter
+
+    from .gpu_compile import compile_for_gpu, recording_launches
+
+    monkeypatch.setattr(emitter, "lanes_keep_max", lambda: False)
+    x = torch.randn(3, ROW)
+    with recording_launches() as jobs:
+        for fn in (softmax_and_max, var_mean):
+            opt = autofuse.optimize(fn, [x], cache_dir=str(tmp_path))
+            for g, r in zip(opt(x), fn(x)):
+                torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    sources = [j["source"] for j in jobs]
+    assert any("running max" in s and "tl.max(" not in s for s in sources)
+    assert compile_for_gpu(jobs) == []
