@@ -64,6 +64,17 @@ def split_on(monkeypatch):
 
 
 @pytest.fixture
+def cl_split(monkeypatch):
+    """Convolutions channels-last, reductions split from 256 reduced elements (CPU too)."""
+    yield from _settings_with(
+        monkeypatch,
+        AUTOFUSE_CONV_LAYOUT="channels_last",
+        AUTOFUSE_SPLIT_REDUCTIONS="1",
+        AUTOFUSE_SPLIT_MIN_RNUMEL="256",
+    )
+
+
+@pytest.fixture
 def checked_strict(monkeypatch):
     """Every access of every kernel checked against its launch's buffers (the settings may
     have been read before this file set ``AUTOFUSE_CHECK_BOUNDS``), and a kernel that fails to

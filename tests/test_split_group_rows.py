@@ -17,7 +17,6 @@ from autofuse.ir.conv_layout import channels_last_strides
 from autofuse.ir.graph import Graph, Node, contiguous_strides, make_attrs
 from autofuse.ir.split import SplitPolicy, decide
 from autofuse.ir.split_layout import nested, outermost
-from autofuse.settings import reload_settings
 
 from .helpers import assert_close, backend_training_matches
 
@@ -64,17 +63,6 @@ def test_nested_and_outermost():
     assert not nested(shape, cl, 2, 3) and nested(shape, None, 2, 3)
     assert nested(shape, contiguous_strides(shape), 1, 3)
     assert outermost(shape, cl, (2, 3)) == 3 and outermost((2, 1, 1), (1, 1, 1), (1, 2)) == 1
-
-
-@pytest.fixture
-def cl_split(monkeypatch):
-    monkeypatch.setenv("AUTOFUSE_CONV_LAYOUT", "channels_last")
-    monkeypatch.setenv("AUTOFUSE_SPLIT_REDUCTIONS", "1")
-    monkeypatch.setenv("AUTOFUSE_SPLIT_MIN_RNUMEL", "256")
-    reload_settings()
-    yield
-    monkeypatch.undo()
-    reload_settings()
 
 
 class _ConvGroupNorm(torch.nn.Module):

@@ -31,18 +31,6 @@ from .helpers import assert_close, backend_training_matches
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py
 
 
-@pytest.fixture
-def cl_split(monkeypatch):
-    """Convolutions channels-last, reductions split from 256 reduced elements (CPU too)."""
-    monkeypatch.setenv("AUTOFUSE_CONV_LAYOUT", "channels_last")
-    monkeypatch.setenv("AUTOFUSE_SPLIT_REDUCTIONS", "1")
-    monkeypatch.setenv("AUTOFUSE_SPLIT_MIN_RNUMEL", "256")
-    reload_settings()
-    yield
-    monkeypatch.undo()
-    reload_settings()
-
-
 def _pool_graph(shape, kept: bool, dims=(2, 3), op="mean") -> Graph:
     """x -> relu -> mean over ``dims``; with ``kept`` the relu's result is kept channels-last
     (as ``keep_inputs`` records a layout: its strides, eager's in ``eager_strides``)."""
