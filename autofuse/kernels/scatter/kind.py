@@ -41,6 +41,10 @@ from autofuse.kernels.common.render import cast, compute_dtype, tile_address
 from autofuse.kernels.common.views import broadcast_index
 from autofuse.kernels.pointwise.kind import PointwiseKind
 
+# element types Triton's atomic_add refuses (8- and 16-bit integers, bool); 16-bit floats are
+# accumulated in float32 (capture makes their scatter a cast of a float32 one)
+NO_ATOMIC_ADD = frozenset({"bool", "int8", "uint8", "int16", "uint16"})
+
 
 def is_scatter(graph: Graph, i: int) -> bool:
     return op_def(graph[i].op).scatter
@@ -136,6 +140,12 @@ class ScatterKind(PointwiseKind):
                 raise FusionRefused(
                     f"{describe(graph, m)} reads {describe(graph, read[0])}, which is complete "
                     "only when every program of its kernel has written: it runs in a later kernel"
+                )
+        for s in scatters:
+            if graph[s].attr("accumulate") and graph[s].dtype in NO_ATOMIC_ADD:
+                raise FusionRefused(
+                    f"{describe(graph, s)} adds up {graph[s].dtype} values: tl.atomic_add takes "
+                    "no integer narrower than 32 bits (it runs in eager)"
                 )
         for s in scatters[1:]:
             if scatter_domain(graph, s) != domain:
