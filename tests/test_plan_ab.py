@@ -34,3 +34,25 @@ def test_bad_inputs_are_named(tmp_path):
         plan_ab.kb_cases(str(tmp_path), [7], "cpu")
     with pytest.raises(ValueError, match="--sets"):
         plan_ab.suite_cases(["nope"], "cpu")
+
+
+def test_kb_cases_read_the_shipped_problem(tmp_path):
+    (tmp_path / "level2").mkdir()
+    (tmp_path / "level2" / "7_Tiny.py").write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self, n):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(n, n)\n"
+        "    def forward(self, x):\n"
+        "        return self.lin(x)\n"
+        "batch_size = 300\n"
+        "def get_inputs():\n"
+        "    return [torch.randn(batch_size, 4)]\n"
+        "def get_init_inputs():\n"
+        "    return [4]\n"
+    )
+    ((name, model, make),) = plan_ab.kb_cases(str(tmp_path), [7], "cpu")
+    (x,) = make()
+    assert name == "L2_7" and not model.training
+    assert x.shape == (300, 4) and torch.equal(x, make()[0])  # shipped shape, seeded draws

@@ -198,8 +198,7 @@ def _memory_options(shape, dims, options, strides) -> list[tuple[int, int]]:
         return options
     far = outermost(shape, strides, dims)
     good = [o for o in options if nested(shape, strides, *o)]
-    rest = [o for o in [(far, far)] + options if o not in good]
-    return good + [o for j, o in enumerate(rest) if o not in rest[:j]]
+    return list(dict.fromkeys([*good, (far, far), *options]))  # in that order, each once
 
 
 def _variance_cut(

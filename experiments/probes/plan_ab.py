@@ -16,8 +16,8 @@ against eager; the file is rewritten after each workload, so a killed run keeps 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -61,26 +61,22 @@ def suite_cases(names: list[str], device: str) -> list[tuple[str, Callable, Call
 
 
 def kb_cases(kb_dir: str, problems: list[int], device: str) -> list[tuple]:
-    """(name, module, inputs factory) for KernelBench level-2 problems, fp32."""
+    """(name, module in eval mode, inputs factory) for KernelBench level-2 problems at their
+    shipped shapes, fp32 (read by ``experiments/kernelbench/problems.py``)."""
+    from experiments.kernelbench import problems as kb
+
+    try:
+        found = {p.number: p for p in kb.discover(kb_dir, 2, set(problems))}
+    except FileNotFoundError:
+        found = {}
     out = []
     for n in problems:
-        found = sorted(Path(kb_dir, "level2").glob(f"{n}_*.py"))
-        if not found:
+        if n not in found:
             raise ValueError(f"--problems: no level-2 problem {n} under {kb_dir}")
-        spec = importlib.util.spec_from_file_location(f"kb_l2_{n}", found[0])
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod, _ = kb.load_module(found[n], kb.BY_STAGE["shipped"])
         torch.manual_seed(0)
         model = mod.Model(*mod.get_init_inputs()).to(device).eval()
-        out.append(
-            (
-                f"L2_{n}",
-                model,
-                lambda mod=mod: tuple(
-                    x.to(device) if torch.is_tensor(x) else x for x in mod.get_inputs()
-                ),
-            )
-        )
+        out.append((f"L2_{n}", model, lambda mod=mod: tuple(kb.new_inputs(mod, 0, device=device))))
     return out
 
 
@@ -130,8 +126,6 @@ def _from_repo(path: Path) -> str:
 
 
 def stamp(arm: str) -> dict:
-    import os
-
     import triton
 
     import autofuse
