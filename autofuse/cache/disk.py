@@ -525,8 +525,10 @@ def read_entry(cache_dir: str | os.PathLike, key: str) -> tuple[Plan | None, dic
                 )
             return decode_plan(entry, payload), dict(payload.get("metadata") or {}), None
         except CorruptEntry as e:
-            if attempt < attempts - 1 and _inode(entry) != ino:
-                continue  # a concurrent writer replaced the entry while we read it: read again
+            if _inode(entry) != ino:  # a concurrent writer replaced the entry while we read it
+                if attempt < attempts - 1:
+                    continue  # read again
+                return None, {}, None  # replaced on every attempt: a miss, not a corrupt entry
             return None, {}, str(e)
     return None, {}, None  # pragma: no cover
 
