@@ -424,6 +424,8 @@ def test_jobs_stopped_by_a_time_limit_still_merge(tmp_path, monkeypatch):
         def terminate(self):
             pass
 
+    # (the merged summary names the commit; from git it would run a process, here a Stopped)
+    monkeypatch.setenv("AUTOFUSE_COMMIT", "test")
     monkeypatch.setattr(jobs.subprocess, "Popen", Stopped)
     args = argparse.Namespace(jobs=1, out=tmp_path, device="cpu")
     with pytest.raises(SystemExit):
