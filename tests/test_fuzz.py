@@ -424,8 +424,10 @@ def test_jobs_stopped_by_a_time_limit_still_merge(tmp_path, monkeypatch):
         def terminate(self):
             pass
 
-    # (the merged summary names the commit; from git it would run a process, here a Stopped)
+    # the merged summary names the commit and the processor, each from a process the first
+    # time (git, uname) unless an earlier test asked: asked here, before Popen is a Stopped
     monkeypatch.setenv("AUTOFUSE_COMMIT", "test")
+    record.versions("cpu")
     monkeypatch.setattr(jobs.subprocess, "Popen", Stopped)
     args = argparse.Namespace(jobs=1, out=tmp_path, device="cpu")
     with pytest.raises(SystemExit):
